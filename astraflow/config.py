@@ -1,0 +1,203 @@
+"""The root settings model: recipe YAML, then `ASTRAFLOW_...` env vars, then `--set` overrides.
+
+Precedence (highest first): `--set section.key=value`, env `ASTRAFLOW_SECTION__KEY`, the recipe file,
+the defaults on the fields. Errors name the field and where its value came from; secrets never appear
+in messages or in `redacted()`.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from astraflow.errors import ConfigError
+from astraflow.streams.settings import RedisSettings, StreamsSettings
+
+ENV_PREFIX = "ASTRAFLOW_"
+
+
+class RunSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "demo"
+    """Run name; every Redis key of the run starts with `af:{name}:`."""
+    dir: Path | None = None
+    """Run directory (logs, embedded Redis, checkpoints); default `runs/<name>`."""
+    seed: int = 0
+    models: list[str] = Field(default_factory=lambda: ["policy"], min_length=1)
+    """Policies trained in this run; each has its own `batches:<model>` stream and trainer."""
+
+    @property
+    def path(self) -> Path:
+        return self.dir if self.dir is not None else Path("runs") / self.name
+
+
+class DataflowSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_staleness_steps: int = Field(4, ge=0)
+    """Drop a group when trainer_version - min_token_version exceeds this."""
+
+
+class RaasSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    slots: int = Field(8, ge=1)
+    """Episodes one RaaS worker runs concurrently; it reads at most its free slots from `prompts`."""
+    region: str = "local"
+
+
+class EngineSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["auto", "vllm", "hf", "openai"] = "auto"
+    """`auto` = vllm when installed, else hf."""
+
+
+class TrainerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["async", "sync"] = "async"
+    """`sync` runs generation, training and weight sync in lockstep (staleness 0): the baseline."""
+
+
+class WeightsSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    secret: SecretStr | None = None
+    """Shared secret that authenticates weight transfers between peers; never printed."""
+
+
+class DemoSettings(BaseModel):
+    """The bus demo that `astraflow run` performs until the training loop lands."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groups: int = Field(300, ge=1)
+    """Prompt groups the demo feeder submits."""
+    workers: int = Field(3, ge=1)
+    """Consumer processes of `prompts`."""
+    episode_ms: int = Field(30, ge=0)
+    """Simulated work per entry."""
+    kill_one: bool = True
+    """`kill -9` one worker halfway to show its entries being reclaimed."""
+
+
+_recipe_data: ContextVar[dict[str, Any] | None] = ContextVar("_recipe_data", default=None)
+
+
+class _RecipeSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return (_recipe_data.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_recipe_data.get() or {})
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        nested_model_default_partial_update=True,
+    )
+
+    run: RunSettings = Field(default_factory=RunSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    streams: StreamsSettings = Field(default_factory=StreamsSettings)
+    dataflow: DataflowSettings = Field(default_factory=DataflowSettings)
+    raas: RaasSettings = Field(default_factory=RaasSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    weights: WeightsSettings = Field(default_factory=WeightsSettings)
+    demo: DemoSettings = Field(default_factory=DemoSettings)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):  # type: ignore[override]
+        return (init_settings, env_settings, _RecipeSource(settings_cls))
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings as plain data with every secret masked (also a password inside a Redis URL)."""
+        data = self.model_dump(mode="json")
+        if self.redis.url:
+            data["redis"]["url"] = redact_url(self.redis.url)
+        return data
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by `***`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """`["streams.lease_ms=500", ...]` -> nested dict; values parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        path, sep, raw = pair.partition("=")
+        if not sep or not path:
+            raise ConfigError(f"--set {pair!r}: expected section.key=value")
+        node = out
+        *parents, leaf = path.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def load_settings(recipe: str | Path | None = None, overrides: list[str] | None = None) -> Settings:
+    """Build the settings from a recipe file, the environment and `--set` overrides."""
+    data: dict[str, Any] = {}
+    if recipe is not None:
+        path = Path(recipe)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: cannot read recipe: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
+    cli = parse_overrides(overrides or [])
+    token = _recipe_data.set(data)
+    try:
+        return Settings(**cli)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, recipe, cli)) from None
+    finally:
+        _recipe_data.reset(token)
+
+
+def _describe(err: ValidationError, recipe: str | Path | None, cli: dict[str, Any]) -> str:
+    """One line per problem: the field, where its value came from, what is wrong (never the value)."""
+    lines = []
+    for problem in err.errors():
+        loc = [str(p) for p in problem["loc"]]
+        field = ".".join(loc)
+        env_name = ENV_PREFIX + "__".join(loc).upper()
+        if _has_path(cli, loc):
+            source = "--set"
+        elif env_name in {k.upper() for k in os.environ}:
+            source = f"env {env_name}"
+        else:
+            source = str(recipe) if recipe is not None else "defaults"
+        lines.append(f"{source}: {field}: {problem['msg']}")
+    return "invalid settings:\n  " + "\n  ".join(lines)
+
+
+def _has_path(data: dict[str, Any], loc: list[str]) -> bool:
+    node: Any = data
+    for name in loc:
+        if not isinstance(node, dict) or name not in node:
+            return False
+        node = node[name]
+    return True

@@ -1,0 +1,1 @@
+"""Feeder, curators, filters, normalisation, EDF/replay, batch formation and the version barrier."""

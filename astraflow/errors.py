@@ -1,0 +1,33 @@
+"""The exception hierarchy. Catch the narrowest class that is the fault tolerance you mean."""
+
+
+class AstraflowError(Exception):
+    """Base of every error astraflow raises on purpose."""
+
+
+class ConfigError(AstraflowError):
+    """A recipe, env var or override is invalid; the message names the field and the source."""
+
+
+class BusError(AstraflowError):
+    """The Redis Streams bus refused or failed an operation."""
+
+
+class BusConnectionError(BusError):
+    """Redis stayed unreachable past the reconnect budget."""
+
+
+class MessageTooLarge(BusError):
+    """An entry is larger than `streams.max_entry_bytes`."""
+
+
+class DecodeError(AstraflowError):
+    """A stream entry or hash could not be decoded; the message names the offending field."""
+
+
+class WeightIntegrityError(AstraflowError):
+    """Weight bytes do not match the digest in their manifest."""
+
+
+class RedisServerError(AstraflowError):
+    """The embedded redis-server could not be found, started or stopped."""

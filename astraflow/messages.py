@@ -1,0 +1,335 @@
+"""Typed wire messages and their msgpack codec.
+
+A message travels as a flat field map: small human-readable headers (`kind`, `schema`, and `uid`,
+`model`, `version` where the message has them) plus one `data` field holding msgpack bytes, so
+`redis-cli XRANGE` shows a person what flows. Arrays travel as msgpack ext type 1 holding
+(little-endian dtype, shape, raw bytes), never as lists of Python ints. No pickle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import msgpack
+import numpy as np
+
+from astraflow.errors import DecodeError
+
+SCHEMA = 1
+_ARRAY_EXT = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Message:
+    KIND: ClassVar[str] = ""
+
+    def _check(self) -> None:
+        """Raise DecodeError naming a field whose value is inconsistent; called after decoding."""
+
+
+@dataclass(frozen=True, eq=False)
+class PromptGroup(Message):
+    # dataflow feeder -> RaaS, stream `prompts`
+    KIND: ClassVar[str] = "prompt_group"
+    uid: str
+    workflow: str
+    models: list[str]
+    n_samples: int
+    version: int
+    """Trainer version current when the group was submitted."""
+    sample: dict[str, Any] = field(default_factory=dict)
+    """The dataset row: prompt, answer and whatever else the workflow and reward read."""
+    submitted_at: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Trajectory(Message):
+    # part of a RolloutGroup or a Batch
+    KIND: ClassVar[str] = "trajectory"
+    model: str
+    token_ids: np.ndarray
+    """int32 [T]: prompt then completion tokens (tool outputs included)."""
+    logprobs: np.ndarray
+    """float32 [T]: sampling logprob of each token (0 where the engine did not sample it)."""
+    loss_mask: np.ndarray
+    """uint8 [T]: 1 where the token is trained on (sampled by `model`), 0 for prompt and tool output."""
+    versions: np.ndarray
+    """int32 [T]: weight version that produced each token, -1 where no policy produced it."""
+    reward: float
+    finish_reason: str = ""
+    error: str | None = None
+    """Why this trajectory failed (reward raised or timed out, ...); None when it did not."""
+
+    def _check(self) -> None:
+        n = len(self.token_ids)
+        for name in ("token_ids", "logprobs", "loss_mask", "versions"):
+            arr = getattr(self, name)
+            if arr.ndim != 1 or len(arr) != n:
+                raise DecodeError(f"trajectory.{name}: shape {arr.shape} does not match token_ids ({n},)")
+        for name in ("token_ids", "versions", "loss_mask"):
+            dtype = getattr(self, name).dtype
+            if dtype.kind not in "iub":
+                raise DecodeError(f"trajectory.{name}: integer dtype expected, got {dtype}")
+        if self.logprobs.dtype.kind != "f":
+            raise DecodeError(f"trajectory.logprobs: float dtype expected, got {self.logprobs.dtype}")
+
+    @property
+    def min_version(self) -> int:
+        produced = self.versions[self.versions >= 0]
+        return int(produced.min()) if len(produced) else -1
+
+
+@dataclass(frozen=True, eq=False)
+class RolloutGroup(Message):
+    # RaaS -> dataflow, stream `rollouts`
+    KIND: ClassVar[str] = "rollout_group"
+    uid: str
+    """The prompt group's uid."""
+    raas: str
+    """Worker id of the RaaS that ran it."""
+    version: int
+    """Submitted-at version of the prompt group."""
+    trajectories: list[Trajectory]
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    """Why the whole group failed; None when it did not."""
+
+    def _check(self) -> None:
+        for traj in self.trajectories:
+            traj._check()
+
+
+@dataclass(frozen=True, eq=False)
+class Batch(Message):
+    # dataflow -> trainer of `model`, stream `batches:<model>`
+    KIND: ClassVar[str] = "batch"
+    uid: str
+    model: str
+    version: int
+    """Trainer version the batch was formed for."""
+    group_uids: list[str]
+    trajectories: list[Trajectory]
+    advantages: np.ndarray
+    """float32 [len(trajectories)]: normalised advantage per trajectory."""
+    replayed_uids: list[str] = field(default_factory=list)
+    """Groups mixed in from the replay set (trained before, on purpose)."""
+
+    def _check(self) -> None:
+        if self.advantages.shape != (len(self.trajectories),):
+            n = len(self.trajectories)
+            raise DecodeError(f"batch.advantages: shape {self.advantages.shape} != ({n},)")
+        for traj in self.trajectories:
+            traj._check()
+
+
+@dataclass(frozen=True, eq=False)
+class VersionPublished(Message):
+    # trainer -> dataflow, stream `versions`
+    KIND: ClassVar[str] = "version_published"
+    uid: str
+    model: str
+    version: int
+    manifest_key: str
+    step: int
+    incarnation: str
+    """Id of the trainer process lineage; a restarted trainer with a new one forces full re-syncs."""
+    eval: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class VersionNotice(Message):
+    # dataflow -> every RaaS, stream `notices`
+    KIND: ClassVar[str] = "version_notice"
+    uid: str
+    version: int
+    models: dict[str, int]
+    """Model -> version to load now."""
+    manifests: dict[str, str]
+    """Model -> manifest key."""
+    eval: bool = False
+    """Eval notices are synchronous: load every model before taking new work."""
+
+
+@dataclass(frozen=True, eq=False)
+class TensorSpec(Message):
+    # part of a WeightManifest
+    KIND: ClassVar[str] = "tensor_spec"
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True, eq=False)
+class WeightManifest(Message):
+    # trainer -> RaaS, hash `weights:<model>:<version>`
+    KIND: ClassVar[str] = "weight_manifest"
+    uid: str
+    model: str
+    version: int
+    kind: str
+    """`full` or `delta`."""
+    base_version: int | None
+    endpoints: list[str]
+    nbytes: int
+    digest: str
+    chunk_digests: list[str]
+    tensors: list[TensorSpec]
+    incarnation: str
+
+
+@dataclass(frozen=True, eq=False)
+class Heartbeat(Message):
+    # RaaS -> dataflow and operators, hash `raas:<id>` with a TTL
+    KIND: ClassVar[str] = "heartbeat"
+    uid: str
+    """Worker id."""
+    region: str
+    capacity: int
+    in_flight: int
+    versions: dict[str, int]
+    endpoint: str | None
+    started_at: float
+    updated_at: float
+
+
+KINDS: dict[str, type[Message]] = {
+    cls.KIND: cls
+    for cls in (PromptGroup, RolloutGroup, Batch, VersionPublished, VersionNotice, WeightManifest, Heartbeat)
+}
+HEADERS = ("uid", "model", "version")
+
+
+def encode(msg: Message) -> dict[str, bytes]:
+    """The field map of `msg`: readable headers plus msgpack `data`."""
+    fields = {"kind": msg.KIND.encode(), "schema": str(SCHEMA).encode()}
+    for name in HEADERS:
+        value = getattr(msg, name, None)
+        if value is not None:
+            fields[name] = str(value).encode()
+    fields["data"] = msgpack.packb(_to_plain(msg), default=_pack_array, use_bin_type=True)
+    return fields
+
+
+def decode(fields: dict[Any, Any], expect: type[Message] | None = None,
+           max_bytes: int | None = None) -> Message:
+    """Decode a field map produced by `encode`; raises DecodeError naming the first bad field."""
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    kind = _text(fields, "kind")
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise DecodeError(f"kind: unknown message kind {kind!r}")
+    if expect is not None and cls is not expect:
+        raise DecodeError(f"kind: expected {expect.KIND!r}, got {kind!r}")
+    if _text(fields, "schema") != str(SCHEMA):
+        raise DecodeError(f"schema: unsupported schema {fields['schema']!r} (this build reads {SCHEMA})")
+    data = fields.get("data")
+    if not isinstance(data, bytes | bytearray):
+        raise DecodeError("data: missing or not bytes")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise DecodeError(f"data: {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        plain = msgpack.unpackb(data, ext_hook=_unpack_array, raw=False, strict_map_key=True)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f"data: not valid msgpack ({type(e).__name__}: {e})") from None
+    msg = _from_plain(cls, plain, cls.KIND)
+    msg._check()
+    return msg
+
+
+def _text(fields: dict[str, Any], name: str) -> str:
+    value = fields.get(name)
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise DecodeError(f"{name}: not UTF-8") from None
+    if isinstance(value, str):
+        return value
+    raise DecodeError(f"{name}: missing header field")
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, Message):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    return value
+
+
+def _pack_array(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj, dtype=obj.dtype.newbyteorder("<"))
+        payload = msgpack.packb([arr.dtype.str, list(arr.shape), arr.tobytes()], use_bin_type=True)
+        return msgpack.ExtType(_ARRAY_EXT, payload)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def _unpack_array(code: int, payload: bytes) -> np.ndarray:
+    if code != _ARRAY_EXT:
+        raise DecodeError(f"data: unknown msgpack ext type {code}")
+    try:
+        dtype_str, shape, raw = msgpack.unpackb(payload, raw=False)
+        dtype = np.dtype(dtype_str)
+        if dtype.hasobject:
+            raise ValueError("object arrays are not allowed")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    except Exception as e:
+        raise DecodeError(f"data: bad array ({type(e).__name__}: {e})") from None
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _from_plain(tp: Any, value: Any, path: str) -> Any:
+    """Check `value` against the annotation `tp` and build dataclasses; DecodeError names `path`."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(tp):
+            return None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _from_plain(inner[0], value, path)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        _expect(isinstance(value, list), path, "a list", value)
+        return [_from_plain(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        _expect(isinstance(value, dict), path, "a map", value)
+        return {k: _from_plain(item, v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, Message):
+        _expect(isinstance(value, dict), path, "a map", value)
+        hints = _HINTS.get(tp) or _HINTS.setdefault(tp, typing.get_type_hints(tp))
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in value:
+                kwargs[f.name] = _from_plain(hints[f.name], value[f.name], f"{path}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise DecodeError(f"{path}.{f.name}: missing")
+        return tp(**kwargs)
+    if tp is float:
+        _expect(isinstance(value, int | float) and not isinstance(value, bool), path, "a number", value)
+        return float(value)
+    if tp is int:
+        _expect(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
+        return value
+    _expect(isinstance(value, tp), path, tp.__name__, value)
+    return value
+
+
+def _expect(ok: bool, path: str, what: str, value: Any) -> None:
+    if not ok:
+        raise DecodeError(f"{path}: expected {what}, got {type(value).__name__}")

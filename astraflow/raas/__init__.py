@@ -1,0 +1,1 @@
+"""The RaaS runtime: slots, episode execution, weight follow."""

@@ -1,0 +1,197 @@
+"""The Redis Streams bus: bootstrap, publish, atomic hand-off, leases, reclaim, dead letters, trimming.
+
+Every write is idempotent so that a command retried after a lost reply changes nothing twice: outputs carry
+dedup keys, and acknowledgements, renewals and releases are owner-checked Lua scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from astraflow.errors import BusError, MessageTooLarge
+from astraflow.streams.connection import make_client, register_scripts
+from astraflow.streams.keys import Keys
+from astraflow.streams.settings import RedisSettings, StreamsSettings
+
+# Statuses of one hand-off item.
+OK, DUP, LOST = "ok", "dup", "lost"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One delivered stream entry."""
+
+    stream: str
+    id: str
+    fields: dict[str, bytes]
+    deliveries: int = 1
+
+
+class Out(NamedTuple):
+    """One entry to publish: target stream, its fields, and an idempotency key (None = no dedup)."""
+
+    stream: str
+    fields: Mapping[str, bytes | str]
+    dedup: str | None = None
+
+
+class Bus:
+    """One run's streams on one Redis. Commands use `client`; blocking reads use `blocking`."""
+
+    def __init__(self, keys: Keys, settings: StreamsSettings, client: aioredis.Redis,
+                 blocking: aioredis.Redis, reconnect_max_s: float = 60.0) -> None:
+        self.keys = keys
+        self.reconnect_max_s = reconnect_max_s
+        self.settings = settings
+        self.redis = client
+        self.blocking = blocking
+        self._scripts = register_scripts(client)
+
+    @classmethod
+    def connect(cls, url: str, run: str, redis_settings: RedisSettings, settings: StreamsSettings) -> Bus:
+        client = make_client(url, redis_settings)
+        # Blocking reads get their own pool, no automatic retry (the consumer re-reads its pending entries
+        # after a lost reply) and a socket timeout longer than the block.
+        blocking = make_client(url, redis_settings, retry=False,
+                               read_timeout_s=settings.block_ms / 1000 + redis_settings.socket_timeout_s)
+        return cls(Keys(run), settings, client, blocking, redis_settings.reconnect_max_s)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+        await self.blocking.aclose()
+
+    async def bootstrap(self, models: Sequence[str]) -> None:
+        """Create every stream and consumer group of the run; safe to call any number of times."""
+        for stream, group in self.keys.grouped_streams(list(models)).items():
+            await self.ensure_group(stream, group)
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        try:
+            # From id 0: entries published before the group existed are delivered too.
+            await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    async def server_version(self) -> tuple[int, ...]:
+        info = await self.redis.info("server")
+        return tuple(int(p) for p in str(info["redis_version"]).split("."))
+
+    # -- producing -------------------------------------------------------------------------------------
+
+    async def publish(self, out: Out) -> str:
+        """XADD one entry (at most once per dedup key); returns its id, or the existing id of a duplicate."""
+        return (await self.publish_many([out]))[0]
+
+    async def publish_many(self, outs: Sequence[Out]) -> list[str]:
+        # No input to acknowledge: the "input stream" is just some key of the run (same hash slot).
+        replies = await self.handoff(self.keys.errors, "", "", [("", [o]) for o in outs])
+        return [ids[0] for _, ids in replies]
+
+    async def handoff(self, stream: str, group: str, consumer: str,
+                      items: Sequence[tuple[str, Sequence[Out]]]) -> list[tuple[str, list[str]]]:
+        """Acknowledge each item's input entry (id '' = none) and publish its outputs, all in one step.
+
+        Per item the reply is (status, output ids): OK; DUP when every output already existed (a retry
+        of a call whose reply was lost); LOST when the input is no longer owned by `consumer` (it was
+        reclaimed) - then nothing of that item was written.
+        """
+        keys = [stream, self.keys.errors]
+        index: dict[str, int] = {}
+
+        def key_index(key: str) -> int:
+            if key not in index:
+                keys.append(key)
+                index[key] = len(keys)
+            return index[key]
+
+        args: list[bytes | str | int] = [group, consumer, self.settings.dedup_ttl_ms, len(items)]
+        for input_id, outs in items:
+            args += [input_id, len(outs)]
+            for out in outs:
+                self.check_size(out)
+                dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
+                args += [key_index(out.stream), dedup, len(out.fields)]
+                for name, value in out.fields.items():
+                    args += [name, value]
+        try:
+            replies = await self._scripts["handoff"](keys=keys, args=args)
+        except ResponseError as e:
+            raise BusError(f"hand-off refused: {e}") from None
+        return [(r[0].decode(), [i.decode() for i in r[1:]]) for r in replies]
+
+    def check_size(self, out: Out) -> None:
+        """Raise MessageTooLarge when `out` is over `streams.max_entry_bytes`."""
+        size = sum(len(v) for v in out.fields.values())
+        if size > self.settings.max_entry_bytes:
+            limit = self.settings.max_entry_bytes
+            raise MessageTooLarge(f"entry for {out.stream}: {size} bytes > streams.max_entry_bytes={limit}")
+
+    # -- consuming -------------------------------------------------------------------------------------
+
+    async def read(self, stream: str, group: str, consumer: str, start: str, count: int,
+                   block_ms: int | None) -> list[Entry]:
+        """XREADGROUP on the blocking pool: `start` '>' for new entries, an id for own pending ones after it.
+
+        Entries deleted from the stream while pending come back without fields; they are acknowledged
+        here, since nothing is left to process.
+        """
+        reply = await self.blocking.xreadgroup(group, consumer, {stream: start}, count=count, block=block_ms)
+        entries, gone = [], []
+        for _, items in reply or []:
+            for entry_id, fields in items:
+                if fields:
+                    decoded = {k.decode(): v for k, v in fields.items()}
+                    entries.append(Entry(stream, entry_id.decode(), decoded))
+                else:
+                    gone.append(entry_id)
+        if gone:
+            await self.redis.xack(stream, group, *gone)
+        return entries
+
+    async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
+        """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
+        if not ids:
+            return []
+        lost = await self._scripts["renew"](keys=[stream], args=[group, consumer, *ids])
+        return [i.decode() for i in lost]
+
+    async def release(self, stream: str, group: str, consumer: str, entry_id: str, reason: str) -> bool:
+        """Give an owned entry back for redelivery now, recording `reason`; False if no longer owned."""
+        args = [group, consumer, entry_id, reason]
+        return bool(await self._scripts["release"](keys=[stream, self.keys.errors], args=args))
+
+    async def reclaim(self, stream: str, group: str, consumer: str, count: int) -> list[Entry]:
+        """Take over entries idle past the lease; those delivered max_deliveries times go to `dead`."""
+        s = self.settings
+        args = [group, consumer, s.lease_ms, count, s.max_deliveries, s.capped_maxlen]
+        replies = await self._scripts["reclaim"](keys=[stream, self.keys.dead, self.keys.errors], args=args)
+        entries = []
+        for r in replies:
+            fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
+            entries.append(Entry(stream, r[0].decode(), fields, deliveries=int(r[1])))
+        return entries
+
+    async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
+        """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it."""
+        fields: dict[str, bytes | str] = {
+            "kind": "dead", "source": entry.stream, "source_id": entry.id, "group": group,
+            "consumer": consumer, "deliveries": str(entry.deliveries), "reason": reason,
+        }
+        fields.update({f"field.{k}": v for k, v in entry.fields.items()})
+        out = Out(self.keys.dead, fields, dedup=f"dead:{entry.stream}:{entry.id}")
+        [(status, _)] = await self.handoff(entry.stream, group, consumer, [(entry.id, [out])])
+        return status
+
+    # -- housekeeping ----------------------------------------------------------------------------------
+
+    async def trim(self, stream: str) -> int:
+        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams)."""
+        if stream in self.keys.capped_streams():
+            return await self.redis.xtrim(stream, maxlen=self.settings.capped_maxlen, approximate=True)
+        return int(await self._scripts["trim"](keys=[stream]))

@@ -1,0 +1,106 @@
+"""Every Redis key name of a run, every consumer group, and the bus's default durations.
+
+All keys of run R share the prefix ``af:{R}:``; the braces are a Redis Cluster hash tag, so every key of
+a run lives in one slot and one Lua script may touch any of them.
+"""
+
+from __future__ import annotations
+
+# Default durations (milliseconds). Settings fields take their defaults from here.
+LEASE_MS = 30_000
+"""An entry idle longer than this (its owner stopped renewing) may be reclaimed by another consumer."""
+BLOCK_MS = 2_000
+"""How long one XREADGROUP waits for new entries."""
+DEDUP_TTL_MS = 24 * 3600 * 1000
+"""How long an idempotency key remembers that its entry was published."""
+HEARTBEAT_TTL_MS = 15_000
+"""A worker whose heartbeat hash is older than this is gone."""
+
+# Consumer groups, by the stream they read.
+GROUP_RAAS = "raas"
+GROUP_DATAFLOW = "dataflow"
+GROUP_TRAINER = "trainer"
+
+
+def run_prefix(run: str) -> str:
+    return f"af:{{{run}}}:"
+
+
+class Keys:
+    """Key names of one run."""
+
+    def __init__(self, run: str) -> None:
+        if not run or any(c in run for c in "{}: \t\n"):
+            raise ValueError(f"invalid run name: {run!r} (no braces, colons or spaces)")
+        self.run = run
+        self.prefix = run_prefix(run)
+
+    def _k(self, name: str) -> str:
+        return self.prefix + name
+
+    @property
+    def prompts(self) -> str:
+        return self._k("prompts")
+
+    @property
+    def rollouts(self) -> str:
+        return self._k("rollouts")
+
+    @property
+    def versions(self) -> str:
+        return self._k("versions")
+
+    @property
+    def notices(self) -> str:
+        return self._k("notices")
+
+    @property
+    def dead(self) -> str:
+        return self._k("dead")
+
+    @property
+    def metrics(self) -> str:
+        return self._k("metrics")
+
+    @property
+    def ledger(self) -> str:
+        return self._k("ledger")
+
+    @property
+    def errors(self) -> str:
+        """Hash: ``<stream>|<id>`` -> last processing error of an entry that was released for retry."""
+        return self._k("errors")
+
+    def batches(self, model: str) -> str:
+        return self._k(f"batches:{model}")
+
+    def weights(self, model: str, version: int) -> str:
+        return self._k(f"weights:{model}:{version}")
+
+    def weight_peers(self, model: str, version: int) -> str:
+        return self._k(f"weights:{model}:{version}:peers")
+
+    def raas(self, worker_id: str) -> str:
+        return self._k(f"raas:{worker_id}")
+
+    def dedup(self, key: str) -> str:
+        """String: idempotency key of a published entry -> the entry id it got."""
+        return self._k(f"dedup:{key}")
+
+    def grouped_streams(self, models: list[str]) -> dict[str, str]:
+        """Stream -> the consumer group that reads it, for a run training `models`."""
+        groups = {
+            self.prompts: GROUP_RAAS,
+            self.rollouts: GROUP_DATAFLOW,
+            self.versions: GROUP_DATAFLOW,
+        }
+        groups.update({self.batches(m): GROUP_TRAINER for m in models})
+        return groups
+
+    def capped_streams(self) -> list[str]:
+        """Streams without a consumer group, trimmed by length (readers use plain XREAD)."""
+        return [self.notices, self.dead, self.metrics]
+
+    def short(self, key: str) -> str:
+        """`key` without the run prefix, for display."""
+        return key.removeprefix(self.prefix)

@@ -1,0 +1,1 @@
+"""Losses, the trainer loop, checkpointing and distributed setup."""

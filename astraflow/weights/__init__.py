@@ -1,0 +1,1 @@
+"""Double buffer, delta codec, sender, receiver, relay."""

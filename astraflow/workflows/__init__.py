@@ -1,0 +1,1 @@
+"""Workflow and reward APIs, the registry, built-in workflows, rewards, tasks and datasets."""

@@ -1,0 +1,1 @@
+"""One module per process kind: parse settings, configure logging, run the loop."""
