@@ -7,6 +7,7 @@ in messages or in `redacted()`.
 
 from __future__ import annotations
 
+import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
@@ -130,6 +131,19 @@ class Settings(BaseSettings):
         if self.redis.url:
             data["redis"]["url"] = redact_url(self.redis.url)
         return data
+
+
+def to_env(settings: Settings) -> dict[str, str]:
+    """Env vars (one JSON value per section) reproducing `settings` in a child process, secrets included."""
+    def reveal(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, dict):
+            return {k: reveal(v) for k, v in value.items()}
+        return str(value) if isinstance(value, Path) else value
+
+    return {f"{ENV_PREFIX}{name.upper()}": json.dumps(reveal(section.model_dump()))
+            for name, section in settings}
 
 
 def redact_url(url: str) -> str:

@@ -6,6 +6,8 @@ a run lives in one slot and one Lua script may touch any of them.
 
 from __future__ import annotations
 
+import re
+
 # Default durations (milliseconds). Settings fields take their defaults from here.
 LEASE_MS = 30_000
 """An entry idle longer than this (its owner stopped renewing) may be reclaimed by another consumer."""
@@ -30,8 +32,8 @@ class Keys:
     """Key names of one run."""
 
     def __init__(self, run: str) -> None:
-        if not run or any(c in run for c in "{}: \t\n"):
-            raise ValueError(f"invalid run name: {run!r} (no braces, colons or spaces)")
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", run):
+            raise ValueError(f"invalid run name: {run!r} (letters, digits, '.', '_' and '-' only)")
         self.run = run
         self.prefix = run_prefix(run)
 

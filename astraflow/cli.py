@@ -1,0 +1,143 @@
+"""The `astraflow` command. Imports stay inside the handlers so `astraflow --help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_RECIPE = "recipes/bus-demo.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return 2
+    from astraflow.errors import AstraflowError
+
+    try:
+        return args.handler(args) or 0
+    except AstraflowError as e:
+        print(f"astraflow: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="astraflow", description="RL of LLMs as a dataflow on Redis Streams.")
+    sub = p.add_subparsers(metavar="COMMAND")
+
+    def command(name: str, handler, help: str, recipe: bool = True) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help)
+        if recipe:
+            c.add_argument("recipe", nargs="?", help="recipe YAML")
+        c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a setting (repeatable)")
+        c.add_argument("--run", help="run name (run.name)")
+        c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
+        c.set_defaults(handler=handler)
+        return c
+
+    run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
+    run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
+    command("inspect", _cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
+    command("config", _cmd_config, "print the effective settings (secrets masked)")
+    redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
+    redis.add_argument("action", choices=["start", "stop", "status"])
+    return p
+
+
+def _settings(args):
+    from astraflow.config import load_settings
+
+    overrides = list(args.set)
+    if args.run:
+        overrides.append(f"run.name={args.run}")
+    if args.redis:
+        overrides.append(f"redis.url={args.redis}")
+    recipe = getattr(args, "recipe", None)
+    return load_settings(recipe, overrides)
+
+
+def _redis_url(settings) -> str:
+    """The configured Redis, else the embedded one recorded in the run directory."""
+    from astraflow import redis_server
+    from astraflow.errors import RedisServerError
+
+    if settings.redis.url:
+        return settings.redis.url
+    server = redis_server.load(settings.run.path / "redis")
+    if server is None or not server.alive():
+        raise RedisServerError(
+            f"no Redis for run {settings.run.name!r}: pass --redis URL or `astraflow redis start --run ...`")
+    return server.url
+
+
+def _cmd_config(args) -> int:
+    import yaml
+
+    print(yaml.safe_dump(_settings(args).redacted(), sort_keys=False), end="")
+    return 0
+
+
+def _cmd_redis(args) -> int:
+    from astraflow import redis_server
+
+    settings = _settings(args)
+    where = settings.run.path / "redis"
+    server = redis_server.load(where)
+    if args.action == "start":
+        if server is not None and server.alive():
+            print(f"already running: {server.display_url} (pid {server.pid})")
+            return 0
+        server = redis_server.start(where)
+        print(f"started {server.display_url} (pid {server.pid}, {Path(server.binary).name}); "
+              f"password in {where / redis_server.STATE_FILE}")
+    elif args.action == "stop":
+        if server is None or not server.alive():
+            print("not running")
+            return 0
+        server.stop()
+        print(f"stopped pid {server.pid}")
+    else:
+        alive = server is not None and server.alive()
+        print(json.dumps({"running": alive, "url": server.display_url if server else None,
+                          "pid": server.pid if server else None, "dir": str(where)}))
+        return 0 if alive else 3
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    settings = _settings(args)
+    url = _redis_url(settings)
+    return asyncio.run(_inspect(url, settings))
+
+
+async def _inspect(url: str, settings) -> int:
+    from astraflow.streams import Bus
+    from astraflow.streams.inspect import inspect_run, render
+
+    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
+    try:
+        views = await inspect_run(bus)
+        print(render(views, await bus.redis.xlen(bus.keys.dead)))
+    finally:
+        await bus.close()
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from workers import demo
+
+    if args.recipe is None:
+        args.recipe = DEFAULT_RECIPE
+    return demo.main(_settings(args), keep_redis=args.keep_redis)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

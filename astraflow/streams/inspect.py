@@ -1,0 +1,66 @@
+"""The operator's view of a run's streams: length, groups, consumers, pending, oldest pending, lag, dead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from astraflow.streams.bus import Bus
+
+LAG_SCAN_LIMIT = 10_000
+
+
+@dataclass
+class GroupView:
+    name: str
+    consumers: int
+    pending: int
+    oldest_pending_idle_ms: int | None
+    lag: int | None
+    """Entries not yet delivered to the group; None when more than LAG_SCAN_LIMIT (Redis 6.2 count)."""
+
+
+@dataclass
+class StreamView:
+    key: str
+    length: int
+    groups: list[GroupView] = field(default_factory=list)
+
+
+async def inspect_run(bus: Bus) -> list[StreamView]:
+    """Every stream of the run, with its groups (sorted by name)."""
+    keys = [k.decode() async for k in bus.redis.scan_iter(match=bus.keys.prefix + "*", _type="stream")]
+    return [await _stream_view(bus, key) for key in sorted(keys)]
+
+
+async def _stream_view(bus: Bus, key: str) -> StreamView:
+    r = bus.redis
+    view = StreamView(bus.keys.short(key), await r.xlen(key))
+    for g in await r.xinfo_groups(key):
+        name = g["name"].decode()
+        oldest = None
+        summary = await r.xpending(key, name)
+        if summary["pending"]:
+            [first] = await r.xpending_range(key, name, summary["min"], summary["min"], 1)
+            oldest = first["time_since_delivered"]
+        lag = g.get("lag")
+        if lag is None:  # Redis 6.2 does not report it: count what lies after the last delivered id.
+            after = await r.xrange(key, b"(" + g["last-delivered-id"], "+", count=LAG_SCAN_LIMIT + 1)
+            lag = len(after) if len(after) <= LAG_SCAN_LIMIT else None
+        view.groups.append(GroupView(name, g["consumers"], summary["pending"], oldest, lag))
+    return view
+
+
+def render(views: list[StreamView], dead_count: int) -> str:
+    rows = [("stream", "length", "group", "consumers", "pending", "oldest pending", "lag")]
+    for v in views:
+        if not v.groups:
+            rows.append((v.key, str(v.length), "-", "-", "-", "-", "-"))
+        for g in v.groups:
+            idle = g.oldest_pending_idle_ms
+            oldest = "-" if idle is None else f"{idle / 1000:.1f}s idle"
+            lag = f">{LAG_SCAN_LIMIT}" if g.lag is None else str(g.lag)
+            rows.append((v.key, str(v.length), g.name, str(g.consumers), str(g.pending), oldest, lag))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append(f"dead letters: {dead_count}")
+    return "\n".join(lines)

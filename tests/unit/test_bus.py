@@ -1,0 +1,193 @@
+"""The bus's guarantees on fakeredis: idempotent publish, owner-checked hand-off, leases, reclaim, trim."""
+
+import asyncio
+
+import pytest
+
+from astraflow.errors import BusError, MessageTooLarge
+from astraflow.streams import DUP, LOST, OK, Consumer, Out
+from astraflow.streams.keys import GROUP_RAAS
+
+
+def out(bus, i, dedup=True):
+    return Out(bus.keys.prompts, {"uid": f"u{i}", "data": b"x" * 10}, f"p{i}" if dedup else None)
+
+
+async def fill(bus, n):
+    return await bus.publish_many([out(bus, i) for i in range(n)])
+
+
+async def test_publish_with_same_dedup_key_publishes_once(bus):
+    first = await bus.publish(out(bus, 1))
+    again = await bus.publish(out(bus, 1))
+    assert first == again
+    assert await bus.redis.xlen(bus.keys.prompts) == 1
+
+
+async def test_publish_without_dedup_key_publishes_each_time(bus):
+    await bus.publish(out(bus, 1, dedup=False))
+    await bus.publish(out(bus, 1, dedup=False))
+    assert await bus.redis.xlen(bus.keys.prompts) == 2
+
+
+async def test_oversized_entry_is_refused(bus):
+    bus.settings.max_entry_bytes = 100
+    with pytest.raises(MessageTooLarge, match="max_entry_bytes"):
+        await bus.publish(Out(bus.keys.prompts, {"data": b"x" * 101}))
+
+
+async def test_consumer_reads_at_most_its_capacity(bus):
+    await fill(bus, 5)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c1")
+    assert len(await c.read(2, block_ms=10)) == 2
+    assert len(await c.read(10, block_ms=10)) == 3
+    assert await c.read(10, block_ms=10) == []
+
+
+async def test_handoff_acks_and_publishes_together(bus):
+    await fill(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c1")
+    [entry] = await c.read(1, block_ms=10)
+    result = Out(bus.keys.rollouts, {"data": b"r"}, "r1")
+    assert await c.complete([(entry, [result])]) == [OK]
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+    # A retry of the same call (its reply lost) changes nothing.
+    assert await c.complete([(entry, [result])]) == [DUP]
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
+
+
+async def test_handoff_of_a_reclaimed_entry_is_lost_and_writes_nothing(bus):
+    await fill(bus, 1)
+    slow = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "slow")
+    fast = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "fast")
+    [entry] = await slow.read(1, block_ms=10)
+    await asyncio.sleep(bus.settings.lease_ms / 1000 + 0.05)
+    [taken] = await fast.read(1, block_ms=10)
+    assert taken.id == entry.id and taken.deliveries == 2
+    assert await slow.complete([(entry, [Out(bus.keys.rollouts, {"data": b"late"}, "late")])]) == [LOST]
+    assert await bus.redis.xlen(bus.keys.rollouts) == 0
+    assert await fast.complete([(taken, [Out(bus.keys.rollouts, {"data": b"r"}, "r")])]) == [OK]
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
+
+
+async def test_handoff_checks_output_types_before_writing(bus):
+    await fill(bus, 1)
+    await bus.redis.set(bus.keys.rollouts + "x", "not a stream")
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c1")
+    [entry] = await c.read(1, block_ms=10)
+    outs = [Out(bus.keys.rollouts, {"data": b"ok"}, "a"), Out(bus.keys.rollouts + "x", {"data": b"bad"}, "b")]
+    with pytest.raises(BusError, match="WRONGTYPE"):
+        await c.complete([(entry, outs)])
+    assert await bus.redis.xlen(bus.keys.rollouts) == 0
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1
+
+
+async def test_renewal_keeps_an_entry_from_being_reclaimed(bus):
+    await fill(bus, 1)
+    owner = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "owner")
+    other = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "other")
+    [entry] = await owner.read(1, block_ms=10)
+    for _ in range(6):  # two leases' worth of time
+        await asyncio.sleep(bus.settings.lease_ms / 3000)
+        assert await owner.renew() == []
+        other._next_reclaim = 0
+        assert await other.read(1, block_ms=10) == []
+    assert entry.id in owner.in_flight
+
+
+async def test_renewal_never_takes_back_a_reclaimed_entry(bus):
+    await fill(bus, 1)
+    owner = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "owner")
+    other = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "other")
+    [entry] = await owner.read(1, block_ms=10)
+    await asyncio.sleep(bus.settings.lease_ms / 1000 + 0.05)
+    assert len(await other.read(1, block_ms=10)) == 1
+    assert [e.id for e in await owner.renew()] == [entry.id]
+    pending = await bus.redis.xpending_range(bus.keys.prompts, GROUP_RAAS, "-", "+", 10)
+    assert [p["consumer"] for p in pending] == [b"other"]
+
+
+async def test_restarted_consumer_rereads_its_own_pending_entries_first(bus):
+    await fill(bus, 3)
+    first = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "w")
+    held = await first.read(2, block_ms=10)
+    again = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "w")  # same name after a restart
+    again._next_reclaim = float("inf")
+    got = await again.read(3, block_ms=10)
+    assert [e.id for e in got[:2]] == [e.id for e in held]
+    assert len(got) == 3
+
+
+async def test_released_entry_dead_letters_after_max_deliveries(bus):
+    await fill(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    seen = 0
+    for _ in range(bus.settings.max_deliveries + 2):
+        c._next_reclaim = 0
+        for entry in await c.read(1, block_ms=10):
+            seen += 1
+            await c.release(entry, "ValueError: always fails")
+    assert seen == bus.settings.max_deliveries
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"source"] == bus.keys.prompts.encode()
+    assert dead[b"consumer"] == b"c"
+    assert b"ValueError: always fails" in dead[b"reason"]
+    assert dead[b"field.uid"] == b"u0"
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_dead_letter_is_immediate_and_acks(bus):
+    await fill(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    [entry] = await c.read(1, block_ms=10)
+    await c.dead_letter(entry, "DecodeError: kind: missing header field")
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"reason"].startswith(b"DecodeError")
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_trim_never_drops_unacknowledged_entries(bus):
+    ids = await fill(bus, 6)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    got = await c.read(4, block_ms=10)  # 0..3 delivered, 4..5 undelivered
+    await c.complete([(got[0], []), (got[2], [])])  # 0 and 2 acked, 1 and 3 pending
+    assert await bus.trim(bus.keys.prompts) == 1  # only entry 0
+    left = [i.decode() for i, _ in await bus.redis.xrange(bus.keys.prompts)]
+    assert left == ids[1:]
+    await c.complete([(got[1], []), (got[3], [])])
+    assert await bus.trim(bus.keys.prompts) == 3
+    left = [i.decode() for i, _ in await bus.redis.xrange(bus.keys.prompts)]
+    assert left == ids[4:]
+
+
+async def test_trim_respects_the_slowest_group(bus):
+    ids = await fill(bus, 3)
+    await bus.ensure_group(bus.keys.prompts, "audit")
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    got = await c.read(3, block_ms=10)
+    await c.complete([(e, []) for e in got])
+    assert await bus.trim(bus.keys.prompts) == 0  # "audit" has read nothing yet
+    assert await bus.redis.xlen(bus.keys.prompts) == len(ids)
+
+
+async def test_deleted_pending_entry_is_acknowledged_not_delivered(bus):
+    ids = await fill(bus, 2)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    await c.read(2, block_ms=10)
+    await bus.redis.xdel(bus.keys.prompts, ids[0])
+    again = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    again._next_reclaim = float("inf")
+    assert [e.id for e in await again.read(5, block_ms=10)] == [ids[1]]
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1
+
+
+async def test_bootstrap_is_idempotent_and_recreates_lost_groups(bus):
+    await bus.bootstrap(["policy", "verifier"])
+    await bus.bootstrap(["policy", "verifier"])
+    groups = await bus.redis.xinfo_groups(bus.keys.batches("verifier"))
+    assert [g["name"] for g in groups] == [b"trainer"]
+    await bus.redis.delete(bus.keys.prompts)
+    await fill(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    assert len(await c.read(1, block_ms=10)) == 1  # NOGROUP -> group recreated from id 0
