@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
-from astraflow.streams.connection import make_client, register_scripts
+from astraflow.streams.connection import make_client, reconnecting, register_scripts
 from astraflow.streams.keys import Keys
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
@@ -73,10 +73,16 @@ class Bus:
     async def ensure_group(self, stream: str, group: str) -> None:
         try:
             # From id 0: entries published before the group existed are delivered too.
-            await self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+            await self._call(lambda: self.redis.xgroup_create(stream, group, id="0", mkstream=True))
         except ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+
+    async def _call(self, call):
+        return await reconnecting(call, self.reconnect_max_s)
+
+    async def _script(self, name: str, keys: list[str], args: list):
+        return await self._call(lambda: self._scripts[name](keys=keys, args=args))
 
     async def server_version(self) -> tuple[int, ...]:
         info = await self.redis.info("server")
@@ -120,7 +126,7 @@ class Bus:
                 for name, value in out.fields.items():
                     args += [name, value]
         try:
-            replies = await self._scripts["handoff"](keys=keys, args=args)
+            replies = await self._script("handoff", keys, args)
         except ResponseError as e:
             raise BusError(f"hand-off refused: {e}") from None
         return [(r[0].decode(), [i.decode() for i in r[1:]]) for r in replies]
@@ -151,26 +157,26 @@ class Bus:
                 else:
                     gone.append(entry_id)
         if gone:
-            await self.redis.xack(stream, group, *gone)
+            await self._call(lambda: self.redis.xack(stream, group, *gone))
         return entries
 
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
         if not ids:
             return []
-        lost = await self._scripts["renew"](keys=[stream], args=[group, consumer, *ids])
+        lost = await self._script("renew", [stream], [group, consumer, *ids])
         return [i.decode() for i in lost]
 
     async def release(self, stream: str, group: str, consumer: str, entry_id: str, reason: str) -> bool:
         """Give an owned entry back for redelivery now, recording `reason`; False if no longer owned."""
         args = [group, consumer, entry_id, reason]
-        return bool(await self._scripts["release"](keys=[stream, self.keys.errors], args=args))
+        return bool(await self._script("release", [stream, self.keys.errors], args))
 
     async def reclaim(self, stream: str, group: str, consumer: str, count: int) -> list[Entry]:
         """Take over entries idle past the lease; those delivered max_deliveries times go to `dead`."""
         s = self.settings
         args = [group, consumer, s.lease_ms, count, s.max_deliveries, s.capped_maxlen]
-        replies = await self._scripts["reclaim"](keys=[stream, self.keys.dead, self.keys.errors], args=args)
+        replies = await self._script("reclaim", [stream, self.keys.dead, self.keys.errors], args)
         entries = []
         for r in replies:
             fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
@@ -193,5 +199,6 @@ class Bus:
     async def trim(self, stream: str) -> int:
         """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams)."""
         if stream in self.keys.capped_streams():
-            return await self.redis.xtrim(stream, maxlen=self.settings.capped_maxlen, approximate=True)
-        return int(await self._scripts["trim"](keys=[stream]))
+            maxlen = self.settings.capped_maxlen
+            return await self._call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
+        return int(await self._script("trim", [stream], []))

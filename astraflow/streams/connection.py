@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
+import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
+from astraflow.errors import BusConnectionError
 from astraflow.streams.settings import RedisSettings
+
+T = TypeVar("T")
 
 BACKOFF_CAP_S = 0.5
 SCRIPT_NAMES = ("handoff", "renew", "release", "reclaim", "trim")
@@ -41,3 +49,24 @@ def register_scripts(client: aioredis.Redis) -> dict[str, object]:
     """Load every `lua/*.lua` once; a script lost to a Redis restart is reloaded on NOSCRIPT."""
     lua = resources.files("astraflow.streams") / "lua"
     return {name: client.register_script((lua / f"{name}.lua").read_text()) for name in SCRIPT_NAMES}
+
+
+async def reconnecting(call: Callable[[], Awaitable[T]], budget_s: float,
+                       on_lost: Callable[[], None] | None = None) -> T:
+    """Run `call` until it gets through, backing off while Redis is unreachable (restart, network).
+
+    Only for idempotent calls: the bus's writes are (dedup keys, owner checks). Past `budget_s` of
+    failures it raises BusConnectionError. `on_lost` runs after each failure (e.g. to re-read state).
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.02
+    while True:
+        try:
+            return await call()
+        except (ConnectionError, TimeoutError) as e:
+            if on_lost is not None:
+                on_lost()
+            if time.monotonic() > deadline:
+                raise BusConnectionError(f"redis unreachable for {budget_s:.0f}s: {e}") from None
+        await asyncio.sleep(delay * random.uniform(0.5, 1.5))
+        delay = min(delay * 2, BACKOFF_CAP_S)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import random
 import time
 from collections.abc import Sequence
 
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ResponseError
 
-from astraflow.errors import BusConnectionError
 from astraflow.streams.bus import Bus, Entry, Out
+from astraflow.streams.connection import reconnecting
 
 
 class Consumer:
@@ -79,22 +77,15 @@ class Consumer:
         await self.bus.dead_letter(entry, self.group, self.name, reason)
 
     async def _retrying(self, fn, *args):
-        """Run a read-side call, reconnecting with backoff; recreate the group if Redis lost it."""
-        deadline = time.monotonic() + self.bus.reconnect_max_s
-        delay = 0.02
+        """Run a read-side call through reconnects; recreate the group if Redis lost it."""
+        def lost() -> None:
+            # A lost XREADGROUP reply leaves entries in our pending list: read them again.
+            self._cursor = "0"
+
         while True:
             try:
-                return await fn(*args)
-            except (ConnectionError, TimeoutError) as e:
-                # A lost XREADGROUP reply leaves entries in our pending list: read them again.
-                self._cursor = "0"
-                if time.monotonic() > deadline:
-                    budget = self.bus.reconnect_max_s
-                    raise BusConnectionError(f"redis unreachable for {budget:.0f}s: {e}") from None
+                return await reconnecting(lambda: fn(*args), self.bus.reconnect_max_s, lost)
             except ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise
                 await self.bus.ensure_group(self.stream, self.group)
-                continue
-            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, 0.5)

