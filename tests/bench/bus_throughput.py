@@ -1,0 +1,144 @@
+"""Bus throughput: consume + publish_and_ack through astraflow vs raw redis-py, same Redis, same run.
+
+A producer process publishes N entries of 1 KiB; C consumer processes move each to an output stream and
+acknowledge it. Raw: pipelined XADD, XREADGROUP COUNT 100 then one pipeline of XADDs and an XACK.
+Bus: `Bus.publish_many` with dedup keys, and `Runner` hand-offs (owner-checked, idempotent, atomic).
+Throughput = N / (time until the N-th output exists). Paths alternate; the median of the rounds is shown.
+
+    python tests/bench/bus_throughput.py [--messages 20000] [--consumers 2] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+
+import redis.asyncio as aioredis
+
+from astraflow import redis_server
+from astraflow.streams import Bus, Consumer, Out, Runner
+from astraflow.streams.settings import RedisSettings, StreamsSettings
+
+PAYLOAD = b"x" * 1024
+CHUNK = 100
+
+
+def bus_for(url: str, run: str) -> Bus:
+    return Bus.connect(url, run, RedisSettings(), StreamsSettings(block_ms=100))
+
+
+async def raw_produce(url: str, run: str, n: int) -> None:
+    r = aioredis.Redis.from_url(url, protocol=2)
+    for start in range(0, n, CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(n, start + CHUNK)):
+            pipe.xadd(f"{run}:in", {"kind": "bench", "uid": str(i), "data": PAYLOAD})
+        await pipe.execute()
+    await r.aclose()
+
+
+async def raw_consume(url: str, run: str, name: str, n: int) -> None:
+    r = aioredis.Redis.from_url(url, protocol=2)
+    while await r.xlen(f"{run}:out") < n:
+        reply = await r.xreadgroup("g", name, {f"{run}:in": ">"}, count=CHUNK, block=100)
+        for _, entries in reply or []:
+            pipe = r.pipeline(transaction=False)
+            for _, fields in entries:
+                pipe.xadd(f"{run}:out", fields)
+            pipe.xack(f"{run}:in", "g", *[i for i, _ in entries])
+            await pipe.execute()
+    await r.aclose()
+
+
+async def bus_produce(url: str, run: str, n: int) -> None:
+    bus = bus_for(url, run)
+    for start in range(0, n, CHUNK):
+        outs = [Out(bus.keys.prompts, {"kind": "bench", "uid": str(i), "data": PAYLOAD}, f"in:{i}")
+                for i in range(start, min(n, start + CHUNK))]
+        await bus.publish_many(outs)
+    await bus.close()
+
+
+async def bus_consume(url: str, run: str, name: str, n: int) -> None:
+    bus = bus_for(url, run)
+
+    async def handle(entry):
+        return [Out(bus.keys.rollouts, entry.fields, f"out:{entry.id}")]
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(Runner(Consumer(bus, bus.keys.prompts, "g", name), handle, CHUNK).run(stop))
+    while await bus.redis.xlen(bus.keys.rollouts) < n:
+        await asyncio.sleep(0.01)
+    stop.set()
+    await task
+    await bus.close()
+
+
+def _proc(fn, *args) -> None:
+    asyncio.run(fn(*args))
+
+
+async def setup(url: str, path: str, run: str) -> str:
+    bus = bus_for(url, run)
+    out = bus.keys.rollouts if path == "bus" else f"{run}:out"
+    await bus.ensure_group(bus.keys.prompts if path == "bus" else f"{run}:in", "g")
+    await bus.close()
+    return out
+
+
+def measure(url: str, path: str, run: str, n: int, consumers: int) -> float:
+    out = asyncio.run(setup(url, path, run))
+    produce, consume = (bus_produce, bus_consume) if path == "bus" else (raw_produce, raw_consume)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_proc, args=(consume, url, run, f"c{i}", n)) for i in range(consumers)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)  # consumers connected and blocking
+    started = time.perf_counter()
+    producer = ctx.Process(target=_proc, args=(produce, url, run, n))
+    producer.start()
+
+    async def wait_done() -> float:
+        r = aioredis.Redis.from_url(url, protocol=2)
+        while await r.xlen(out) < n:
+            await asyncio.sleep(0.005)
+        await r.aclose()
+        return time.perf_counter()
+
+    finished = asyncio.run(wait_done())
+    for p in [producer, *procs]:
+        p.join(timeout=60)
+    return n / (finished - started)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=20_000)
+    ap.add_argument("--consumers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = redis_server.start(tmp)
+        try:
+            results: dict[str, list[float]] = {"raw": [], "bus": []}
+            for r in range(args.rounds):
+                for path in ("raw", "bus"):
+                    rate = measure(server.url, path, f"{path}{r}", args.messages, args.consumers)
+                    results[path].append(rate)
+        finally:
+            server.stop()
+    raw, bus = statistics.median(results["raw"]), statistics.median(results["bus"])
+    print(f"bus throughput: {args.messages} x 1 KiB, 1 producer, {args.consumers} consumers, "
+          f"{args.rounds} rounds (median), AOF everysec")
+    print(f"{'path':<36}{'msg/s':>10}")
+    print(f"{'raw redis-py (XADD, XREADGROUP+XACK)':<36}{raw:>10.0f}")
+    print(f"{'astraflow (publish, publish_and_ack)':<36}{bus:>10.0f}")
+    print(f"{'ratio astraflow / raw':<36}{bus / raw:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Settings: recipes load, precedence recipe < env < --set, errors name field and source, secrets hidden."""
+
+from pathlib import Path
+
+import pytest
+
+from astraflow.cli import main
+from astraflow.config import load_settings, redact_url
+from astraflow.errors import ConfigError
+
+RECIPES = sorted(Path(__file__).parents[2].joinpath("recipes").glob("*.yaml"))
+
+
+def test_there_are_recipes():
+    assert RECIPES
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_loads(recipe):
+    assert load_settings(recipe).run.name
+
+
+def test_wrong_field_in_recipe_names_field_and_file(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("streams:\n  lease_mss: 100\nraas:\n  slots: -1\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(recipe)
+    assert f"{recipe}: streams.lease_mss: Extra inputs are not permitted" in str(err.value)
+    assert f"{recipe}: raas.slots: Input should be greater than or equal to 1" in str(err.value)
+
+
+def test_unreadable_recipe_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read recipe"):
+        load_settings(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- a\n")
+    with pytest.raises(ConfigError, match=r"list\.yaml: a recipe is a mapping"):
+        load_settings(tmp_path / "list.yaml")
+
+
+def test_precedence_recipe_then_env_then_set(tmp_path, monkeypatch):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("streams:\n  lease_ms: 100\n  block_ms: 50\nraas:\n  slots: 2\n")
+    monkeypatch.setenv("ASTRAFLOW_STREAMS__LEASE_MS", "200")
+    monkeypatch.setenv("ASTRAFLOW_RAAS__SLOTS", "3")
+    s = load_settings(recipe, ["raas.slots=4"])
+    assert (s.streams.lease_ms, s.streams.block_ms, s.raas.slots) == (200, 50, 4)
+    assert s.streams.max_deliveries == 3  # untouched default next to overridden fields
+
+
+def test_bad_env_and_set_values_name_their_source(monkeypatch):
+    monkeypatch.setenv("ASTRAFLOW_RAAS__SLOTS", "many")
+    with pytest.raises(ConfigError, match=r"env ASTRAFLOW_RAAS__SLOTS: raas\.slots"):
+        load_settings()
+    monkeypatch.delenv("ASTRAFLOW_RAAS__SLOTS")
+    with pytest.raises(ConfigError, match=r"--set: engine\.type: Input should be"):
+        load_settings(overrides=["engine.type=tpu"])
+    with pytest.raises(ConfigError, match=r"expected section\.key=value"):
+        load_settings(overrides=["engine.type"])
+
+
+def test_secrets_are_never_printed(capsys, monkeypatch):
+    monkeypatch.setenv("ASTRAFLOW_WEIGHTS__SECRET", "weights-s3cret")
+    args = ["config", "--set", "redis.password=hunter2", "--redis", "redis://:pa55word@db:6379/0"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "pa55word" not in out and "weights-s3cret" not in out
+    assert "redis://:***@db:6379/0" in out
+    settings = load_settings(overrides=["redis.password=hunter2"])
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
+
+
+def test_secret_in_an_error_is_not_echoed():
+    with pytest.raises(ConfigError) as err:
+        load_settings(overrides=["redis.password=[1, 2]", "weights.secret={a: topsecret}"])
+    assert "topsecret" not in str(err.value)
+
+
+def test_redact_url():
+    assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
+    assert redact_url("redis://host:1/0") == "redis://host:1/0"

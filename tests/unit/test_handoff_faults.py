@@ -1,0 +1,62 @@
+"""publish_and_ack is all-or-nothing: a failure injected before or after the step leaves both or neither."""
+
+import pytest
+from redis.exceptions import ConnectionError
+
+from astraflow.errors import BusConnectionError
+from astraflow.streams import DUP, OK, Consumer, Out
+from astraflow.streams.keys import GROUP_RAAS
+
+
+class Faulty:
+    """Wraps the registered hand-off script: fails once, before sending or after Redis executed it."""
+
+    def __init__(self, script, when: str):
+        self.script, self.when, self.armed = script, when, True
+
+    async def __call__(self, keys, args):
+        if self.armed and self.when == "before":
+            self.armed = False
+            raise ConnectionError("connection reset before the command was sent")
+        result = await self.script(keys=keys, args=args)
+        if self.armed and self.when == "after":
+            self.armed = False
+            raise ConnectionError("connection reset before the reply arrived")
+        return result
+
+
+async def state(bus):
+    outputs = await bus.redis.xlen(bus.keys.rollouts)
+    pending = (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"]
+    return outputs, pending
+
+
+@pytest.fixture
+async def held(bus):
+    await bus.publish(Out(bus.keys.prompts, {"data": b"p"}, "p"))
+    consumer = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    [entry] = await consumer.read(1, block_ms=10)
+    return consumer, entry
+
+
+def result_of(bus, n=2):
+    return [Out(bus.keys.rollouts, {"data": f"r{i}".encode()}, f"r{i}") for i in range(n)]
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_failure_without_retry_leaves_both_or_neither(bus, held, when):
+    consumer, entry = held
+    bus._scripts["handoff"] = Faulty(bus._scripts["handoff"], when)
+    bus.reconnect_max_s = 0  # surface the failure instead of retrying
+    with pytest.raises(BusConnectionError):
+        await consumer.complete([(entry, result_of(bus))])
+    assert await state(bus) in {(0, 1), (2, 0)}  # neither, or both outputs and the ack
+    assert await state(bus) == ((0, 1) if when == "before" else (2, 0))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_retried_handoff_converges_to_exactly_once(bus, held, when):
+    consumer, entry = held
+    bus._scripts["handoff"] = Faulty(bus._scripts["handoff"], when)
+    assert await consumer.complete([(entry, result_of(bus))]) == [OK if when == "before" else DUP]
+    assert await state(bus) == (2, 0)

@@ -1,0 +1,151 @@
+"""Codec round trips for every message type, readable headers, and DecodeError on bad input."""
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from astraflow.errors import DecodeError
+from astraflow.messages import (
+    KINDS,
+    Batch,
+    Heartbeat,
+    PromptGroup,
+    RolloutGroup,
+    TensorSpec,
+    Trajectory,
+    VersionNotice,
+    VersionPublished,
+    WeightManifest,
+    decode,
+    encode,
+)
+
+text = st.text(max_size=12)
+ints = st.integers(-(2**40), 2**40)
+floats = st.floats(allow_nan=False, width=64)
+names = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8)
+json_like = st.recursive(
+    st.none() | st.booleans() | ints | floats | text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(names, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def trajectories(draw):
+    n = draw(st.integers(0, 16))
+    arr = lambda dtype, elements: draw(hnp.arrays(dtype, n, elements=elements))  # noqa: E731
+    return Trajectory(
+        model=draw(names), token_ids=arr(np.int32, st.integers(0, 2**31 - 1)),
+        logprobs=arr(np.float32, st.floats(-30, 0, width=32)), loss_mask=arr(np.uint8, st.integers(0, 1)),
+        versions=arr(np.int32, st.integers(-1, 1000)), reward=draw(floats),
+        finish_reason=draw(text), error=draw(st.none() | text))
+
+
+@st.composite
+def batches(draw):
+    trajs = draw(st.lists(trajectories(), max_size=3))
+    adv = draw(hnp.arrays(np.float32, len(trajs), elements=st.floats(-5, 5, width=32)))
+    return Batch(uid=draw(text), model=draw(names), version=draw(ints), group_uids=draw(st.lists(text)),
+                 trajectories=trajs, advantages=adv, replayed_uids=draw(st.lists(text, max_size=2)))
+
+
+MESSAGES = st.one_of(
+    st.builds(PromptGroup, uid=text, workflow=names, models=st.lists(names, max_size=3), n_samples=ints,
+              version=ints, sample=st.dictionaries(names, json_like, max_size=4), submitted_at=floats),
+    st.builds(RolloutGroup, uid=text, raas=names, version=ints,
+              trajectories=st.lists(trajectories(), max_size=3),
+              timings=st.dictionaries(names, floats, max_size=3), error=st.none() | text),
+    batches(),
+    st.builds(VersionPublished, uid=text, model=names, version=ints, manifest_key=text, step=ints,
+              incarnation=text, eval=st.booleans()),
+    st.builds(VersionNotice, uid=text, version=ints, models=st.dictionaries(names, ints, max_size=3),
+              manifests=st.dictionaries(names, text, max_size=3), eval=st.booleans()),
+    st.builds(WeightManifest, uid=text, model=names, version=ints, kind=st.sampled_from(["full", "delta"]),
+              base_version=st.none() | ints, endpoints=st.lists(text, max_size=2), nbytes=ints, digest=text,
+              chunk_digests=st.lists(text, max_size=3),
+              tensors=st.lists(st.builds(TensorSpec, name=text, dtype=names, shape=st.lists(ints, max_size=3),
+                                         offset=ints, nbytes=ints), max_size=3),
+              incarnation=text),
+    st.builds(Heartbeat, uid=names, region=names, capacity=ints, in_flight=ints,
+              versions=st.dictionaries(names, ints, max_size=2), endpoint=st.none() | text,
+              started_at=floats, updated_at=floats),
+)
+
+
+def same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "__dataclass_fields__"):
+        return type(a) is type(b) and all(same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return a == b
+
+
+def test_every_message_kind_is_covered():
+    assert set(KINDS) == {"prompt_group", "rollout_group", "batch", "version_published", "version_notice",
+                          "weight_manifest", "heartbeat"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(MESSAGES)
+def test_round_trip(msg):
+    fields = encode(msg)
+    assert same(decode(fields), msg)
+    assert fields["kind"] == msg.KIND.encode()
+    assert decode(fields, type(msg), max_bytes=len(fields["data"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_raise_decode_error(data):
+    for kind in KINDS:
+        with pytest.raises(DecodeError):
+            result = decode({"kind": kind, "schema": "1", "data": data})
+            # Random bytes that happen to be valid msgpack must still not validate as this kind.
+            raise AssertionError(f"decoded {result!r}")
+
+
+def test_arrays_travel_as_raw_bytes_not_lists():
+    n = 1000
+    traj = Trajectory(model="m", token_ids=np.arange(n, dtype=np.int32), logprobs=np.zeros(n, np.float32),
+                      loss_mask=np.ones(n, np.uint8), versions=np.zeros(n, np.int32), reward=0.5)
+    fields = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj]))
+    assert len(fields["data"]) < 1000 * 13 + 300  # 4+4+1+4 bytes per token plus headers
+    assert fields["uid"] == b"u" and fields["version"] == b"0"
+
+
+def test_bad_field_is_named():
+    msg = PromptGroup(uid="u", workflow="rlvr", models=["m"], n_samples=4, version=0)
+    fields = encode(msg)
+    plain = msgpack.unpackb(fields["data"])
+    plain["n_samples"] = "four"
+    with pytest.raises(DecodeError, match=r"prompt_group\.n_samples: expected an integer"):
+        decode({**fields, "data": msgpack.packb(plain)})
+    del plain["n_samples"]
+    with pytest.raises(DecodeError, match=r"prompt_group\.n_samples: missing"):
+        decode({**fields, "data": msgpack.packb(plain)})
+
+
+def test_inconsistent_arrays_are_rejected():
+    traj = Trajectory(model="m", token_ids=np.arange(4, dtype=np.int32), logprobs=np.zeros(3, np.float32),
+                      loss_mask=np.ones(4, np.uint8), versions=np.zeros(4, np.int32), reward=0.0)
+    with pytest.raises(DecodeError, match=r"trajectory\.logprobs: shape"):
+        decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj])))
+
+
+def test_headers_are_checked():
+    msg = VersionPublished(uid="m:1", model="m", version=1, manifest_key="k", step=1, incarnation="i")
+    fields = encode(msg)
+    with pytest.raises(DecodeError, match="kind: unknown"):
+        decode({**fields, "kind": b"nope"})
+    with pytest.raises(DecodeError, match="schema: unsupported"):
+        decode({**fields, "schema": b"99"})
+    with pytest.raises(DecodeError, match="kind: expected 'batch'"):
+        decode(fields, Batch)
+    with pytest.raises(DecodeError, match="exceeds the limit"):
+        decode(fields, max_bytes=3)
