@@ -12,7 +12,7 @@ import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
@@ -147,12 +147,12 @@ def to_env(settings: Settings) -> dict[str, str]:
 
 
 def redact_url(url: str) -> str:
-    """`url` with its password replaced by `***`."""
+    """`url` with its password (in the authority or a `password=` query parameter) replaced by `***`."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    if parts.password is not None:
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
+    query = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

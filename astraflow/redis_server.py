@@ -94,20 +94,24 @@ def start(run_dir: str | os.PathLike, *, port: int | None = None, password: str 
     password = password or secrets.token_urlsafe(24)
     binary = binary or find_redis_server()
     conf = root / CONF_FILE
-    conf.write_text("\n".join([
+    _write_private(conf, "\n".join([
         f"port {port}", "bind 127.0.0.1", "protected-mode yes", f'dir "{root}"',
         "appendonly yes", f"appendfsync {appendfsync}", 'save ""', f"requirepass {password}",
         f'logfile "{root / "redis.log"}"', "daemonize no", "",
     ]))
-    conf.chmod(0o600)
     proc = subprocess.Popen([binary, str(conf)], start_new_session=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = RedisServer(str(root), port, password, proc.pid, binary)
     _wait_ready(server, proc, wait_s)
-    state = root / STATE_FILE
-    state.write_text(json.dumps(asdict(server)))
-    state.chmod(0o600)
+    _write_private(root / STATE_FILE, json.dumps(asdict(server)))
     return server
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read, from its creation on (it holds the password)."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(text)
 
 
 def load(run_dir: str | os.PathLike) -> RedisServer | None:

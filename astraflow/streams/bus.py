@@ -6,6 +6,7 @@ dedup keys, and acknowledgements, renewals and releases are owner-checked Lua sc
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -20,6 +21,8 @@ from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 # Statuses of one hand-off item.
 OK, DUP, LOST = "ok", "dup", "lost"
+MAX_FIELDS = 1000
+"""Most fields an entry may have (Lua's unpack limit is near 4000; entries have a handful)."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,8 @@ class Bus:
     @classmethod
     def connect(cls, url: str, run: str, redis_settings: RedisSettings, settings: StreamsSettings) -> Bus:
         client = make_client(url, redis_settings)
-        # Blocking reads get their own pool, no automatic retry (the consumer re-reads its pending entries
-        # after a lost reply) and a socket timeout longer than the block.
-        blocking = make_client(url, redis_settings, retry=False,
+        # Blocking reads get their own pool with a socket timeout longer than the block.
+        blocking = make_client(url, redis_settings,
                                read_timeout_s=settings.block_ms / 1000 + redis_settings.socket_timeout_s)
         return cls(Keys(run), settings, client, blocking, redis_settings.reconnect_max_s)
 
@@ -95,17 +97,22 @@ class Bus:
         return (await self.publish_many([out]))[0]
 
     async def publish_many(self, outs: Sequence[Out]) -> list[str]:
+        """Publish several entries in one step. An entry without a dedup key gets one for this call, so
+        a retry after a lost reply cannot publish it twice."""
+        token = uuid.uuid4().hex
+        keyed = [o if o.dedup else o._replace(dedup=f"call:{token}:{i}") for i, o in enumerate(outs)]
         # No input to acknowledge: the "input stream" is just some key of the run (same hash slot).
-        replies = await self.handoff(self.keys.errors, "", "", [("", [o]) for o in outs])
+        replies = await self.handoff(self.keys.errors, "", "", [("", [o]) for o in keyed])
         return [ids[0] for _, ids in replies]
 
     async def handoff(self, stream: str, group: str, consumer: str,
-                      items: Sequence[tuple[str, Sequence[Out]]]) -> list[tuple[str, list[str]]]:
-        """Acknowledge each item's input entry (id '' = none) and publish its outputs, all in one step.
+                      items: Sequence[tuple[Entry | str, Sequence[Out]]]) -> list[tuple[str, list[str]]]:
+        """Acknowledge each item's input (an Entry, an entry id, or '' for none) and publish its outputs.
 
+        All of it happens in one atomic step.
         Per item the reply is (status, output ids): OK; DUP when every output already existed (a retry
         of a call whose reply was lost); LOST when the input is no longer owned by `consumer` (it was
-        reclaimed) - then nothing of that item was written.
+        reclaimed) - then nothing of that item was written. Sizes are the caller's to check (`check_size`).
         """
         keys = [stream, self.keys.errors]
         index: dict[str, int] = {}
@@ -117,8 +124,10 @@ class Bus:
             return index[key]
 
         args: list[bytes | str | int] = [group, consumer, self.settings.dedup_ttl_ms, len(items)]
-        for input_id, outs in items:
-            args += [input_id, len(outs)]
+        for entry, outs in items:
+            # An entry delivered before may have a recorded error to clear; a bare id is assumed to.
+            redelivered = entry.deliveries > 1 if isinstance(entry, Entry) else bool(entry)
+            args += [entry.id if isinstance(entry, Entry) else entry, int(redelivered), len(outs)]
             for out in outs:
                 self.check_size(out)
                 dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
@@ -132,7 +141,9 @@ class Bus:
         return [(r[0].decode(), [i.decode() for i in r[1:]]) for r in replies]
 
     def check_size(self, out: Out) -> None:
-        """Raise MessageTooLarge when `out` is over `streams.max_entry_bytes`."""
+        """Raise MessageTooLarge when `out` is over `streams.max_entry_bytes` or has too many fields."""
+        if not 1 <= len(out.fields) <= MAX_FIELDS:
+            raise MessageTooLarge(f"entry for {out.stream}: {len(out.fields)} fields (1 to {MAX_FIELDS})")
         size = sum(len(v) for v in out.fields.values())
         if size > self.settings.max_entry_bytes:
             limit = self.settings.max_entry_bytes
@@ -140,25 +151,12 @@ class Bus:
 
     # -- consuming -------------------------------------------------------------------------------------
 
-    async def read(self, stream: str, group: str, consumer: str, start: str, count: int,
+    async def read(self, stream: str, group: str, consumer: str, count: int,
                    block_ms: int | None) -> list[Entry]:
-        """XREADGROUP on the blocking pool: `start` '>' for new entries, an id for own pending ones after it.
-
-        Entries deleted from the stream while pending come back without fields; they are acknowledged
-        here, since nothing is left to process.
-        """
-        reply = await self.blocking.xreadgroup(group, consumer, {stream: start}, count=count, block=block_ms)
-        entries, gone = [], []
-        for _, items in reply or []:
-            for entry_id, fields in items:
-                if fields:
-                    decoded = {k.decode(): v for k, v in fields.items()}
-                    entries.append(Entry(stream, entry_id.decode(), decoded))
-                else:
-                    gone.append(entry_id)
-        if gone:
-            await self._call(lambda: self.redis.xack(stream, group, *gone))
-        return entries
+        """XREADGROUP of new entries ('>') on the blocking pool."""
+        reply = await self.blocking.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
+        return [Entry(stream, entry_id.decode(), {k.decode(): v for k, v in fields.items()})
+                for _, items in reply or [] for entry_id, fields in items]
 
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
@@ -172,16 +170,23 @@ class Bus:
         args = [group, consumer, entry_id, reason]
         return bool(await self._script("release", [stream, self.keys.errors], args))
 
-    async def reclaim(self, stream: str, group: str, consumer: str, count: int) -> list[Entry]:
-        """Take over entries idle past the lease; those delivered max_deliveries times go to `dead`."""
+    async def claim(self, stream: str, group: str, consumer: str, *, own: bool, start: str, count: int,
+                    skip: Sequence[str] = ()) -> tuple[str, list[Entry]]:
+        """Claim pending entries, counting the delivery; those delivered max_deliveries times go to `dead`.
+
+        `own=False`: other consumers' entries idle past the lease. `own=True`: this consumer's own pending
+        entries except `skip` (what it still holds). Scans from `start`; returns where the next call
+        should start ('-' once the scan reached the end) and the claimed entries.
+        """
         s = self.settings
-        args = [group, consumer, s.lease_ms, count, s.max_deliveries, s.capped_maxlen]
-        replies = await self._script("reclaim", [stream, self.keys.dead, self.keys.errors], args)
+        mode = "own" if own else "others"
+        args = [mode, group, consumer, s.lease_ms, start, count, s.max_deliveries, s.capped_maxlen, *skip]
+        reply = await self._script("claim", [stream, self.keys.dead, self.keys.errors], args)
         entries = []
-        for r in replies:
+        for r in reply[1:]:
             fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
             entries.append(Entry(stream, r[0].decode(), fields, deliveries=int(r[1])))
-        return entries
+        return reply[0].decode() or "-", entries
 
     async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
         """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it."""
@@ -191,7 +196,7 @@ class Bus:
         }
         fields.update({f"field.{k}": v for k, v in entry.fields.items()})
         out = Out(self.keys.dead, fields, dedup=f"dead:{entry.stream}:{entry.id}")
-        [(status, _)] = await self.handoff(entry.stream, group, consumer, [(entry.id, [out])])
+        [(status, _)] = await self.handoff(entry.stream, group, consumer, [(entry, [out])])
         return status
 
     # -- housekeeping ----------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -11,7 +10,7 @@ from importlib import resources
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, TimeoutError
 from redis.retry import Retry
 
@@ -21,26 +20,22 @@ from astraflow.streams.settings import RedisSettings
 T = TypeVar("T")
 
 BACKOFF_CAP_S = 0.5
-SCRIPT_NAMES = ("handoff", "renew", "release", "reclaim", "trim")
+SCRIPT_NAMES = ("handoff", "renew", "release", "claim", "trim")
 
 
-def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | None = None,
-                retry: bool = True) -> aioredis.Redis:
-    """A client whose commands reconnect with jittered backoff for up to `reconnect_max_s`.
+def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | None = None) -> aioredis.Redis:
+    """A client that never retries by itself: `reconnecting` owns retries and the reconnect budget.
 
-    RESP2 everywhere: Redis 6.2, 7.x and fakeredis then give the same reply shapes. Writes may be retried
-    after a lost reply, so every write the bus makes is idempotent (dedup keys, owner checks).
+    RESP2 everywhere: Redis 6.2, 7.x and fakeredis then give the same reply shapes.
     `read_timeout_s` is for connections that block (XREADGROUP BLOCK): it must exceed the block time.
     """
-    retries = math.ceil(settings.reconnect_max_s / BACKOFF_CAP_S) if retry else 0
     return aioredis.Redis.from_url(
         url,
         password=settings.password.get_secret_value() if settings.password else None,
         protocol=2,
         socket_timeout=read_timeout_s or settings.socket_timeout_s,
         socket_connect_timeout=settings.socket_timeout_s,
-        retry=Retry(ExponentialWithJitterBackoff(base=0.02, cap=BACKOFF_CAP_S), retries),
-        retry_on_error=[ConnectionError, TimeoutError],
+        retry=Retry(NoBackoff(), 0),
         decode_responses=False,
     )
 
@@ -55,8 +50,9 @@ async def reconnecting(call: Callable[[], Awaitable[T]], budget_s: float,
                        on_lost: Callable[[], None] | None = None) -> T:
     """Run `call` until it gets through, backing off while Redis is unreachable (restart, network).
 
-    Only for idempotent calls: the bus's writes are (dedup keys, owner checks). Past `budget_s` of
-    failures it raises BusConnectionError. `on_lost` runs after each failure (e.g. to re-read state).
+    Only for idempotent calls: every write of the bus is (owner checks, dedup keys), so a call whose reply
+    was lost may run again. Past `budget_s` of failures it raises BusConnectionError. `on_lost` runs
+    after each failure (e.g. to re-read state).
     """
     deadline = time.monotonic() + budget_s
     delay = 0.02

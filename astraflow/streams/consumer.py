@@ -14,19 +14,26 @@ from astraflow.streams.connection import reconnecting
 class Consumer:
     """Reads `stream` as `name` in `group` and tracks the entries it holds (`in_flight`).
 
-    On start, and after any lost connection, it first re-reads its own pending entries (id 0: work it was
-    given but never acknowledged, e.g. before a restart), then new ones ('>'). Every `lease_ms / 2` a read
-    also reclaims entries whose owner stopped renewing.
+    A read first takes back this consumer's own pending entries that it does not hold (work it was given
+    before a restart, or whose XREADGROUP reply was lost), then, every `lease_ms / 2`, entries of other
+    consumers idle past the lease, then new entries. Every claim counts as a delivery, so an entry that
+    keeps killing its workers still reaches `dead` after max_deliveries.
     """
 
     def __init__(self, bus: Bus, stream: str, group: str, name: str) -> None:
         self.bus, self.stream, self.group, self.name = bus, stream, group, name
         self.in_flight: dict[str, Entry] = {}
-        self._cursor: str | None = "0"
+        self._own_cursor: str | None = None
+        self._rescan = True  # set from anywhere; the next read starts a new scan of own entries
+        self._others_cursor = "-"
         self._next_reclaim = 0.0
 
+    def rescan(self) -> None:
+        """Take back own pending entries at the next read (after losing track of some)."""
+        self._rescan = True
+
     async def read(self, count: int, block_ms: int | None = None) -> list[Entry]:
-        """Up to `count` entries: reclaimed ones, own pending ones, then new ones (blocking `block_ms`)."""
+        """Up to `count` entries: own lost ones, reclaimed ones, then new ones (blocking `block_ms`)."""
         if count <= 0:
             return []
         block_ms = self.bus.settings.block_ms if block_ms is None else block_ms
@@ -37,20 +44,22 @@ class Consumer:
 
     async def _read(self, count: int, block_ms: int) -> list[Entry]:
         out: list[Entry] = []
-        if time.monotonic() >= self._next_reclaim:
+        if self._rescan:
+            self._rescan, self._own_cursor = False, "-"
+        while self._own_cursor is not None and len(out) < count:
+            cursor, got = await self.bus.claim(self.stream, self.group, self.name, own=True,
+                                               start=self._own_cursor, count=count - len(out),
+                                               skip=list(self.in_flight))
+            out += got
+            self._own_cursor = None if cursor == "-" else cursor
+        if len(out) < count and time.monotonic() >= self._next_reclaim:
             self._next_reclaim = time.monotonic() + self.bus.settings.lease_ms / 2000
-            out += await self.bus.reclaim(self.stream, self.group, self.name, count)
-        while self._cursor is not None and len(out) < count:
-            wanted = count - len(out)
-            history = await self.bus.read(self.stream, self.group, self.name, self._cursor, wanted, None)
-            if not history:
-                self._cursor = None
-                break
-            self._cursor = history[-1].id
-            out += [e for e in history if e.id not in self.in_flight]
+            self._others_cursor, got = await self.bus.claim(self.stream, self.group, self.name, own=False,
+                                                            start=self._others_cursor, count=count - len(out))
+            out += got
         if len(out) < count:
-            block = None if out else block_ms
-            out += await self.bus.read(self.stream, self.group, self.name, ">", count - len(out), block)
+            out += await self.bus.read(self.stream, self.group, self.name, count - len(out),
+                                       None if out else block_ms)
         return out
 
     async def renew(self) -> list[Entry]:
@@ -60,31 +69,35 @@ class Consumer:
 
     async def complete(self, done: Sequence[tuple[Entry, Sequence[Out]]]) -> list[str]:
         """Publish each entry's outputs and acknowledge it, atomically; returns each item's status."""
-        items = [(e.id, outs) for e, outs in done]
-        replies = await self.bus.handoff(self.stream, self.group, self.name, items)
+        replies = await self.bus.handoff(self.stream, self.group, self.name, done)
         for e, _ in done:
             self.in_flight.pop(e.id, None)
         return [status for status, _ in replies]
 
     async def release(self, entry: Entry, reason: str) -> None:
-        """Hand an entry back for another delivery (its handler failed): dead after max_deliveries."""
+        """Hand an entry back for another delivery (its handler failed): dead after max_deliveries.
+
+        Any consumer may take it next, this one included (its next read rescans its own entries)."""
         self.in_flight.pop(entry.id, None)
         await self.bus.release(self.stream, self.group, self.name, entry.id, reason)
+        self.rescan()
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Send an entry that can never succeed (undecodable, invalid) straight to `dead`."""
         self.in_flight.pop(entry.id, None)
         await self.bus.dead_letter(entry, self.group, self.name, reason)
 
-    async def _retrying(self, fn, *args):
-        """Run a read-side call through reconnects; recreate the group if Redis lost it."""
-        def lost() -> None:
-            # A lost XREADGROUP reply leaves entries in our pending list: read them again.
-            self._cursor = "0"
+    def forget(self, entry_id: str) -> None:
+        """Stop holding an entry that could not be settled; the next read takes it back."""
+        self.in_flight.pop(entry_id, None)
+        self.rescan()
 
+    async def _retrying(self, fn, *args):
+        """Run a call through reconnects; recreate the group if Redis lost it."""
         while True:
             try:
-                return await reconnecting(lambda: fn(*args), self.bus.reconnect_max_s, lost)
+                # A lost XREADGROUP or claim reply leaves entries in our pending list: take them back.
+                return await reconnecting(lambda: fn(*args), self.bus.reconnect_max_s, self.rescan)
             except ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise

@@ -17,11 +17,13 @@ log = structlog.get_logger(__name__)
 
 
 class Runner:
-    """Runs `handler` on the entries of `consumer`, at most `capacity` at a time.
+    """Runs `handler` on the entries of `consumer`, holding at most `capacity` entries at a time.
 
     A handler returns the entries to publish; they are published and the input acknowledged in one atomic
-    hand-off. Hand-offs that complete while one is in flight are committed together in the next one, so
-    a busy worker makes one round trip for many entries. Fault handling is the point of this class:
+    hand-off. Results that arrive while a hand-off is in flight are committed together in the next one,
+    so a busy worker makes one round trip for many entries. An entry occupies a slot from its delivery
+    until its handler returns; up to `capacity` more may wait for their hand-off, so reading the next
+    entries overlaps with committing the last ones. Fault handling is the point of this class:
     - DecodeError or an oversized output: the entry can never succeed, it goes to `dead` at once;
     - any other exception: the entry is released for redelivery and reaches `dead` after max_deliveries;
     - an entry reclaimed by another consumer (our lease lapsed) is cancelled and its output dropped.
@@ -31,35 +33,57 @@ class Runner:
         self.consumer, self.handler, self.capacity = consumer, handler, capacity
         self.stats: Counter[str] = Counter()
         self._tasks: dict[str, asyncio.Task] = {}
-        self._done: list[tuple[Entry, Sequence[Out], asyncio.Future]] = []
+        self._done: list[tuple[Entry, Sequence[Out]]] = []
+        self._committing = 0
         self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
         self.log = log.bind(stream=consumer.bus.keys.short(consumer.stream), consumer=consumer.name)
 
     @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
+    def held(self) -> int:
+        """Entries delivered and not yet handed off."""
+        return len(self._tasks) + len(self._done) + self._committing
+
+    @property
+    def free(self) -> int:
+        """Entries to read now: free slots, unless as many finished entries already wait for a hand-off."""
+        return min(self.capacity - len(self._tasks), 2 * self.capacity - self.held)
 
     async def run(self, stop: asyncio.Event, drain_s: float = 30.0) -> None:
         """Consume until `stop` is set; then finish in-flight entries within `drain_s`, release the rest."""
         settings = self.consumer.bus.settings
-        loops = (self._flush_loop(), self._lease_loop(), self._trim_loop())
+        loops = (self._commit_loop(), self._lease_loop(), self._trim_loop(), self._watch(stop))
         helpers = [asyncio.create_task(c) for c in loops]
         try:
             while not stop.is_set():
-                free = self.capacity - len(self._tasks)
+                free = self.free
                 if free <= 0:
-                    await asyncio.wait([*self._tasks.values()], return_when=asyncio.FIRST_COMPLETED)
+                    self._freed.clear()
+                    await self._freed.wait()
                     continue
-                block = settings.block_ms if not self._tasks else min(settings.block_ms, 50)
+                block = settings.block_ms if not self.held else min(settings.block_ms, 50)
                 for entry in await self.consumer.read(free, block):
                     task = asyncio.create_task(self._handle(entry))
                     self._tasks[entry.id] = task
-                    task.add_done_callback(lambda _t, i=entry.id: self._tasks.pop(i, None))
+                    task.add_done_callback(lambda t, i=entry.id: self._task_done(i, t))
             await self._drain(drain_s)
         finally:
-            for h in helpers:
-                h.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            # Also on an exception or cancellation: no handler outlives the runner. What they held and
+            # did not hand off stays pending and is taken back after the lease.
+            tasks = [*self._tasks.values(), *helpers]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._freed.set()
+
+    def _task_done(self, entry_id: str, task: asyncio.Task) -> None:
+        if self._tasks.get(entry_id) is task:
+            del self._tasks[entry_id]
+        self._freed.set()
 
     async def _drain(self, drain_s: float) -> None:
         if self._tasks:
@@ -67,19 +91,23 @@ class Runner:
         for entry_id, task in list(self._tasks.items()):
             task.cancel()
             entry = self.consumer.in_flight.get(entry_id)
-            if entry is not None:
+            if entry is None:
+                continue
+            try:
                 await self.consumer.release(entry, "worker stopped before finishing it")
                 self.stats["released"] += 1
-        await self._flush()
+            except Exception as e:  # it stays pending and is reclaimed after the lease
+                self.log.error("release_failed", id=entry_id, error=repr(e))
+        await self._commit()
 
     async def _handle(self, entry: Entry) -> None:
         try:
             await self._process(entry)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # Redis gone while settling a failure: the entry will be reclaimed.
+        except Exception as e:  # Redis gone while settling a failure: the entry will be taken back.
             self.log.error("entry_unsettled", id=entry.id, error=repr(e))
-            self.consumer.in_flight.pop(entry.id, None)
+            self.consumer.forget(entry.id)
 
     async def _process(self, entry: Entry) -> None:
         try:
@@ -96,34 +124,36 @@ class Runner:
             await self.consumer.release(entry, f"{type(e).__name__}: {e}")
             self.stats["released"] += 1
             return
-        done = asyncio.get_running_loop().create_future()
-        self._done.append((entry, outs, done))
+        self._done.append((entry, outs))
         self._wake.set()
-        await done
 
-    async def _flush_loop(self) -> None:
+    async def _commit_loop(self) -> None:
         while True:
             await self._wake.wait()
-            await self._flush()
+            await self._commit()
 
-    async def _flush(self) -> None:
-        self._wake.clear()
-        batch, self._done = self._done, []
-        if not batch:
-            return
-        try:
-            statuses = await self.consumer.complete([(e, outs) for e, outs, _ in batch])
-        except Exception as e:  # Redis gone past the reconnect budget: leave the entries to be reclaimed.
-            self.log.error("handoff_failed", entries=len(batch), error=repr(e))
-            for entry, _, _ in batch:
-                self.consumer.in_flight.pop(entry.id, None)
-            statuses = ["failed"] * len(batch)
-        for (entry, _, done), status in zip(batch, statuses, strict=True):
-            self.stats[status] += 1
-            if status == LOST:
-                self.log.warning("entry_lost", id=entry.id, reason="reclaimed by another consumer")
-            if not done.done():
-                done.set_result(status)
+    async def _commit(self) -> None:
+        """Hand off everything finished so far in one step (serialised: one commit at a time)."""
+        async with self._commit_lock:
+            self._wake.clear()
+            batch, self._done = self._done, []
+            if not batch:
+                return
+            self._committing = len(batch)
+            try:
+                statuses = await self.consumer.complete(batch)
+            except Exception as e:  # Redis gone past the reconnect budget: leave the entries to be reclaimed.
+                self.log.error("handoff_failed", entries=len(batch), error=repr(e))
+                for entry, _ in batch:
+                    self.consumer.forget(entry.id)
+                statuses = ["failed"] * len(batch)
+            finally:
+                self._committing = 0
+                self._freed.set()
+            for (entry, _), status in zip(batch, statuses, strict=True):
+                self.stats[status] += 1
+                if status == LOST:
+                    self.log.warning("entry_lost", id=entry.id, reason="reclaimed by another consumer")
 
     async def _lease_loop(self) -> None:
         interval = self.consumer.bus.settings.lease_ms / 3000
@@ -142,10 +172,12 @@ class Runner:
                     task.cancel()
 
     async def _trim_loop(self) -> None:
-        bus, stream = self.consumer.bus, self.consumer.stream
+        """Trim the input stream up to what every group acknowledged, and the dead letters to length."""
+        bus = self.consumer.bus
         while True:
             await asyncio.sleep(bus.settings.trim_interval_ms / 1000)
             try:
-                await bus.trim(stream)
+                await bus.trim(self.consumer.stream)
+                await bus.trim(bus.keys.dead)
             except Exception as e:
                 self.log.warning("trim_failed", error=repr(e))

@@ -2,8 +2,10 @@
 
 A producer process publishes N entries of 1 KiB; C consumer processes move each to an output stream and
 acknowledge it. Raw: pipelined XADD, XREADGROUP COUNT 100 then one pipeline of XADDs and an XACK.
-Bus: `Bus.publish_many` with dedup keys, and `Runner` hand-offs (owner-checked, idempotent, atomic).
-Throughput = N / (time until the N-th output exists). Paths alternate; the median of the rounds is shown.
+Bus: `Bus.publish_many` with dedup keys, and `Runner` hand-offs (owner-checked, atomic, exactly-once).
+Two scenarios: "consume" times the consumers alone on a prefilled input stream (the consume +
+publish_and_ack path); "end to end" runs the producer concurrently. Throughput = N / (time until the N-th
+output exists). Paths alternate within each round; the median of the rounds is shown.
 
     python tests/bench/bus_throughput.py [--messages 20000] [--consumers 2] [--rounds 3]
 """
@@ -42,6 +44,7 @@ async def raw_produce(url: str, run: str, n: int) -> None:
 
 
 async def raw_consume(url: str, run: str, name: str, n: int) -> None:
+    await gate(url, run)
     r = aioredis.Redis.from_url(url, protocol=2)
     while await r.xlen(f"{run}:out") < n:
         reply = await r.xreadgroup("g", name, {f"{run}:in": ">"}, count=CHUNK, block=100)
@@ -64,10 +67,13 @@ async def bus_produce(url: str, run: str, n: int) -> None:
 
 
 async def bus_consume(url: str, run: str, name: str, n: int) -> None:
+    await gate(url, run)
     bus = bus_for(url, run)
 
     async def handle(entry):
-        return [Out(bus.keys.rollouts, entry.fields, f"out:{entry.id}")]
+        # No dedup key: the owner check already makes a hand-off exactly-once (a retry finds the input
+        # acknowledged and writes nothing). Dedup keys guard plain publishes, which have no input.
+        return [Out(bus.keys.rollouts, entry.fields)]
 
     stop = asyncio.Event()
     task = asyncio.create_task(Runner(Consumer(bus, bus.keys.prompts, "g", name), handle, CHUNK).run(stop))
@@ -86,21 +92,28 @@ async def setup(url: str, path: str, run: str) -> str:
     bus = bus_for(url, run)
     out = bus.keys.rollouts if path == "bus" else f"{run}:out"
     await bus.ensure_group(bus.keys.prompts if path == "bus" else f"{run}:in", "g")
+    await bus.redis.set(f"{run}:go", 1)  # open unless a prefilled measurement closes it
     await bus.close()
     return out
 
 
-def measure(url: str, path: str, run: str, n: int, consumers: int) -> float:
+def measure(url: str, path: str, run: str, n: int, consumers: int, prefill: bool) -> float:
     out = asyncio.run(setup(url, path, run))
     produce, consume = (bus_produce, bus_consume) if path == "bus" else (raw_produce, raw_consume)
     ctx = mp.get_context("fork")
+    producer = ctx.Process(target=_proc, args=(produce, url, run, n))
+    if prefill:
+        producer.start()
+        producer.join()
     procs = [ctx.Process(target=_proc, args=(consume, url, run, f"c{i}", n)) for i in range(consumers)]
     for p in procs:
         p.start()
-    time.sleep(0.5)  # consumers connected and blocking
+    time.sleep(0.5)  # consumers started and connected
+    if prefill:
+        asyncio.run(release(url, run))
     started = time.perf_counter()
-    producer = ctx.Process(target=_proc, args=(produce, url, run, n))
-    producer.start()
+    if not prefill:
+        producer.start()
 
     async def wait_done() -> float:
         r = aioredis.Redis.from_url(url, protocol=2)
@@ -115,29 +128,47 @@ def measure(url: str, path: str, run: str, n: int, consumers: int) -> float:
     return n / (finished - started)
 
 
+async def release(url: str, run: str) -> None:
+    """Let the waiting consumers go (see `gate`)."""
+    r = aioredis.Redis.from_url(url, protocol=2)
+    await r.set(f"{run}:go", 1)
+    await r.aclose()
+
+
+async def gate(url: str, run: str) -> None:
+    """Wait until `release`: consumers of a prefilled stream start together once the clock runs."""
+    r = aioredis.Redis.from_url(url, protocol=2)
+    while not await r.exists(f"{run}:go"):
+        await asyncio.sleep(0.002)
+    await r.aclose()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    scenarios = {"consume + publish_and_ack": True, "end to end (producer running)": False}
+    results: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         server = redis_server.start(tmp)
         try:
-            results: dict[str, list[float]] = {"raw": [], "bus": []}
             for r in range(args.rounds):
-                for path in ("raw", "bus"):
-                    rate = measure(server.url, path, f"{path}{r}", args.messages, args.consumers)
-                    results[path].append(rate)
+                for s, (name, prefill) in enumerate(scenarios.items()):
+                    for path in ("raw", "bus"):
+                        run = f"{path}{r}s{s}"
+                        rate = measure(server.url, path, run, args.messages, args.consumers, prefill)
+                        results.setdefault((name, path), []).append(rate)
         finally:
             server.stop()
-    raw, bus = statistics.median(results["raw"]), statistics.median(results["bus"])
-    print(f"bus throughput: {args.messages} x 1 KiB, 1 producer, {args.consumers} consumers, "
-          f"{args.rounds} rounds (median), AOF everysec")
-    print(f"{'path':<36}{'msg/s':>10}")
-    print(f"{'raw redis-py (XADD, XREADGROUP+XACK)':<36}{raw:>10.0f}")
-    print(f"{'astraflow (publish, publish_and_ack)':<36}{bus:>10.0f}")
-    print(f"{'ratio astraflow / raw':<36}{bus / raw:>10.2f}")
+    print(f"bus throughput: {args.messages} x 1 KiB, {args.consumers} consumer processes, "
+          f"median of {args.rounds} rounds, AOF everysec")
+    print(f"{'scenario':<32}{'raw msg/s':>12}{'astraflow msg/s':>18}{'ratio':>8}")
+    for name in scenarios:
+        raw = statistics.median(results[(name, "raw")])
+        bus = statistics.median(results[(name, "bus")])
+        print(f"{name:<32}{raw:>12.0f}{bus:>18.0f}{bus / raw:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from astraflow.messages import PromptGroup, decode, encode
-from astraflow.streams import DUP, LOST, OK, Consumer, Out, Runner
+from astraflow.streams import DUP, OK, Consumer, Out, Runner
 from astraflow.streams.keys import GROUP_RAAS
 from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
 from workers.demo import rollout
@@ -57,7 +57,7 @@ async def test_killed_consumer_entry_is_reclaimed_and_processed_once(bus, redis_
     # The dead consumer's hand-off arriving late (a reply stuck in its socket) must not yield a second output.
     late = Out(bus.keys.rollouts, {"kind": "late"}, "late-output")
     [(status, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "victim", [(entry_id, [late])])
-    assert status == LOST
+    assert status == DUP  # already acknowledged by the rescuer: nothing written
     assert await rollout_uids(bus) == [uid]
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
 
@@ -124,3 +124,25 @@ async def test_handoff_with_a_lost_reply_is_applied_exactly_once(bus):
     [(retry, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "c", [(entry.id, [out])])
     assert (first, retry) == (OK, DUP)
     assert await bus.redis.xlen(bus.keys.rollouts) == 1
+
+
+async def test_entry_with_thousands_of_fields_is_dead_lettered_not_crash_looped(bus):
+    huge = [f"f{i}" for i in range(3000)]
+    await bus.redis.xadd(bus.keys.prompts, dict.fromkeys(huge, b"v"))  # written by some other tool
+    uids = await feed(bus, 3)
+
+    async def handle(entry):
+        if len(entry.fields) > 100:
+            raise ValueError("not a prompt group")
+        return await (await passthrough(bus, "c"))(entry)
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 4)
+
+    async def settled():
+        return await bus.redis.xlen(bus.keys.dead) == 1 and await bus.redis.xlen(bus.keys.rollouts) == 3
+
+    await run_until(runner, settled, timeout_s=30)
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"fields_truncated"] == b"3000"
+    assert b"ValueError: not a prompt group" in dead[b"reason"]
+    assert sorted(await rollout_uids(bus)) == uids

@@ -191,3 +191,60 @@ async def test_bootstrap_is_idempotent_and_recreates_lost_groups(bus):
     await fill(bus, 1)
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
     assert len(await c.read(1, block_ms=10)) == 1  # NOGROUP -> group recreated from id 0
+
+
+async def test_restart_under_the_same_name_takes_each_entry_back_once(bus):
+    await fill(bus, 3)
+    before = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "w")
+    held = await before.read(3, block_ms=10)
+    await asyncio.sleep(bus.settings.lease_ms / 1000 + 0.05)  # the old process is gone: no renewals
+    after = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "w")
+    got = await after.read(10, block_ms=10)
+    assert sorted(e.id for e in got) == sorted(e.id for e in held)
+    assert all(e.deliveries == 2 for e in got)  # the crashed attempt counts
+    assert await after.read(10, block_ms=10) == []  # not handed out a second time
+
+
+async def test_rescan_after_a_lost_reply_does_not_count_held_entries_again(bus):
+    await fill(bus, 2)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    held = await c.read(2, block_ms=10)
+    for _ in range(3):
+        c.rescan()  # what a lost connection does
+        assert await c.read(5, block_ms=10) == []
+    pending = await bus.redis.xpending_range(bus.keys.prompts, GROUP_RAAS, "-", "+", 10)
+    assert [p["times_delivered"] for p in pending] == [1, 1]
+    assert set(c.in_flight) == {e.id for e in held}
+
+
+async def test_entry_the_consumer_lost_track_of_is_taken_back_by_itself(bus):
+    await fill(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    [entry] = await c.read(1, block_ms=10)
+    c.forget(entry.id)  # e.g. its hand-off failed while Redis was away
+    [again] = await c.read(1, block_ms=10)
+    assert again.id == entry.id and again.deliveries == 2
+
+
+async def test_invalid_output_in_a_batch_writes_nothing(bus):
+    await fill(bus, 2)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    a, b = await c.read(2, block_ms=10)
+    with pytest.raises(MessageTooLarge, match="0 fields"):
+        await c.complete([(a, [Out(bus.keys.rollouts, {"data": b"ok"})]), (b, [Out(bus.keys.rollouts, {})])])
+    too_many = {f"f{i}": b"" for i in range(1001)}
+    with pytest.raises(MessageTooLarge, match="1001 fields"):
+        await c.complete([(a, [Out(bus.keys.rollouts, too_many)])])
+    assert await bus.redis.xlen(bus.keys.rollouts) == 0
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 2
+
+
+async def test_handoff_retried_without_dedup_keys_is_still_exactly_once(bus):
+    await fill(bus, 1)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    [entry] = await c.read(1, block_ms=10)
+    out = Out(bus.keys.rollouts, {"data": b"r"})  # no dedup key: the owner check is the guard
+    [(first, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "c", [(entry, [out])])
+    [(retry, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "c", [(entry, [out])])
+    assert (first, retry) == (OK, DUP)
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1

@@ -78,3 +78,4 @@ def test_secret_in_an_error_is_not_echoed():
 def test_redact_url():
     assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
     assert redact_url("redis://host:1/0") == "redis://host:1/0"
+    assert redact_url("redis://host:1/0?password=pw&db=2") == "redis://host:1/0?password=***&db=2"

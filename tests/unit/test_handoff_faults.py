@@ -60,3 +60,9 @@ async def test_retried_handoff_converges_to_exactly_once(bus, held, when):
     bus._scripts["handoff"] = Faulty(bus._scripts["handoff"], when)
     assert await consumer.complete([(entry, result_of(bus))]) == [OK if when == "before" else DUP]
     assert await state(bus) == (2, 0)
+
+
+async def test_publish_without_dedup_key_survives_a_lost_reply(bus):
+    bus._scripts["handoff"] = Faulty(bus._scripts["handoff"], "after")
+    await bus.publish(Out(bus.keys.metrics, {"step": "1"}))
+    assert await bus.redis.xlen(bus.keys.metrics) == 1

@@ -22,7 +22,7 @@ for _, g in ipairs(groups) do
   local info = {}
   for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
   local ms, seq = string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')
-  local need = ms .. '-' .. tostring(tonumber(seq) + 1)
+  local need = ms .. '-' .. string.format('%.0f', tonumber(seq) + 1)
   local pending = redis.call('XPENDING', stream, info['name'])
   if tonumber(pending[1]) > 0 and less(pending[2], need) then need = pending[2] end
   if keep == nil or less(need, keep) then keep = need end

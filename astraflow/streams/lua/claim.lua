@@ -1,0 +1,71 @@
+-- Claim pending entries for `consumer`, counting the delivery, and dead-letter those already delivered
+-- max_deliveries times. Two modes:
+--   'others': entries of other consumers idle longer than the lease (their owner stopped renewing);
+--   'own':    this consumer's own pending entries after `start`, except the ids it says it still holds
+--             (after a restart or a lost reply: work it was given but lost track of).
+-- XPENDING + XCLAIM rather than XAUTOCLAIM or XREADGROUP <id>: it tells the last owner and the delivery
+-- count before the claim (both go into a dead letter), never counts an in-flight entry as redelivered,
+-- and behaves the same on Redis 6.2 and 7.x for entries deleted from the stream (acknowledged here,
+-- since nothing is left to process).
+-- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash
+-- ARGV: mode, group, consumer, min_idle_ms, start, count, max_deliveries, dead_maxlen, skip ids...
+-- Returns {next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end.
+local stream, dead, errors = KEYS[1], KEYS[2], KEYS[3]
+local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local count, max_deliveries, dead_maxlen = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
+
+local skip = {}
+for i = 9, #ARGV do skip[ARGV[i]] = true end
+
+local pending
+if mode == 'own' then
+  pending = redis.call('XPENDING', stream, group, start, '+', count, consumer)
+else
+  pending = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', count)
+end
+
+local claimed = {''}
+if #pending == count then
+  claimed[1] = '(' .. pending[#pending][1]
+end
+for _, p in ipairs(pending) do
+  local id, owner, deliveries = p[1], p[2], tonumber(p[4])
+  if not skip[id] and (mode == 'own' or owner ~= consumer) then
+    local entry = redis.call('XRANGE', stream, id, id)[1]
+    local err_field = stream .. '|' .. id
+    if not entry then
+      redis.call('XACK', stream, group, id)
+      redis.call('HDEL', errors, err_field)
+    elseif deliveries >= max_deliveries then
+      local last = redis.call('HGET', errors, err_field)
+      local reason = 'delivered ' .. deliveries .. ' times (max_deliveries ' .. max_deliveries .. '); '
+      if last then
+        reason = reason .. 'last error: ' .. last
+      else
+        reason = reason .. 'never acknowledged: its owners crashed or hung past the lease'
+      end
+      local fields = {'kind', 'dead', 'source', stream, 'source_id', id, 'group', group, 'consumer', owner,
+                      'deliveries', tostring(deliveries), 'reason', reason}
+      local n_copied = math.min(#entry[2], 2 * MAX_COPIED_FIELDS)
+      for i = 1, n_copied, 2 do
+        fields[#fields + 1] = 'field.' .. entry[2][i]
+        fields[#fields + 1] = entry[2][i + 1]
+      end
+      if n_copied < #entry[2] then
+        fields[#fields + 1] = 'fields_truncated'
+        fields[#fields + 1] = tostring(#entry[2] / 2)
+      end
+      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
+      redis.call('XACK', stream, group, id)
+      redis.call('HDEL', errors, err_field)
+    else
+      -- JUSTID alone would not count a delivery; RETRYCOUNT does, since this is one. Resets the idle time.
+      redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', deliveries + 1, 'JUSTID')
+      local reply = {id, deliveries + 1}
+      for _, v in ipairs(entry[2]) do reply[#reply + 1] = v end
+      claimed[#claimed + 1] = reply
+    end
+  end
+end
+return claimed

@@ -1,0 +1,99 @@
+"""The consume loop: capacity, dead letters, cancellation leaves no handler behind."""
+
+import asyncio
+
+from astraflow.errors import DecodeError
+from astraflow.streams import Consumer, Out, Runner
+from astraflow.streams.keys import GROUP_RAAS
+
+
+async def fill(bus, n):
+    await bus.publish_many([Out(bus.keys.prompts, {"uid": f"u{i}"}, f"p{i}") for i in range(n)])
+
+
+async def test_runner_holds_at_most_its_capacity(bus):
+    await fill(bus, 10)
+    running, peak = 0, 0
+    release = asyncio.Event()
+
+    async def handle(entry):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 3)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    await asyncio.sleep(0.3)
+    assert peak == 3 and len(runner.consumer.in_flight) == 3
+    release.set()
+    while await bus.redis.xlen(bus.keys.rollouts) < 10:
+        await asyncio.sleep(0.02)
+    stop.set()
+    await task
+    assert peak == 3 and runner.stats["ok"] == 10
+
+
+async def test_undecodable_entry_is_dead_lettered_and_the_rest_flows(bus):
+    await fill(bus, 5)
+
+    async def handle(entry):
+        if entry.fields["uid"] == b"u2":
+            raise DecodeError("data: not valid msgpack")
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    while await bus.redis.xlen(bus.keys.rollouts) < 4:
+        await asyncio.sleep(0.02)
+    stop.set()
+    await task
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"reason"] == b"DecodeError: data: not valid msgpack" and dead[b"field.uid"] == b"u2"
+    assert runner.stats["dead"] == 1
+
+
+async def test_cancelled_runner_leaves_no_handler_running(bus):
+    await fill(bus, 4)
+    cancelled = []
+
+    async def handle(entry):
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(entry.id)
+            raise
+        return []
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 4)
+    task = asyncio.create_task(runner.run(asyncio.Event()))
+    await asyncio.sleep(0.3)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(cancelled) == 4
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+
+async def test_stop_drains_then_releases_what_did_not_finish(bus):
+    await fill(bus, 2)
+
+    async def handle(entry):
+        await asyncio.sleep(0 if entry.fields["uid"] == b"u0" else 60)
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop, drain_s=0.2))
+    await asyncio.sleep(0.2)
+    stop.set()
+    await task
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
+    assert runner.stats["released"] == 1
+    # The released entry is immediately available to another worker.
+    other = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "other")
+    [entry] = await other.read(1, block_ms=10)
+    assert entry.fields["uid"] == b"u1"
