@@ -88,17 +88,18 @@ def _proc(fn, *args) -> None:
     asyncio.run(fn(*args))
 
 
-async def setup(url: str, path: str, run: str) -> str:
+async def setup(url: str, path: str, run: str, gated: bool) -> str:
     bus = bus_for(url, run)
     out = bus.keys.rollouts if path == "bus" else f"{run}:out"
     await bus.ensure_group(bus.keys.prompts if path == "bus" else f"{run}:in", "g")
-    await bus.redis.set(f"{run}:go", 1)  # open unless a prefilled measurement closes it
+    if not gated:
+        await bus.redis.set(f"{run}:go", 1)
     await bus.close()
     return out
 
 
 def measure(url: str, path: str, run: str, n: int, consumers: int, prefill: bool) -> float:
-    out = asyncio.run(setup(url, path, run))
+    out = asyncio.run(setup(url, path, run, gated=prefill))
     produce, consume = (bus_produce, bus_consume) if path == "bus" else (raw_produce, raw_consume)
     ctx = mp.get_context("fork")
     producer = ctx.Process(target=_proc, args=(produce, url, run, n))
