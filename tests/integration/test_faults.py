@@ -146,3 +146,15 @@ async def test_entry_with_thousands_of_fields_is_dead_lettered_not_crash_looped(
     assert dead[b"fields_truncated"] == b"3000"
     assert b"ValueError: not a prompt group" in dead[b"reason"]
     assert sorted(await rollout_uids(bus)) == uids
+
+
+async def test_trim_keeps_everything_a_group_has_not_acknowledged(bus):
+    uids = await feed(bus, 6)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    got = await c.read(4, block_ms=10)
+    await c.complete([(got[0], []), (got[2], [])])
+    assert await bus.trim(bus.keys.prompts) == 1
+    await c.complete([(got[1], []), (got[3], [])])
+    assert await bus.trim(bus.keys.prompts) == 3
+    left = [decode(f, PromptGroup).uid for _, f in await bus.redis.xrange(bus.keys.prompts)]
+    assert left == uids[4:]  # delivered to nobody yet
