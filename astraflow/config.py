@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
@@ -53,13 +54,6 @@ class RaasSettings(BaseModel):
     slots: int = Field(8, ge=1)
     """Episodes one RaaS worker runs concurrently; it reads at most its free slots from `prompts`."""
     region: str = "local"
-
-
-class EngineSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["auto", "vllm", "hf", "openai"] = "auto"
-    """`auto` = vllm when installed, else hf."""
 
 
 class TrainerSettings(BaseModel):

@@ -1,0 +1,71 @@
+"""The engine protocol: token-in/token-out generation with per-token weight versions, and weight loads."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 = no top-k cut."""
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation stops after any of these (the model's eos always stops it); the stop token is kept."""
+    seed: int | None = None
+    """Same seed, same prompt, same weights: same tokens (batched or not)."""
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class GenerateResponse:
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-probability of each sampled token under the temperature-scaled model distribution (before
+    top-k/top-p cuts), i.e. what a trainer recomputes at the same temperature."""
+    versions: list[int]
+    """Weight version that produced each token."""
+    finish_reason: str
+    """`stop` (a stop or eos token) or `length`."""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """An inference engine. Many concurrent `generate` calls are the normal case.
+
+    `pause` returns once no token is being produced; in-flight requests wait (they are not lost) and
+    continue after `resume`, with tokens produced after a `load_weights` tagged with the new version.
+    """
+
+    version: int = 0
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResponse: ...
+
+    @abstractmethod
+    async def pause(self) -> None: ...
+
+    @abstractmethod
+    async def load_weights(self, path: str, version: int) -> None:
+        """Load the Hugging Face checkpoint directory `path` as `version`; only while paused."""
+
+    @abstractmethod
+    async def resume(self) -> None: ...
+
+    @abstractmethod
+    async def healthy(self) -> bool: ...

@@ -1,0 +1,221 @@
+"""The built-in engine on transformers + torch: micro-batched sampling with a KV cache.
+
+Requests that arrive within `batch_window_ms` of each other are generated as one left-padded batch; a
+batch runs in a worker thread, one decode step at a time. `pause` parks that thread between two steps,
+so weights are swapped between tokens: tokens sampled from logits of the new weights carry the new
+version (the KV cache of earlier tokens is kept, as vLLM's `pause?mode=keep` does). Sampling is Gumbel-max
+with one torch.Generator per request, so a seeded request gives the same tokens alone or in a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams
+from astraflow.engines.settings import EngineSettings
+
+
+class HFEngine(Engine):
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.version = 0
+        self.stats: Counter[str] = Counter()
+        """`batches`, `requests`, `steps`, `tokens`, `max_batch`: what batching actually happened."""
+        self._run = threading.Event()
+        self._run.set()
+        self._cond = threading.Condition()
+        self._busy = self._parked = False
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load_model)
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._schedule())
+
+    def _load_model(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.settings.threads:
+            torch.set_num_threads(self.settings.threads)
+        dtype = getattr(torch, self.settings.dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(self.settings.model, dtype=dtype).eval()
+        tokenizer = AutoTokenizer.from_pretrained(self.settings.model)
+        self.eos_ids = {tokenizer.eos_token_id, *_as_set(self.model.generation_config.eos_token_id)} - {None}
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._run.set()
+
+    async def healthy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        assert self._queue is not None, "engine not started"
+        done = asyncio.get_running_loop().create_future()
+        await self._queue.put((request, done, time.perf_counter()))
+        return await done
+
+    async def _schedule(self) -> None:
+        assert self._queue is not None
+        while True:
+            batch = [await self._queue.get()]
+            deadline = time.perf_counter() + self.settings.batch_window_ms / 1000
+            while len(batch) < self.settings.max_batch:
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), deadline - time.perf_counter()))
+                except TimeoutError:
+                    break
+            started = time.perf_counter()
+            try:
+                responses = await asyncio.to_thread(self._generate_batch, [r for r, _, _ in batch])
+            except Exception as e:
+                for _, done, _ in batch:
+                    if not done.done():
+                        done.set_exception(e)
+                continue
+            for (_, done, queued), resp in zip(batch, responses, strict=True):
+                resp.timings.update(queue_s=started - queued, generate_s=time.perf_counter() - started)
+                if not done.done():
+                    done.set_result(resp)
+
+    # -- pause / load / resume ---------------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        self._run.clear()
+        await asyncio.to_thread(self._wait_parked)
+
+    def _wait_parked(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._busy or self._parked)
+
+    async def load_weights(self, path: str, version: int) -> None:
+        if self._run.is_set():
+            raise RuntimeError("load_weights needs a paused engine")
+        await asyncio.to_thread(self._load_state, Path(path))
+        self.version = version
+
+    def _load_state(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in sorted(path.glob("*.safetensors")):
+            state.update(load_file(f))
+        if not state:
+            raise FileNotFoundError(f"no *.safetensors in {path}")
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"{path}: weights do not fit (missing {missing}, unexpected {unexpected})")
+
+    async def resume(self) -> None:
+        self._run.set()
+
+    def _pause_point(self) -> None:
+        if self._run.is_set():
+            return
+        with self._cond:
+            self._parked = True
+            self._cond.notify_all()
+        self._run.wait()
+        with self._cond:
+            self._parked = False
+
+    # -- generation (worker thread) ------------------------------------------------------------------
+
+    def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
+        with self._cond:
+            self._busy = True
+        try:
+            return self._decode(requests)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _decode(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
+        import torch
+
+        n = len(requests)
+        self.stats.update(batches=1, requests=n)
+        self.stats["max_batch"] = max(self.stats["max_batch"], n)
+        params = [r.params for r in requests]
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator().manual_seed(p.seed if p.seed is not None else random.getrandbits(63))
+                      for p in params]
+        limits = [min(p.max_new_tokens, self.settings.max_model_len - len(r.prompt_ids))
+                  for p, r in zip(params, requests, strict=True)]
+        stops = [self.eos_ids | set(p.stop_token_ids) for p in params]
+        out = [GenerateResponse([], [], [], "length") for _ in requests]
+        active = [limit > 0 for limit in limits]
+        past = None
+        with torch.inference_mode():
+            while any(active):
+                self._pause_point()
+                self.stats["steps"] += 1
+                version = self.version
+                result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                    past_key_values=past, use_cache=True)
+                past = result.past_key_values
+                tokens, logprobs = _sample(result.logits[:, -1, :].float(), params, generators)
+                for i in range(n):
+                    if not active[i]:
+                        continue
+                    t = int(tokens[i])
+                    out[i].token_ids.append(t)
+                    out[i].logprobs.append(float(logprobs[i]))
+                    out[i].versions.append(version)
+                    if t in stops[i]:
+                        out[i].finish_reason, active[i] = "stop", False
+                    elif len(out[i].token_ids) >= limits[i]:
+                        active[i] = False
+                ids = tokens[:, None]
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+                positions = positions[:, -1:] + 1
+        self.stats["tokens"] += sum(len(o.token_ids) for o in out)
+        return out
+
+
+def _sample(logits, params: list[SamplingParams], generators):
+    """Gumbel-max sampling per row; returns (tokens, logprob of each under logits / temperature)."""
+    import torch
+
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    tokens = torch.empty(len(params), dtype=torch.long)
+    for i, p in enumerate(params):
+        row = logp[i]
+        if p.temperature <= 0:
+            tokens[i] = int(torch.argmax(row))
+            continue
+        cut = row.clone()
+        if 0 < p.top_k < cut.numel():
+            cut[cut < torch.topk(cut, p.top_k).values[-1]] = -float("inf")
+        if p.top_p < 1.0:
+            sorted_lp, order = torch.sort(cut, descending=True)
+            outside = torch.cumsum(sorted_lp.exp(), 0) - sorted_lp.exp() >= p.top_p
+            cut[order[outside]] = -float("inf")
+        u = torch.rand(cut.numel(), generator=generators[i]).clamp(1e-20, 1.0 - 1e-7)
+        tokens[i] = int(torch.argmax(cut - torch.log(-torch.log(u))))
+    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+
+
+def _as_set(value) -> set:
+    if value is None:
+        return set()
+    return set(value) if isinstance(value, list | tuple | set) else {value}

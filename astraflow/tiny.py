@@ -1,0 +1,102 @@
+"""Tiny models built locally and deterministically: a byte-level BPE tokenizer and a small Qwen2 model.
+
+The result is an ordinary Hugging Face directory (config, safetensors, tokenizer with a chat template) that
+the hf and vllm engines and the trainer all load. Nothing is downloaded. `warm_start` gives it a short
+supervised start on a built-in task, so RL begins from a partly competent policy.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+PAD, EOS, IM_START, EOT = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|endoftext|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_TEXT = (
+    "the quick brown fox jumps over the lazy dog. print(sum(range(10))) def f(x): return x * 2 "
+    "question: what is 3 + 4? answer: 7. user assistant system tool call result = None True False "
+)
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE trained on the built-in tasks and a little text; pad, eos and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from astraflow.workflows.tasks import TASKS, rows
+
+    corpus = [r["prompt"] + r["answer"] for name in TASKS for r in rows(name, 2000, seed=1)]
+    corpus += [_TEXT] * 20
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, IM_START, EOT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
+                                   additional_special_tokens=[IM_START])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build(out_dir: str | Path, *, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+          intermediate: int = 704, vocab_size: int = 512, seed: int = 0) -> Path:
+    """Write a randomly initialised Qwen2 model and its tokenizer to `out_dir` (same seed, same bytes)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(vocab_size)
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None, torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def warm_start(model_dir: str | Path, task: str, *, steps: int = 300, batch: int = 64, lr: float = 1e-3,
+               seed: int = 0) -> float:
+    """Supervised steps on `task` (loss on the answer and eos only); saves in place, returns the last loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from astraflow.workflows.tasks import get_task
+
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    rng = random.Random(seed)
+    t = get_task(task)
+    loss = torch.tensor(0.0)
+    model.train()
+    for _ in range(steps):
+        ids, labels = [], []
+        for row in (t.sample(rng) for _ in range(batch)):
+            p = tokenizer.encode(row["prompt"])
+            a = [*tokenizer.encode(row["answer"]), tokenizer.eos_token_id]
+            ids.append(p + a)
+            labels.append([-100] * len(p) + a)
+        width = max(map(len, ids))
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+        label_ids = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
+        mask = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    model.save_pretrained(model_dir, safe_serialization=True)
+    return float(loss.detach())
