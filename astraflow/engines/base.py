@@ -30,8 +30,8 @@ class GenerateRequest:
 class GenerateResponse:
     token_ids: list[int]
     logprobs: list[float]
-    """Log-probability of each sampled token under the temperature-scaled model distribution (before
-    top-k/top-p cuts), i.e. what a trainer recomputes at the same temperature."""
+    """Log-probability of each sampled token under the distribution it was sampled from: logits divided
+    by the temperature (1 when greedy), cut by top-k/top-p and renormalised (vLLM's processed_logprobs)."""
     versions: list[int]
     """Weight version that produced each token."""
     finish_reason: str

@@ -192,27 +192,30 @@ class HFEngine(Engine):
 
 
 def _sample(logits, params: list[SamplingParams], generators):
-    """Gumbel-max sampling per row; returns (tokens, logprob of each under logits / temperature)."""
+    """Gumbel-max sampling per row; returns (tokens, logprob of each under the distribution sampled from)."""
     import torch
 
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)
     tokens = torch.empty(len(params), dtype=torch.long)
+    chosen = torch.empty(len(params))
     for i, p in enumerate(params):
         row = logp[i]
+        if 0 < p.top_k < row.numel():
+            row = row.masked_fill(row < torch.topk(row, p.top_k).values[-1], -float("inf"))
+        if p.top_p < 1.0:
+            sorted_lp, order = torch.sort(row, descending=True)
+            outside = torch.cumsum(sorted_lp.exp(), 0) - sorted_lp.exp() >= p.top_p
+            row = row.clone()
+            row[order[outside]] = -float("inf")
+        row = torch.log_softmax(row, dim=-1)  # renormalised over what survived the cuts
         if p.temperature <= 0:
             tokens[i] = int(torch.argmax(row))
-            continue
-        cut = row.clone()
-        if 0 < p.top_k < cut.numel():
-            cut[cut < torch.topk(cut, p.top_k).values[-1]] = -float("inf")
-        if p.top_p < 1.0:
-            sorted_lp, order = torch.sort(cut, descending=True)
-            outside = torch.cumsum(sorted_lp.exp(), 0) - sorted_lp.exp() >= p.top_p
-            cut[order[outside]] = -float("inf")
-        u = torch.rand(cut.numel(), generator=generators[i]).clamp(1e-20, 1.0 - 1e-7)
-        tokens[i] = int(torch.argmax(cut - torch.log(-torch.log(u))))
-    return tokens, logp.gather(1, tokens[:, None])[:, 0]
+        else:
+            u = torch.rand(row.numel(), generator=generators[i]).clamp(1e-20, 1.0 - 1e-7)
+            tokens[i] = int(torch.argmax(row - torch.log(-torch.log(u))))
+        chosen[i] = row[tokens[i]]
+    return tokens, chosen
 
 
 def _as_set(value) -> set:

@@ -1,0 +1,184 @@
+"""The real engine: a vLLM OpenAI-compatible server subprocess, driven token-in/token-out.
+
+Per-token versions: a request is generated in chunks of `chunk_tokens`, each chunk one completion call
+that continues from the prompt plus the tokens so far. `pause` stops new chunks from starting and waits
+for the running ones (at most `chunk_tokens` each), then pauses the server; `load_weights` reloads
+from a checkpoint directory and resets the prefix cache; after `resume` the next chunks recompute the
+context with the new weights, so every token carries exactly the version that produced it. The server
+(with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading the last
+weights, and the chunks it was running are retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.engines.settings import EngineSettings
+from astraflow.redis_server import free_port
+
+log = structlog.get_logger(__name__)
+
+
+class VLLMEngine(Engine):
+    def __init__(self, settings: EngineSettings, log_path: str | Path | None = None) -> None:
+        self.settings = settings
+        self.version = 0
+        self.log_path = Path(log_path) if log_path else None
+        self.port = settings.port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._proc: subprocess.Popen | None = None
+        self._weights: str | None = None
+        self._open = asyncio.Event()  # set while chunks may start: not paused and the server is up
+        self._idle = asyncio.Condition()
+        self._running = 0
+        self._paused = False
+        self._closing = False
+        self._watch: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        import httpx
+
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=5.0))
+        await self._spawn()
+        self._watch = asyncio.create_task(self._watchdog())
+
+    async def _spawn(self) -> None:
+        s = self.settings
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
+               "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(self.port),
+               "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enforce-eager",
+               "--logprobs-mode", "processed_logprobs"]
+        kv_gib = str(max(1, round(s.kv_cache_gb)))
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": kv_gib}
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self._proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + s.start_timeout_s
+        while not await self.healthy():
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"vllm server exited with {self._proc.returncode} (log {self.log_path})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
+            await asyncio.sleep(0.5)
+        if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
+            await self._control("/collective_rpc", {"method": "reload_weights",
+                                                    "kwargs": {"weights_path": self._weights}})
+        if not self._paused:
+            self._open.set()
+        log.info("vllm_ready", port=self.port, pid=self._proc.pid, version=self.version)
+
+    async def _watchdog(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(1.0)
+            if self._proc is not None and self._proc.poll() is not None and not self._closing:
+                log.error("vllm_died", returncode=self._proc.returncode)
+                self._open.clear()
+                self._kill_group()
+                await self._spawn()
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        self._kill_group()
+        await self._http.aclose()
+
+    def _kill_group(self) -> None:
+        """End the server and the engine processes it spawned (its own session), by its pid."""
+        proc = self._proc
+        if proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    async def healthy(self) -> bool:
+        import httpx
+
+        try:
+            return (await self._http.get("/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        import httpx
+
+        p, s = request.params, self.settings
+        resp = GenerateResponse([], [], [], "length")
+        started = time.perf_counter()
+        while len(resp.token_ids) < p.max_new_tokens:
+            context = request.prompt_ids + resp.token_ids
+            n = min(s.chunk_tokens, p.max_new_tokens - len(resp.token_ids), s.max_model_len - len(context))
+            if n <= 0:
+                break
+            body = {"model": "policy", "prompt": context, "max_tokens": n, "temperature": p.temperature,
+                    "top_p": p.top_p, "top_k": p.top_k if p.top_k > 0 else -1, "logprobs": 0,
+                    "return_token_ids": True, "stop_token_ids": list(p.stop_token_ids),
+                    "skip_special_tokens": False}
+            if p.seed is not None:
+                body["seed"] = p.seed + len(resp.token_ids)
+            await self._open.wait()
+            version = self.version
+            self._running += 1
+            try:
+                reply = await self._http.post("/v1/completions", json=body)
+                reply.raise_for_status()
+            except httpx.HTTPError as e:
+                if self._closing or await self.healthy():
+                    raise
+                log.warning("vllm_chunk_retry", error=repr(e))  # the server died: the watchdog restarts it
+                self._open.clear()
+                continue
+            finally:
+                async with self._idle:
+                    self._running -= 1
+                    self._idle.notify_all()
+            choice = reply.json()["choices"][0]
+            resp.token_ids += choice["token_ids"]
+            resp.logprobs += choice["logprobs"]["token_logprobs"]
+            resp.versions += [version] * len(choice["token_ids"])
+            if choice["finish_reason"] == "stop":
+                resp.finish_reason = "stop"
+                break
+        resp.timings["generate_s"] = time.perf_counter() - started
+        return resp
+
+    async def pause(self) -> None:
+        self._paused = True
+        self._open.clear()
+        async with self._idle:
+            await self._idle.wait_for(lambda: self._running == 0)
+        await self._control("/pause?mode=keep")
+
+    async def load_weights(self, path: str, version: int) -> None:
+        if not self._paused:
+            raise RuntimeError("load_weights needs a paused engine")
+        await self._control("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+        await self._control("/reset_prefix_cache")
+        self._weights, self.version = path, version
+
+    async def resume(self) -> None:
+        await self._control("/resume")
+        self._paused = False
+        self._open.set()
+
+    async def _control(self, path: str, body: dict | None = None) -> None:
+        reply = await self._http.post(path, json=body)
+        reply.raise_for_status()
