@@ -36,8 +36,13 @@ def _parser() -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
         if recipe:
             c.add_argument("recipe", nargs="?", help="recipe YAML")
-        c.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a setting (repeatable)")
+        c.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="SECTION.KEY=VALUE",
+            help="override a setting (repeatable)",
+        )
         c.add_argument("--run", help="run name (run.name)")
         c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
         c.set_defaults(handler=handler)
@@ -49,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     command("config", _cmd_config, "print the effective settings (secrets masked)")
     redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
     redis.add_argument("action", choices=["start", "stop", "status"])
+    command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
+    model = sub.add_parser("model", help="build models", description="build models")
+    model_sub = model.add_subparsers(metavar="KIND", required=True)
+    tiny = model_sub.add_parser("tiny", help="a tiny Qwen2 model and BPE tokenizer, built locally")
+    tiny.add_argument("out_dir")
+    tiny.add_argument("--warm-start", metavar="TASK", help="add supervised steps on a built-in task")
+    tiny.add_argument("--steps", type=int, default=300, help="warm-start steps (default 300)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(handler=_cmd_model_tiny)
     return p
 
 
@@ -74,7 +88,8 @@ def _redis_url(settings) -> str:
     server = redis_server.load(settings.run.path / "redis")
     if server is None or not server.alive():
         raise RedisServerError(
-            f"no Redis for run {settings.run.name!r}: pass --redis URL or `astraflow redis start --run ...`")
+            f"no Redis for run {settings.run.name!r}: pass --redis URL or `astraflow redis start --run ...`"
+        )
     return server.url
 
 
@@ -96,8 +111,10 @@ def _cmd_redis(args) -> int:
             print(f"already running: {server.display_url} (pid {server.pid})")
             return 0
         server = redis_server.start(where)
-        print(f"started {server.display_url} (pid {server.pid}, {Path(server.binary).name}); "
-              f"password in {where / redis_server.STATE_FILE}")
+        print(
+            f"started {server.display_url} (pid {server.pid}, {Path(server.binary).name}); "
+            f"password in {where / redis_server.STATE_FILE}"
+        )
     elif args.action == "stop":
         if server is None or not server.alive():
             print("not running")
@@ -106,8 +123,16 @@ def _cmd_redis(args) -> int:
         print(f"stopped pid {server.pid}")
     else:
         alive = server is not None and server.alive()
-        print(json.dumps({"running": alive, "url": server.display_url if server else None,
-                          "pid": server.pid if server else None, "dir": str(where)}))
+        print(
+            json.dumps(
+                {
+                    "running": alive,
+                    "url": server.display_url if server else None,
+                    "pid": server.pid if server else None,
+                    "dir": str(where),
+                }
+            )
+        )
         return 0 if alive else 3
     return 0
 
@@ -128,6 +153,25 @@ async def _inspect(url: str, settings) -> int:
         print(render(views, await bus.redis.xlen(bus.keys.dead)))
     finally:
         await bus.close()
+    return 0
+
+
+def _cmd_raas(args) -> int:
+    from workers import raas
+
+    settings = _settings(args)
+    raas.main(settings, _redis_url(settings))
+    return 0
+
+
+def _cmd_model_tiny(args) -> int:
+    from astraflow import tiny
+
+    out = tiny.build(args.out_dir, seed=args.seed)
+    print(f"built {out}")
+    if args.warm_start:
+        loss = tiny.warm_start(out, args.warm_start, steps=args.steps, seed=args.seed)
+        print(f"warm start on {args.warm_start}: {args.steps} steps, final loss {loss:.3f}")
     return 0
 
 

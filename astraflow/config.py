@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
+from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 ENV_PREFIX = "ASTRAFLOW_"
@@ -46,14 +47,6 @@ class DataflowSettings(BaseModel):
 
     max_staleness_steps: int = Field(4, ge=0)
     """Drop a group when trainer_version - min_token_version exceeds this."""
-
-
-class RaasSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    slots: int = Field(8, ge=1)
-    """Episodes one RaaS worker runs concurrently; it reads at most its free slots from `prompts`."""
-    region: str = "local"
 
 
 class TrainerSettings(BaseModel):
@@ -115,8 +108,9 @@ class Settings(BaseSettings):
     demo: DemoSettings = Field(default_factory=DemoSettings)
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings):  # type: ignore[override]
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):  # type: ignore[override]
         return (init_settings, env_settings, _RecipeSource(settings_cls))
 
     def redacted(self) -> dict[str, Any]:
@@ -129,6 +123,7 @@ class Settings(BaseSettings):
 
 def to_env(settings: Settings) -> dict[str, str]:
     """Env vars (one JSON value per section) reproducing `settings` in a child process, secrets included."""
+
     def reveal(value: Any) -> Any:
         if isinstance(value, SecretStr):
             return value.get_secret_value()
@@ -136,8 +131,9 @@ def to_env(settings: Settings) -> dict[str, str]:
             return {k: reveal(v) for k, v in value.items()}
         return str(value) if isinstance(value, Path) else value
 
-    return {f"{ENV_PREFIX}{name.upper()}": json.dumps(reveal(section.model_dump()))
-            for name, section in settings}
+    return {
+        f"{ENV_PREFIX}{name.upper()}": json.dumps(reveal(section.model_dump())) for name, section in settings
+    }
 
 
 def redact_url(url: str) -> str:

@@ -150,6 +150,8 @@ class VersionNotice(Message):
     """Model -> version to load now."""
     manifests: dict[str, str]
     """Model -> manifest key."""
+    checkpoints: dict[str, str] = field(default_factory=dict)
+    """Model -> checkpoint directory to load directly (a shared file system; no weight transfer)."""
     eval: bool = False
     """Eval notices are synchronous: load every model before taking new work."""
 
@@ -216,8 +218,9 @@ def encode(msg: Message) -> dict[str, bytes]:
     return fields
 
 
-def decode(fields: dict[Any, Any], expect: type[Message] | None = None,
-           max_bytes: int | None = None) -> Message:
+def decode(
+    fields: dict[Any, Any], expect: type[Message] | None = None, max_bytes: int | None = None
+) -> Message:
     """Decode a field map produced by `encode`; raises DecodeError naming the first bad field."""
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
     kind = _text(fields, "kind")

@@ -81,8 +81,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(run_dir: str | os.PathLike, *, port: int | None = None, password: str | None = None,
-          binary: str | None = None, appendfsync: str = "everysec", wait_s: float = 20.0) -> RedisServer:
+def start(
+    run_dir: str | os.PathLike,
+    *,
+    port: int | None = None,
+    password: str | None = None,
+    binary: str | None = None,
+    appendfsync: str = "everysec",
+    wait_s: float = 20.0,
+) -> RedisServer:
     """Start a redis-server whose data, log and state live in `run_dir`; returns once it answers PING.
 
     `appendfsync always` makes every acknowledged write durable before its reply (crash tests);
@@ -94,13 +101,31 @@ def start(run_dir: str | os.PathLike, *, port: int | None = None, password: str 
     password = password or secrets.token_urlsafe(24)
     binary = binary or find_redis_server()
     conf = root / CONF_FILE
-    _write_private(conf, "\n".join([
-        f"port {port}", "bind 127.0.0.1", "protected-mode yes", f'dir "{root}"',
-        "appendonly yes", f"appendfsync {appendfsync}", 'save ""', f"requirepass {password}",
-        f'logfile "{root / "redis.log"}"', "daemonize no", "",
-    ]))
-    proc = subprocess.Popen([binary, str(conf)], start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _write_private(
+        conf,
+        "\n".join(
+            [
+                f"port {port}",
+                "bind 127.0.0.1",
+                "protected-mode yes",
+                f'dir "{root}"',
+                "appendonly yes",
+                f"appendfsync {appendfsync}",
+                'save ""',
+                f"requirepass {password}",
+                f'logfile "{root / "redis.log"}"',
+                "daemonize no",
+                "",
+            ]
+        ),
+    )
+    proc = subprocess.Popen(
+        [binary, str(conf)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     server = RedisServer(str(root), port, password, proc.pid, binary)
     _wait_ready(server, proc, wait_s)
     _write_private(root / STATE_FILE, json.dumps(asdict(server)))

@@ -33,17 +33,31 @@ def build_tokenizer(vocab_size: int = 512):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS, IM_START, EOT],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, EOS, IM_START, EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS,
-                                   additional_special_tokens=[IM_START])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, additional_special_tokens=[IM_START]
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def build(out_dir: str | Path, *, hidden: int = 256, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-          intermediate: int = 704, vocab_size: int = 512, seed: int = 0) -> Path:
+def build(
+    out_dir: str | Path,
+    *,
+    hidden: int = 256,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 704,
+    vocab_size: int = 512,
+    seed: int = 0,
+) -> Path:
     """Write a randomly initialised Qwen2 model and its tokenizer to `out_dir` (same seed, same bytes)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -52,10 +66,18 @@ def build(out_dir: str | Path, *, hidden: int = 256, layers: int = 4, heads: int
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
     config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
-        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None, torch_dtype="float32",
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
@@ -66,8 +88,9 @@ def build(out_dir: str | Path, *, hidden: int = 256, layers: int = 4, heads: int
     return out
 
 
-def warm_start(model_dir: str | Path, task: str, *, steps: int = 300, batch: int = 64, lr: float = 1e-3,
-               seed: int = 0) -> float:
+def warm_start(
+    model_dir: str | Path, task: str, *, steps: int = 300, batch: int = 64, lr: float = 1e-3, seed: int = 0
+) -> float:
     """Supervised steps on `task` (loss on the answer and eos only); saves in place, returns the last loss."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -15,8 +15,11 @@ def tiny_model(tmp_path_factory):
     pytest.importorskip("torch")
     from astraflow import tiny
 
-    return str(tiny.build(tmp_path_factory.mktemp("tiny"), hidden=64, layers=2, heads=2, kv_heads=1,
-                          intermediate=128))
+    return str(
+        tiny.build(
+            tmp_path_factory.mktemp("tiny"), hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128
+        )
+    )
 
 
 @pytest.fixture(scope="session")
@@ -24,5 +27,14 @@ def tiny_model_v2(tmp_path_factory, tiny_model):
     """The same architecture with other weights (a different seed): a 'new version' to load."""
     from astraflow import tiny
 
-    return str(tiny.build(tmp_path_factory.mktemp("tiny-v2"), hidden=64, layers=2, heads=2, kv_heads=1,
-                          intermediate=128, seed=1))
+    return str(
+        tiny.build(
+            tmp_path_factory.mktemp("tiny-v2"),
+            hidden=64,
+            layers=2,
+            heads=2,
+            kv_heads=1,
+            intermediate=128,
+            seed=1,
+        )
+    )

@@ -32,15 +32,28 @@ def connect(settings: Settings, url: str) -> Bus:
 
 
 def prompt(i: int) -> PromptGroup:
-    return PromptGroup(uid=f"g{i:06d}", workflow="demo", models=["policy"], n_samples=2, version=0,
-                       sample={"prompt": f"{i}", "answer": f"{i}"[::-1]}, submitted_at=time.time())
+    return PromptGroup(
+        uid=f"g{i:06d}",
+        workflow="demo",
+        models=["policy"],
+        n_samples=2,
+        version=0,
+        sample={"prompt": f"{i}", "answer": f"{i}"[::-1]},
+        submitted_at=time.time(),
+    )
 
 
 def rollout(group: PromptGroup, worker: str) -> RolloutGroup:
     tokens = np.frombuffer(group.sample["prompt"].encode() + group.sample["answer"].encode(), np.uint8)
     n = len(tokens)
-    traj = Trajectory(model="policy", token_ids=tokens.astype(np.int32), logprobs=np.zeros(n, np.float32),
-                      loss_mask=np.ones(n, np.uint8), versions=np.zeros(n, np.int32), reward=1.0)
+    traj = Trajectory(
+        model="policy",
+        token_ids=tokens.astype(np.int32),
+        logprobs=np.zeros(n, np.float32),
+        loss_mask=np.ones(n, np.uint8),
+        versions=np.zeros(n, np.int32),
+        reward=1.0,
+    )
     trajectories = [traj] * group.n_samples
     return RolloutGroup(uid=group.uid, raas=worker, version=group.version, trajectories=trajectories)
 
@@ -71,8 +84,11 @@ def main(settings: Settings, keep_redis: bool = False) -> int:
     if not settings.redis.url:
         server = redis_server.start(run_dir / "redis")
         settings.redis.url = server.url
-    print(f"run {settings.run.name!r} on {redact_url(settings.redis.url)}; "
-          f"watch it with: astraflow inspect --run {settings.run.name}", flush=True)
+    print(
+        f"run {settings.run.name!r} on {redact_url(settings.redis.url)}; "
+        f"watch it with: astraflow inspect --run {settings.run.name}",
+        flush=True,
+    )
     try:
         return asyncio.run(_orchestrate(settings))
     finally:
@@ -87,8 +103,9 @@ async def _orchestrate(settings: Settings) -> int:
     env = {**os.environ, **to_env(settings)}
     workers = {f"raas-{i}": _spawn(f"raas-{i}", settings, env) for i in range(d.workers)}
 
-    await bus.publish_many([Out(bus.keys.prompts, encode(prompt(i)), f"prompt:{prompt(i).uid}")
-                            for i in range(d.groups)])
+    await bus.publish_many(
+        [Out(bus.keys.prompts, encode(prompt(i)), f"prompt:{prompt(i).uid}") for i in range(d.groups)]
+    )
     seen: Counter[str] = Counter()
 
     async def collect(entry: Entry) -> list[Out]:
@@ -102,14 +119,20 @@ async def _orchestrate(settings: Settings) -> int:
     while len(seen) < d.groups and not task.done():
         await asyncio.sleep(0.5)
         pending = (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"]
-        print(f"  {time.monotonic() - started:5.1f}s  collected {len(seen)}/{d.groups}  "
-              f"prompts pending {pending}  dead {await bus.redis.xlen(bus.keys.dead)}", flush=True)
+        print(
+            f"  {time.monotonic() - started:5.1f}s  collected {len(seen)}/{d.groups}  "
+            f"prompts pending {pending}  dead {await bus.redis.xlen(bus.keys.dead)}",
+            flush=True,
+        )
         if d.kill_one and killed is None and len(seen) >= d.groups // 2:
             killed = "raas-0"
             held = await bus.redis.xpending_range(bus.keys.prompts, GROUP_RAAS, "-", "+", 1000, killed)
             workers[killed].kill()
-            print(f"  kill -9 {killed} (pid {workers[killed].pid}) holding {len(held)} entries; "
-                  f"they are reclaimed after the {settings.streams.lease_ms} ms lease", flush=True)
+            print(
+                f"  kill -9 {killed} (pid {workers[killed].pid}) holding {len(held)} entries; "
+                f"they are reclaimed after the {settings.streams.lease_ms} ms lease",
+                flush=True,
+            )
     elapsed = time.monotonic() - started
     stop.set()
     await task
@@ -119,16 +142,24 @@ async def _orchestrate(settings: Settings) -> int:
     for proc in workers.values():
         proc.wait(timeout=60)
     dupes = sum(1 for n in seen.values() if n > 1)
-    print(f"done: {len(seen)}/{d.groups} groups in {elapsed:.1f}s ({len(seen) / elapsed:.0f}/s), "
-          f"duplicates {dupes}, dead letters {await bus.redis.xlen(bus.keys.dead)}", flush=True)
+    print(
+        f"done: {len(seen)}/{d.groups} groups in {elapsed:.1f}s ({len(seen) / elapsed:.0f}/s), "
+        f"duplicates {dupes}, dead letters {await bus.redis.xlen(bus.keys.dead)}",
+        flush=True,
+    )
     await bus.close()
     return 0 if len(seen) == d.groups and dupes == 0 else 1
 
 
 def _spawn(name: str, settings: Settings, env: dict[str, str]) -> subprocess.Popen:
     logfile = open(settings.run.path / "logs" / f"{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "workers.demo", "raas", name], env=env,
-                            stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.demo", "raas", name],
+        env=env,
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 if __name__ == "__main__":

@@ -153,13 +153,17 @@ class HFEngine(Engine):
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
         for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[i, width - len(r.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = [torch.Generator().manual_seed(p.seed if p.seed is not None else random.getrandbits(63))
-                      for p in params]
-        limits = [min(p.max_new_tokens, self.settings.max_model_len - len(r.prompt_ids))
-                  for p, r in zip(params, requests, strict=True)]
+        generators = [
+            torch.Generator().manual_seed(p.seed if p.seed is not None else random.getrandbits(63))
+            for p in params
+        ]
+        limits = [
+            min(p.max_new_tokens, self.settings.max_model_len - len(r.prompt_ids))
+            for p, r in zip(params, requests, strict=True)
+        ]
         stops = [self.eos_ids | set(p.stop_token_ids) for p in params]
         out = [GenerateResponse([], [], [], "length") for _ in requests]
         active = [limit > 0 for limit in limits]
@@ -169,8 +173,13 @@ class HFEngine(Engine):
                 self._pause_point()
                 self.stats["steps"] += 1
                 version = self.version
-                result = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                    past_key_values=past, use_cache=True)
+                result = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=past,
+                    use_cache=True,
+                )
                 past = result.past_key_values
                 tokens, logprobs = _sample(result.logits[:, -1, :].float(), params, generators)
                 for i in range(n):

@@ -53,15 +53,37 @@ class VLLMEngine(Engine):
 
     async def _spawn(self) -> None:
         s = self.settings
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", s.model,
-               "--served-model-name", "policy", "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", s.dtype, "--max-model-len", str(s.max_model_len), "--enforce-eager",
-               "--logprobs-mode", "processed_logprobs"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            s.model,
+            "--served-model-name",
+            "policy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            s.dtype,
+            "--max-model-len",
+            str(s.max_model_len),
+            "--enforce-eager",
+            "--logprobs-mode",
+            "processed_logprobs",
+        ]
         kv_gib = str(max(1, round(s.kv_cache_gb)))
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": kv_gib}
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self._proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + s.start_timeout_s
         while not await self.healthy():
             if self._proc.poll() is not None:
@@ -70,8 +92,9 @@ class VLLMEngine(Engine):
                 raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
             await asyncio.sleep(0.5)
         if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
-            await self._control("/collective_rpc", {"method": "reload_weights",
-                                                    "kwargs": {"weights_path": self._weights}})
+            await self._control(
+                "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self._weights}}
+            )
         if not self._paused:
             self._open.set()
         log.info("vllm_ready", port=self.port, pid=self._proc.pid, version=self.version)
@@ -128,10 +151,18 @@ class VLLMEngine(Engine):
             n = min(s.chunk_tokens, p.max_new_tokens - len(resp.token_ids), s.max_model_len - len(context))
             if n <= 0:
                 break
-            body = {"model": "policy", "prompt": context, "max_tokens": n, "temperature": p.temperature,
-                    "top_p": p.top_p, "top_k": p.top_k if p.top_k > 0 else -1, "logprobs": 0,
-                    "return_token_ids": True, "stop_token_ids": list(p.stop_token_ids),
-                    "skip_special_tokens": False}
+            body = {
+                "model": "policy",
+                "prompt": context,
+                "max_tokens": n,
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "top_k": p.top_k if p.top_k > 0 else -1,
+                "logprobs": 0,
+                "return_token_ids": True,
+                "stop_token_ids": list(p.stop_token_ids),
+                "skip_special_tokens": False,
+            }
             if p.seed is not None:
                 body["seed"] = p.seed + len(resp.token_ids)
             await self._open.wait()

@@ -46,8 +46,14 @@ class Out(NamedTuple):
 class Bus:
     """One run's streams on one Redis. Commands use `client`; blocking reads use `blocking`."""
 
-    def __init__(self, keys: Keys, settings: StreamsSettings, client: aioredis.Redis,
-                 blocking: aioredis.Redis, reconnect_max_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        keys: Keys,
+        settings: StreamsSettings,
+        client: aioredis.Redis,
+        blocking: aioredis.Redis,
+        reconnect_max_s: float = 60.0,
+    ) -> None:
         self.keys = keys
         self.reconnect_max_s = reconnect_max_s
         self.settings = settings
@@ -59,8 +65,9 @@ class Bus:
     def connect(cls, url: str, run: str, redis_settings: RedisSettings, settings: StreamsSettings) -> Bus:
         client = make_client(url, redis_settings)
         # Blocking reads get their own pool with a socket timeout longer than the block.
-        blocking = make_client(url, redis_settings,
-                               read_timeout_s=settings.block_ms / 1000 + redis_settings.socket_timeout_s)
+        blocking = make_client(
+            url, redis_settings, read_timeout_s=settings.block_ms / 1000 + redis_settings.socket_timeout_s
+        )
         return cls(Keys(run), settings, client, blocking, redis_settings.reconnect_max_s)
 
     async def close(self) -> None:
@@ -105,8 +112,9 @@ class Bus:
         replies = await self.handoff(self.keys.errors, "", "", [("", [o]) for o in keyed])
         return [ids[0] for _, ids in replies]
 
-    async def handoff(self, stream: str, group: str, consumer: str,
-                      items: Sequence[tuple[Entry | str, Sequence[Out]]]) -> list[tuple[str, list[str]]]:
+    async def handoff(
+        self, stream: str, group: str, consumer: str, items: Sequence[tuple[Entry | str, Sequence[Out]]]
+    ) -> list[tuple[str, list[str]]]:
         """Acknowledge each item's input (an Entry, an entry id, or '' for none) and publish its outputs.
 
         All of it happens in one atomic step.
@@ -151,12 +159,16 @@ class Bus:
 
     # -- consuming -------------------------------------------------------------------------------------
 
-    async def read(self, stream: str, group: str, consumer: str, count: int,
-                   block_ms: int | None) -> list[Entry]:
+    async def read(
+        self, stream: str, group: str, consumer: str, count: int, block_ms: int | None
+    ) -> list[Entry]:
         """XREADGROUP of new entries ('>') on the blocking pool."""
         reply = await self.blocking.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
-        return [Entry(stream, entry_id.decode(), {k.decode(): v for k, v in fields.items()})
-                for _, items in reply or [] for entry_id, fields in items]
+        return [
+            Entry(stream, entry_id.decode(), {k.decode(): v for k, v in fields.items()})
+            for _, items in reply or []
+            for entry_id, fields in items
+        ]
 
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
@@ -170,8 +182,17 @@ class Bus:
         args = [group, consumer, entry_id, reason]
         return bool(await self._script("release", [stream, self.keys.errors], args))
 
-    async def claim(self, stream: str, group: str, consumer: str, *, own: bool, start: str, count: int,
-                    skip: Sequence[str] = ()) -> tuple[str, list[Entry]]:
+    async def claim(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        own: bool,
+        start: str,
+        count: int,
+        skip: Sequence[str] = (),
+    ) -> tuple[str, list[Entry]]:
         """Claim pending entries, counting the delivery; those delivered max_deliveries times go to `dead`.
 
         `own=False`: other consumers' entries idle past the lease. `own=True`: this consumer's own pending
@@ -191,8 +212,13 @@ class Bus:
     async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
         """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it."""
         fields: dict[str, bytes | str] = {
-            "kind": "dead", "source": entry.stream, "source_id": entry.id, "group": group,
-            "consumer": consumer, "deliveries": str(entry.deliveries), "reason": reason,
+            "kind": "dead",
+            "source": entry.stream,
+            "source_id": entry.id,
+            "group": group,
+            "consumer": consumer,
+            "deliveries": str(entry.deliveries),
+            "reason": reason,
         }
         fields.update({f"field.{k}": v for k, v in entry.fields.items()})
         out = Out(self.keys.dead, fields, dedup=f"dead:{entry.stream}:{entry.id}")

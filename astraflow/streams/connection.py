@@ -46,8 +46,9 @@ def register_scripts(client: aioredis.Redis) -> dict[str, object]:
     return {name: client.register_script((lua / f"{name}.lua").read_text()) for name in SCRIPT_NAMES}
 
 
-async def reconnecting(call: Callable[[], Awaitable[T]], budget_s: float,
-                       on_lost: Callable[[], None] | None = None) -> T:
+async def reconnecting(
+    call: Callable[[], Awaitable[T]], budget_s: float, on_lost: Callable[[], None] | None = None
+) -> T:
     """Run `call` until it gets through, backing off while Redis is unreachable (restart, network).
 
     Only for idempotent calls: every write of the bus is (owner checks, dedup keys), so a call whose reply
@@ -60,9 +61,31 @@ async def reconnecting(call: Callable[[], Awaitable[T]], budget_s: float,
         try:
             return await call()
         except (ConnectionError, TimeoutError) as e:
+            raise_if_cancelled()
             if on_lost is not None:
                 on_lost()
             if time.monotonic() > deadline:
                 raise BusConnectionError(f"redis unreachable for {budget_s:.0f}s: {e}") from None
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
         delay = min(delay * 2, BACKOFF_CAP_S)
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that a timeout swallowed.
+
+    Under Python 3.11 a task cancelled while a read's own `asyncio.timeout` fires sees TimeoutError instead
+    of CancelledError (its `cancelling()` count stays up). Every loop that catches connection errors and
+    goes on calls this first, so a cancelled worker stops instead of retrying forever.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def cancel_and_wait(tasks, timeout_s: float = 10.0) -> None:
+    """Cancel `tasks` and wait for them to end, at most `timeout_s`."""
+    tasks = [t for t in tasks if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)

@@ -47,19 +47,32 @@ class Consumer:
         if self._rescan:
             self._rescan, self._own_cursor = False, "-"
         while self._own_cursor is not None and len(out) < count:
-            cursor, got = await self.bus.claim(self.stream, self.group, self.name, own=True,
-                                               start=self._own_cursor, count=count - len(out),
-                                               skip=list(self.in_flight))
+            cursor, got = await self.bus.claim(
+                self.stream,
+                self.group,
+                self.name,
+                own=True,
+                start=self._own_cursor,
+                count=count - len(out),
+                skip=list(self.in_flight),
+            )
             out += got
             self._own_cursor = None if cursor == "-" else cursor
         if len(out) < count and time.monotonic() >= self._next_reclaim:
             self._next_reclaim = time.monotonic() + self.bus.settings.lease_ms / 2000
-            self._others_cursor, got = await self.bus.claim(self.stream, self.group, self.name, own=False,
-                                                            start=self._others_cursor, count=count - len(out))
+            self._others_cursor, got = await self.bus.claim(
+                self.stream,
+                self.group,
+                self.name,
+                own=False,
+                start=self._others_cursor,
+                count=count - len(out),
+            )
             out += got
         if len(out) < count:
-            out += await self.bus.read(self.stream, self.group, self.name, count - len(out),
-                                       None if out else block_ms)
+            out += await self.bus.read(
+                self.stream, self.group, self.name, count - len(out), None if out else block_ms
+            )
         return out
 
     async def renew(self) -> list[Entry]:

@@ -10,6 +10,7 @@ import structlog
 
 from astraflow.errors import DecodeError, MessageTooLarge
 from astraflow.streams.bus import LOST, Entry, Out
+from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
 
 Handler = Callable[[Entry], Awaitable[Sequence[Out]]]
@@ -71,10 +72,7 @@ class Runner:
         finally:
             # Also on an exception or cancellation: no handler outlives the runner. What they held and
             # did not hand off stays pending and is taken back after the lease.
-            tasks = [*self._tasks.values(), *helpers]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait([*self._tasks.values(), *helpers])
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -162,6 +160,7 @@ class Runner:
             try:
                 lost = await self.consumer.renew()
             except Exception as e:
+                raise_if_cancelled()
                 self.log.error("lease_renewal_failed", error=repr(e))
                 continue
             for entry in lost:
@@ -180,4 +179,5 @@ class Runner:
                 await bus.trim(self.consumer.stream)
                 await bus.trim(bus.keys.dead)
             except Exception as e:
+                raise_if_cancelled()
                 self.log.warning("trim_failed", error=repr(e))

@@ -60,8 +60,10 @@ async def raw_consume(url: str, run: str, name: str, n: int) -> None:
 async def bus_produce(url: str, run: str, n: int) -> None:
     bus = bus_for(url, run)
     for start in range(0, n, CHUNK):
-        outs = [Out(bus.keys.prompts, {"kind": "bench", "uid": str(i), "data": PAYLOAD}, f"in:{i}")
-                for i in range(start, min(n, start + CHUNK))]
+        outs = [
+            Out(bus.keys.prompts, {"kind": "bench", "uid": str(i), "data": PAYLOAD}, f"in:{i}")
+            for i in range(start, min(n, start + CHUNK))
+        ]
         await bus.publish_many(outs)
     await bus.close()
 
@@ -163,8 +165,10 @@ def main() -> None:
                         results.setdefault((name, path), []).append(rate)
         finally:
             server.stop()
-    print(f"bus throughput: {args.messages} x 1 KiB, {args.consumers} consumer processes, "
-          f"median of {args.rounds} rounds, AOF everysec")
+    print(
+        f"bus throughput: {args.messages} x 1 KiB, {args.consumers} consumer processes, "
+        f"median of {args.rounds} rounds, AOF everysec"
+    )
     print(f"{'scenario':<32}{'raw msg/s':>12}{'astraflow msg/s':>18}{'ratio':>8}")
     for name in scenarios:
         raw = statistics.median(results[(name, "raw")])

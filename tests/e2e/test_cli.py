@@ -31,10 +31,28 @@ def test_embedded_redis_start_status_stop(tmp_path):
 
 @pytest.mark.slow
 def test_demo_runs_and_inspect_shows_its_live_streams(tmp_path):
-    args = ["run", "--set", f"run.dir={tmp_path}", "--run", "live", "--set", "demo.groups=120",
-            "--set", "demo.episode_ms=250", "--set", "demo.workers=2", "--set", "streams.lease_ms=1000"]
-    demo = subprocess.Popen([*ASTRAFLOW, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    args = [
+        "run",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--run",
+        "live",
+        "--set",
+        "demo.groups=120",
+        "--set",
+        "demo.episode_ms=250",
+        "--set",
+        "demo.workers=2",
+        "--set",
+        "streams.lease_ms=1000",
+    ]
+    demo = subprocess.Popen(
+        [*ASTRAFLOW, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         seen_live = None
         deadline = time.monotonic() + 60

@@ -27,8 +27,9 @@ def redis_instance(request, tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(f"redis-server ({request.param}) is missing in CI")
         pytest.skip(f"no {request.param} redis-server")
-    server = redis_server.start(tmp_path_factory.mktemp(f"redis-{request.param}"), binary=binary,
-                                appendfsync="always")
+    server = redis_server.start(
+        tmp_path_factory.mktemp(f"redis-{request.param}"), binary=binary, appendfsync="always"
+    )
     yield server
     server.stop()
 

@@ -34,7 +34,8 @@ async def test_everyone_survives_a_redis_restart(kind, tmp_path):
 
     stop = asyncio.Event()
     collector = asyncio.create_task(
-        Runner(Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "collector"), collect, 32).run(stop))
+        Runner(Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "collector"), collect, 32).run(stop)
+    )
 
     async def produce():
         for start in range(0, GROUPS, 10):
@@ -47,8 +48,13 @@ async def test_everyone_survives_a_redis_restart(kind, tmp_path):
             await asyncio.sleep(0.05)
         server.kill()
         await asyncio.sleep(1.0)
-        server = redis_server.start(tmp_path / "redis", binary=BINARIES[kind], port=server.port,
-                                    password=server.password, appendfsync="always")
+        server = redis_server.start(
+            tmp_path / "redis",
+            binary=BINARIES[kind],
+            port=server.port,
+            password=server.password,
+            appendfsync="always",
+        )
         deadline = time.monotonic() + 60
         while len(seen) < GROUPS and time.monotonic() < deadline:
             await asyncio.sleep(0.1)

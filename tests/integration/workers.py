@@ -28,8 +28,13 @@ def settings_for(url: str, **demo) -> Settings:
 
 def spawn_worker(settings: Settings, name: str) -> subprocess.Popen:
     env = {**os.environ, **to_env(settings)}
-    return subprocess.Popen([sys.executable, "-m", "workers.demo", "raas", name], env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.demo", "raas", name],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 async def feed(bus: Bus, n: int, start: int = 0) -> list[str]:

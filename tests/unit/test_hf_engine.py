@@ -21,8 +21,10 @@ async def engine(tiny_model):
 
 
 def requests(n, max_new=12, **kw):
-    return [GenerateRequest([5 + i, 17, 42 + i], SamplingParams(max_new_tokens=max_new, seed=100 + i, **kw))
-            for i in range(n)]
+    return [
+        GenerateRequest([5 + i, 17, 42 + i], SamplingParams(max_new_tokens=max_new, seed=100 + i, **kw))
+        for i in range(n)
+    ]
 
 
 async def test_logprobs_match_a_teacher_forced_forward_pass(engine, tiny_model):
@@ -56,8 +58,11 @@ async def test_greedy_is_argmax_and_stop_tokens_end_generation(engine):
     first = await engine.generate(free)
     assert first.finish_reason in ("length", "stop")
     stop_at = first.token_ids[2]
-    stopped = await engine.generate(GenerateRequest(free.prompt_ids, SamplingParams(
-        temperature=0.0, max_new_tokens=12, stop_token_ids=(stop_at,))))
+    stopped = await engine.generate(
+        GenerateRequest(
+            free.prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=(stop_at,))
+        )
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == first.token_ids[: first.token_ids.index(stop_at) + 1]
 

@@ -39,40 +39,101 @@ def trajectories(draw):
     n = draw(st.integers(0, 16))
     arr = lambda dtype, elements: draw(hnp.arrays(dtype, n, elements=elements))  # noqa: E731
     return Trajectory(
-        model=draw(names), token_ids=arr(np.int32, st.integers(0, 2**31 - 1)),
-        logprobs=arr(np.float32, st.floats(-30, 0, width=32)), loss_mask=arr(np.uint8, st.integers(0, 1)),
-        versions=arr(np.int32, st.integers(-1, 1000)), reward=draw(floats),
-        finish_reason=draw(text), error=draw(st.none() | text))
+        model=draw(names),
+        token_ids=arr(np.int32, st.integers(0, 2**31 - 1)),
+        logprobs=arr(np.float32, st.floats(-30, 0, width=32)),
+        loss_mask=arr(np.uint8, st.integers(0, 1)),
+        versions=arr(np.int32, st.integers(-1, 1000)),
+        reward=draw(floats),
+        finish_reason=draw(text),
+        error=draw(st.none() | text),
+    )
 
 
 @st.composite
 def batches(draw):
     trajs = draw(st.lists(trajectories(), max_size=3))
     adv = draw(hnp.arrays(np.float32, len(trajs), elements=st.floats(-5, 5, width=32)))
-    return Batch(uid=draw(text), model=draw(names), version=draw(ints), group_uids=draw(st.lists(text)),
-                 trajectories=trajs, advantages=adv, replayed_uids=draw(st.lists(text, max_size=2)))
+    return Batch(
+        uid=draw(text),
+        model=draw(names),
+        version=draw(ints),
+        group_uids=draw(st.lists(text)),
+        trajectories=trajs,
+        advantages=adv,
+        replayed_uids=draw(st.lists(text, max_size=2)),
+    )
 
 
 MESSAGES = st.one_of(
-    st.builds(PromptGroup, uid=text, workflow=names, models=st.lists(names, max_size=3), n_samples=ints,
-              version=ints, sample=st.dictionaries(names, json_like, max_size=4), submitted_at=floats),
-    st.builds(RolloutGroup, uid=text, raas=names, version=ints,
-              trajectories=st.lists(trajectories(), max_size=3),
-              timings=st.dictionaries(names, floats, max_size=3), error=st.none() | text),
+    st.builds(
+        PromptGroup,
+        uid=text,
+        workflow=names,
+        models=st.lists(names, max_size=3),
+        n_samples=ints,
+        version=ints,
+        sample=st.dictionaries(names, json_like, max_size=4),
+        submitted_at=floats,
+    ),
+    st.builds(
+        RolloutGroup,
+        uid=text,
+        raas=names,
+        version=ints,
+        trajectories=st.lists(trajectories(), max_size=3),
+        timings=st.dictionaries(names, floats, max_size=3),
+        error=st.none() | text,
+    ),
     batches(),
-    st.builds(VersionPublished, uid=text, model=names, version=ints, manifest_key=text, step=ints,
-              incarnation=text, eval=st.booleans()),
-    st.builds(VersionNotice, uid=text, version=ints, models=st.dictionaries(names, ints, max_size=3),
-              manifests=st.dictionaries(names, text, max_size=3), eval=st.booleans()),
-    st.builds(WeightManifest, uid=text, model=names, version=ints, kind=st.sampled_from(["full", "delta"]),
-              base_version=st.none() | ints, endpoints=st.lists(text, max_size=2), nbytes=ints, digest=text,
-              chunk_digests=st.lists(text, max_size=3),
-              tensors=st.lists(st.builds(TensorSpec, name=text, dtype=names, shape=st.lists(ints, max_size=3),
-                                         offset=ints, nbytes=ints), max_size=3),
-              incarnation=text),
-    st.builds(Heartbeat, uid=names, region=names, capacity=ints, in_flight=ints,
-              versions=st.dictionaries(names, ints, max_size=2), endpoint=st.none() | text,
-              started_at=floats, updated_at=floats),
+    st.builds(
+        VersionPublished,
+        uid=text,
+        model=names,
+        version=ints,
+        manifest_key=text,
+        step=ints,
+        incarnation=text,
+        eval=st.booleans(),
+    ),
+    st.builds(
+        VersionNotice,
+        uid=text,
+        version=ints,
+        models=st.dictionaries(names, ints, max_size=3),
+        manifests=st.dictionaries(names, text, max_size=3),
+        eval=st.booleans(),
+    ),
+    st.builds(
+        WeightManifest,
+        uid=text,
+        model=names,
+        version=ints,
+        kind=st.sampled_from(["full", "delta"]),
+        base_version=st.none() | ints,
+        endpoints=st.lists(text, max_size=2),
+        nbytes=ints,
+        digest=text,
+        chunk_digests=st.lists(text, max_size=3),
+        tensors=st.lists(
+            st.builds(
+                TensorSpec, name=text, dtype=names, shape=st.lists(ints, max_size=3), offset=ints, nbytes=ints
+            ),
+            max_size=3,
+        ),
+        incarnation=text,
+    ),
+    st.builds(
+        Heartbeat,
+        uid=names,
+        region=names,
+        capacity=ints,
+        in_flight=ints,
+        versions=st.dictionaries(names, ints, max_size=2),
+        endpoint=st.none() | text,
+        started_at=floats,
+        updated_at=floats,
+    ),
 )
 
 
@@ -87,8 +148,15 @@ def same(a, b) -> bool:
 
 
 def test_every_message_kind_is_covered():
-    assert set(KINDS) == {"prompt_group", "rollout_group", "batch", "version_published", "version_notice",
-                          "weight_manifest", "heartbeat"}
+    assert set(KINDS) == {
+        "prompt_group",
+        "rollout_group",
+        "batch",
+        "version_published",
+        "version_notice",
+        "weight_manifest",
+        "heartbeat",
+    }
 
 
 @settings(max_examples=300, deadline=None)
@@ -112,8 +180,14 @@ def test_random_bytes_raise_decode_error(data):
 
 def test_arrays_travel_as_raw_bytes_not_lists():
     n = 1000
-    traj = Trajectory(model="m", token_ids=np.arange(n, dtype=np.int32), logprobs=np.zeros(n, np.float32),
-                      loss_mask=np.ones(n, np.uint8), versions=np.zeros(n, np.int32), reward=0.5)
+    traj = Trajectory(
+        model="m",
+        token_ids=np.arange(n, dtype=np.int32),
+        logprobs=np.zeros(n, np.float32),
+        loss_mask=np.ones(n, np.uint8),
+        versions=np.zeros(n, np.int32),
+        reward=0.5,
+    )
     fields = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj]))
     assert len(fields["data"]) < 1000 * 13 + 300  # 4+4+1+4 bytes per token plus headers
     assert fields["uid"] == b"u" and fields["version"] == b"0"
@@ -132,8 +206,14 @@ def test_bad_field_is_named():
 
 
 def test_inconsistent_arrays_are_rejected():
-    traj = Trajectory(model="m", token_ids=np.arange(4, dtype=np.int32), logprobs=np.zeros(3, np.float32),
-                      loss_mask=np.ones(4, np.uint8), versions=np.zeros(4, np.int32), reward=0.0)
+    traj = Trajectory(
+        model="m",
+        token_ids=np.arange(4, dtype=np.int32),
+        logprobs=np.zeros(3, np.float32),
+        loss_mask=np.ones(4, np.uint8),
+        versions=np.zeros(4, np.int32),
+        reward=0.0,
+    )
     with pytest.raises(DecodeError, match=r"trajectory\.logprobs: shape"):
         decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj])))
 

@@ -1,0 +1,40 @@
+"""Prometheus metrics of a RaaS worker (a registry of its own; served only when a port is set)."""
+
+from __future__ import annotations
+
+
+class Metrics:
+    def __init__(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.episodes = Counter("astraflow_raas_episodes", "Episodes run", registry=self.registry)
+        self.failed = Counter(
+            "astraflow_raas_failed_trajectories",
+            "Trajectories failed (reward raised or timed out, ...)",
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "astraflow_raas_generated_tokens", "Tokens sampled by the policies", registry=self.registry
+        )
+        self.slots_used = Gauge("astraflow_raas_slots_in_use", "Prompt groups held", registry=self.registry)
+        self.slots_total = Gauge(
+            "astraflow_raas_slots", "Prompt groups the worker may hold", registry=self.registry
+        )
+        self.load_seconds = Histogram(
+            "astraflow_raas_weight_load_seconds", "Pause + load + resume", registry=self.registry
+        )
+        if port:
+            start_http_server(port, addr="127.0.0.1", registry=self.registry)
+
+    def episode(self, episodes: int, tokens: int, failed: int) -> None:
+        self.episodes.inc(episodes)
+        self.tokens.inc(tokens)
+        self.failed.inc(failed)
+
+    def slots(self, used: int, total: int) -> None:
+        self.slots_used.set(used)
+        self.slots_total.set(total)
+
+    def loaded(self, seconds: float) -> None:
+        self.load_seconds.observe(seconds)

@@ -1,0 +1,39 @@
+"""Settings of a RaaS worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(64, ge=1)
+
+
+class RaasSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = ""
+    """Worker id (consumer name, heartbeat key); default `raas-<host>-<pid>`. Reuse it after a restart
+    to take back the entries the previous process held."""
+    slots: int = Field(8, ge=1)
+    """Prompt groups run concurrently; the worker reads at most its free slots from `prompts`."""
+    region: str = "local"
+    heartbeat_ms: int = Field(5_000, gt=0)
+    """How often the heartbeat hash is refreshed; it expires after three missed beats."""
+    grace_s: float = Field(30.0, ge=0)
+    """On SIGTERM: how long in-flight groups may finish before the rest is released for others."""
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    workflow_options: dict[str, Any] = Field(default_factory=dict)
+    """Passed to workflows (e.g. `chat: true`, `reward: math_verify`)."""
+    reward_processes: int = Field(2, ge=1)
+    reward_timeout_s: float = Field(10.0, gt=0)
+    """A reward call running longer fails its trajectory ("timed out") and its process is replaced."""
+    metrics_port: int = Field(0, ge=0)
+    """Port of the Prometheus /metrics endpoint; 0 = none."""

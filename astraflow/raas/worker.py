@@ -1,0 +1,168 @@
+"""The RaaS worker: prompt groups in, rollout groups out, weights followed from `notices`.
+
+It heartbeats into `raas:<id>`, reads at most its free slots from `prompts`, runs the group's episodes
+concurrently through its workflow, and hands the rollout group off atomically with the prompt's ack
+(`Runner`: leases renewed while episodes run, entries of dead workers reclaimed, poison dead-lettered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+
+import structlog
+from redis.exceptions import ConnectionError, TimeoutError
+
+from astraflow.config import Settings
+from astraflow.engines import Engine, SamplingParams
+from astraflow.messages import Heartbeat, PromptGroup, RolloutGroup, VersionNotice, decode, encode
+from astraflow.raas.metrics import Metrics
+from astraflow.streams import Bus, Consumer, Entry, Out, Runner
+from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.streams.keys import GROUP_RAAS
+from astraflow.workflows.api import RolloutWorkflow, WorkflowContext, resolve_workflow
+from astraflow.workflows.rewards import RewardRunner
+
+log = structlog.get_logger(__name__)
+
+
+class RaasWorker:
+    def __init__(
+        self,
+        settings: Settings,
+        bus: Bus,
+        engines: Mapping[str, Engine],
+        worker_id: str,
+        tokenizers: Mapping[str, object],
+    ) -> None:
+        self.settings, self.bus, self.engines, self.id = settings, bus, engines, worker_id
+        r = settings.raas
+        s = r.sampling
+        self.ctx = WorkflowContext(
+            tokenizers,
+            SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens),
+            RewardRunner(r.reward_processes, r.reward_timeout_s),
+            dict(r.workflow_options),
+        )
+        self.metrics = Metrics(r.metrics_port)
+        self.started_at = time.time()
+        self._workflows: dict[str, RolloutWorkflow] = {}
+        self._loads = asyncio.Lock()
+        self._synced = asyncio.Event()  # cleared while an eval notice is being loaded
+        self._synced.set()
+        self.runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, worker_id), self.handle, r.slots)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until `stop`; then finish within `raas.grace_s`, release the rest, deregister."""
+        await self.bus.bootstrap(self.settings.run.models)
+        helpers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._follow_notices())]
+        log.info("raas_started", slots=self.settings.raas.slots, models=list(self.engines))
+        try:
+            await self.runner.run(stop, drain_s=self.settings.raas.grace_s)
+        finally:
+            await cancel_and_wait(helpers)
+            await self.bus.redis.delete(self.bus.keys.raas(self.id))
+            self.ctx.rewards.close()
+            log.info("raas_stopped", **self.runner.stats)
+
+    async def handle(self, entry: Entry) -> list[Out]:
+        group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
+        await self._synced.wait()
+        flow = self._workflow(group.workflow)
+        engines = {m: self.engines[m] for m in group.models}
+        started = time.perf_counter()
+        results = await asyncio.gather(
+            *[flow.run_episode(engines, dict(group.sample)) for _ in range(group.n_samples)]
+        )
+        trajectories = [t for r in results if r is not None for t in r.trajectories]
+        failed = sum(t.error is not None for t in trajectories)
+        self.metrics.episode(len(results), sum(int(t.loss_mask.sum()) for t in trajectories), failed)
+        rollout = RolloutGroup(
+            uid=group.uid,
+            raas=self.id,
+            version=group.version,
+            trajectories=trajectories,
+            timings={"episodes_s": time.perf_counter() - started},
+            error=None if trajectories else "no episode produced a trajectory",
+        )
+        return [Out(self.bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]
+
+    def _workflow(self, name: str) -> RolloutWorkflow:
+        if name not in self._workflows:
+            self._workflows[name] = resolve_workflow(name)(self.ctx)
+        return self._workflows[name]
+
+    async def _heartbeat_loop(self) -> None:
+        key, period = self.bus.keys.raas(self.id), self.settings.raas.heartbeat_ms
+        while True:
+            beat = Heartbeat(
+                uid=self.id,
+                region=self.settings.raas.region,
+                capacity=self.settings.raas.slots,
+                in_flight=self.runner.held,
+                versions={m: e.version for m, e in self.engines.items()},
+                endpoint=None,
+                started_at=self.started_at,
+                updated_at=time.time(),
+            )
+            self.metrics.slots(self.runner.held, self.settings.raas.slots)
+            try:
+                async with self.bus.redis.pipeline(transaction=True) as pipe:
+                    await pipe.hset(key, mapping=encode(beat)).pexpire(key, 3 * period).execute()
+            except (ConnectionError, TimeoutError) as e:
+                raise_if_cancelled()
+                log.warning("heartbeat_failed", error=repr(e))
+            await asyncio.sleep(period / 1000)
+
+    async def _follow_notices(self) -> None:
+        """Apply the latest notice at start (catching up), then every new one as it arrives."""
+        stream = self.bus.keys.notices
+        last = await self.bus.redis.xrevrange(stream, count=1)
+        cursor = "0-0"
+        if last:
+            cursor = last[0][0].decode()
+            await self._apply(last[0][1])
+        while True:
+            try:
+                reply = await self.bus.blocking.xread(
+                    {stream: cursor}, count=16, block=self.bus.settings.block_ms
+                )
+            except (ConnectionError, TimeoutError) as e:
+                raise_if_cancelled()
+                log.warning("notices_unreachable", error=repr(e))
+                await asyncio.sleep(0.5)
+                continue
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    cursor = entry_id.decode()
+                    await self._apply(fields)
+
+    async def _apply(self, fields: dict) -> None:
+        try:
+            notice = decode(fields, VersionNotice)
+        except Exception as e:  # a bad notice must not stop the worker from following the next ones
+            log.error("bad_notice", error=repr(e))
+            return
+        async with self._loads:
+            if notice.eval:
+                self._synced.clear()
+            try:
+                for model, version in notice.models.items():
+                    engine, path = self.engines.get(model), notice.checkpoints.get(model)
+                    if engine is None or path is None or version <= engine.version:
+                        continue
+                    started = time.perf_counter()
+                    await engine.pause()
+                    try:
+                        await engine.load_weights(path, version)
+                    finally:
+                        await engine.resume()
+                    self.metrics.loaded(time.perf_counter() - started)
+                    log.info(
+                        "weights_loaded", model=model, version=version, seconds=time.perf_counter() - started
+                    )
+            except Exception as e:
+                log.error("weights_load_failed", version=notice.version, error=repr(e))
+            finally:
+                self._synced.set()

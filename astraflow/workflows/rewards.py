@@ -1,0 +1,87 @@
+"""Built-in rewards, and the process pool that runs reward code with a timeout.
+
+Reward code is the user's and may raise, hang or burn CPU: it runs in worker processes; a call that
+exceeds `timeout_s` gets the pool's processes killed (ours, by pid) and a fresh pool. Either way the
+trajectory is marked failed with the reason and the worker goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from astraflow.workflows.api import resolve_reward, reward
+
+
+@reward("exact_match")
+def exact_match(prompt: str, completion: str, answer: str = "", **sample: Any) -> float:
+    """1.0 when the completion, stripped, is exactly the answer."""
+    return 1.0 if completion.strip() == str(answer).strip() else 0.0
+
+
+@reward("math_verify")
+def math_verify(prompt: str, completion: str, answer: str = "", **sample: Any) -> float:
+    """1.0 when `math_verify` finds the completion's final answer equal to the reference answer."""
+    from math_verify import parse, verify
+
+    return 1.0 if verify(parse(str(answer)), parse(completion)) else 0.0
+
+
+def _score(name: str, prompt: str, completion: str, sample: dict[str, Any]) -> float:
+    fields = {k: v for k, v in sample.items() if k not in ("prompt", "completion")}
+    return float(resolve_reward(name)(prompt, completion, **fields))
+
+
+class RewardRunner:
+    """Scores completions in a process pool; `score` never raises for the reward's own failures."""
+
+    def __init__(self, processes: int = 2, timeout_s: float = 10.0) -> None:
+        self.processes, self.timeout_s = processes, timeout_s
+        # A call is submitted only when a process is free, so its timeout measures running, not queueing.
+        self._free = asyncio.Semaphore(processes)
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])  # processes start with the reward code already imported
+        return ProcessPoolExecutor(self.processes, mp_context=ctx)
+
+    async def score(
+        self, name: str, prompt: str, completion: str, sample: dict[str, Any]
+    ) -> tuple[float, str | None]:
+        """(reward, None), or (0.0, reason) when the reward raised or timed out."""
+        for attempt in range(2):
+            async with self._free:
+                pool = self._pool
+                try:
+                    future = asyncio.wrap_future(pool.submit(_score, name, prompt, completion, sample))
+                    return await asyncio.wait_for(future, self.timeout_s), None
+                except TimeoutError:
+                    self._restart(pool)
+                    return 0.0, f"reward {name!r} timed out after {self.timeout_s}s"
+                except BrokenProcessPool:
+                    if attempt:  # the pool broke twice under this call: give up on it
+                        return 0.0, f"reward {name!r} crashed its process"
+                    self._restart(pool)  # another call's timeout replaced the pool: retry once
+                except Exception as e:
+                    return 0.0, f"reward {name!r} raised {type(e).__name__}: {e}"
+        raise AssertionError("unreachable")
+
+    def _restart(self, pool: ProcessPoolExecutor) -> None:
+        if pool is not self._pool:
+            return
+        for pid in list(getattr(pool, "_processes", {}) or {}):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,72 @@
+"""Run real RaaS worker processes (hf engine, tiny model) against the test Redis."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+from astraflow.config import Settings, to_env
+from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
+from astraflow.streams import Bus, Out
+from astraflow.workflows.tasks import rows
+
+
+def raas_settings(url: str, model: str, tmp_path, worker: str, **raas) -> Settings:
+    s = Settings()
+    s.run.name, s.run.dir = "it", tmp_path
+    s.redis.url = url
+    s.streams.lease_ms, s.streams.block_ms = 1000, 200
+    s.engine.type, s.engine.model = "hf", model
+    s.raas.id, s.raas.heartbeat_ms, s.raas.grace_s = worker, 300, 5
+    s.raas.sampling.max_new_tokens = 4
+    for k, v in raas.items():
+        setattr(s.raas, k, v)
+    return s
+
+
+def spawn_raas(settings: Settings) -> subprocess.Popen:
+    env = {**os.environ, **to_env(settings), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.raas"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=open(settings.run.path / f"{settings.raas.id}.log", "wb"),
+    )
+
+
+async def submit(bus: Bus, n: int, start: int = 0, n_samples: int = 2, workflow: str = "rlvr", **extra):
+    groups = []
+    for i, row in enumerate(rows("addition", n, seed=start), start=start):
+        groups.append(
+            PromptGroup(
+                uid=f"g{i:04d}",
+                workflow=workflow,
+                models=["policy"],
+                n_samples=n_samples,
+                version=0,
+                sample={**row, **extra},
+            )
+        )
+    await bus.publish_many([Out(bus.keys.prompts, encode(g), f"prompt:{g.uid}") for g in groups])
+    return [g.uid for g in groups]
+
+
+async def rollouts(bus: Bus) -> list[RolloutGroup]:
+    return [decode(f, RolloutGroup) for _, f in await bus.redis.xrange(bus.keys.rollouts)]
+
+
+async def wait_for(cond, timeout_s: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await cond():
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
+    if proc.poll() is None:
+        proc.terminate()
+    return proc.wait(timeout=timeout_s)

@@ -1,0 +1,56 @@
+"""A RaaS worker process: `astraflow raas [RECIPE] --redis URL --run R` or `python -m workers.raas`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+from astraflow import logs
+from astraflow.config import Settings, load_settings
+from astraflow.engines import make_engine, resolve_type
+from astraflow.raas.worker import RaasWorker
+from astraflow.streams import Bus
+
+
+def worker_id(settings: Settings) -> str:
+    return settings.raas.id or f"raas-{socket.gethostname()}-{os.getpid()}"
+
+
+async def serve(settings: Settings, url: str) -> None:
+    """Start the engines (one per model), run the worker until SIGTERM/SIGINT, shut everything down."""
+    wid = worker_id(settings)
+    logs.configure(worker=wid, run=settings.run.name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log_dir = settings.run.path / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    engines = {
+        m: make_engine(settings.engine, log_dir / f"{wid}-{m}-engine.log") for m in settings.run.models
+    }
+    tokenizers = {}
+    if resolve_type(settings.engine) != "openai":
+        from transformers import AutoTokenizer
+
+        tokenizers = {m: AutoTokenizer.from_pretrained(settings.engine.model) for m in settings.run.models}
+    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
+    try:
+        for engine in engines.values():
+            await engine.start()
+        await RaasWorker(settings, bus, engines, wid, tokenizers).run(stop)
+    finally:
+        for engine in engines.values():
+            await engine.close()
+        await bus.close()
+
+
+def main(settings: Settings, url: str) -> None:
+    asyncio.run(serve(settings, url))
+
+
+if __name__ == "__main__":
+    s = load_settings()
+    main(s, s.redis.url or "")
