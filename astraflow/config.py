@@ -22,6 +22,7 @@ from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
+from astraflow.workflows.datasets import DatasetSettings
 
 ENV_PREFIX = "ASTRAFLOW_"
 
@@ -47,6 +48,8 @@ class DataflowSettings(BaseModel):
 
     max_staleness_steps: int = Field(4, ge=0)
     """Drop a group when trainer_version - min_token_version exceeds this."""
+    dataset: DatasetSettings = Field(default_factory=DatasetSettings)
+    """Where prompts come from."""
 
 
 class TrainerSettings(BaseModel):

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import structlog
@@ -43,6 +44,8 @@ class VLLMEngine(Engine):
         self._paused = False
         self._closing = False
         self._watch: asyncio.Task | None = None
+        self.stats: Counter[str] = Counter()
+        """`chunks`, `tokens`, `restarts`."""
 
     async def start(self) -> None:
         import httpx
@@ -106,6 +109,7 @@ class VLLMEngine(Engine):
                 log.error("vllm_died", returncode=self._proc.returncode)
                 self._open.clear()
                 self._kill_group()
+                self.stats["restarts"] += 1
                 await self._spawn()
 
     async def close(self) -> None:
@@ -185,6 +189,7 @@ class VLLMEngine(Engine):
             resp.token_ids += choice["token_ids"]
             resp.logprobs += choice["logprobs"]["token_logprobs"]
             resp.versions += [version] * len(choice["token_ids"])
+            self.stats.update(chunks=1, tokens=len(choice["token_ids"]))
             if choice["finish_reason"] == "stop":
                 resp.finish_reason = "stop"
                 break
