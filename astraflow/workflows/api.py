@@ -94,5 +94,5 @@ def _resolve(name: str, registry: dict, kind: str):
 
 
 def _load_builtins() -> None:
-    importlib.import_module("astraflow.workflows.rewards")
-    importlib.import_module("astraflow.workflows.rlvr")
+    for module in ("rewards", "rlvr", "multi_turn", "solve_verify"):
+        importlib.import_module(f"astraflow.workflows.{module}")

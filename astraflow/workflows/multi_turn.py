@@ -1,0 +1,84 @@
+"""`multi_turn`: the policy calls a sandboxed Python tool over several turns.
+
+A turn ends at `</python>`: the code between `<python>` and it runs in the sandbox and its output comes
+back as `<output>...</output>` tokens that no policy produced (loss mask 0, version -1). The episode
+ends at a turn without a tool call (its text is scored) or after `max_turns`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from astraflow.engines.base import Engine, GenerateRequest
+from astraflow.messages import Trajectory
+from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, workflow
+from astraflow.workflows.rlvr import encode_prompt
+from astraflow.workflows.sandbox import run_python
+
+TOOL_CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
+
+
+def cut_at_tool_call(tokenizer: Any, token_ids: list[int]) -> tuple[int, str | None]:
+    """How many tokens make up the turn up to the first complete tool call, and its code (None: no call)."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    match = TOOL_CALL.search(text)
+    if match is None:
+        return len(token_ids), None
+    for k in range(1, len(token_ids) + 1):
+        if TOOL_CALL.search(tokenizer.decode(token_ids[:k], skip_special_tokens=True)):
+            return k, match.group(1)
+    return len(token_ids), match.group(1)
+
+
+@workflow("multi_turn")
+class MultiTurn(RolloutWorkflow):
+    """Options: `max_turns` (4), `tool_cpu_s` (2), `tool_memory_mb` (256), `tool_wall_s` (5), `chat`,
+    `reward` (default: the sample's `reward`, else exact_match)."""
+
+    async def run_episode(self, engines: Mapping[str, Engine], sample: dict[str, Any]) -> EpisodeResult:
+        opts, model = self.ctx.options, next(iter(engines))
+        tokenizer = self.ctx.tokenizers[model]
+        text, prompt_ids = encode_prompt(tokenizer, sample, bool(opts.get("chat")))
+        n = len(prompt_ids)
+        ids, logprobs, mask, versions = list(prompt_ids), [0.0] * n, [0] * n, [-1] * n
+        final, finish = "", "length"
+        for _ in range(int(opts.get("max_turns", 4))):
+            resp = await engines[model].generate(GenerateRequest(list(ids), self.ctx.sampling))
+            k, code = cut_at_tool_call(tokenizer, resp.token_ids)
+            ids += resp.token_ids[:k]
+            logprobs += resp.logprobs[:k]
+            mask += [1] * k
+            versions += resp.versions[:k]
+            final, finish = tokenizer.decode(resp.token_ids[:k], skip_special_tokens=True), resp.finish_reason
+            if code is None:
+                break
+            result = await run_python(
+                code,
+                cpu_s=int(opts.get("tool_cpu_s", 2)),
+                memory_mb=int(opts.get("tool_memory_mb", 256)),
+                wall_s=float(opts.get("tool_wall_s", 5.0)),
+            )
+            observation = tokenizer.encode(
+                f"\n<output>\n{result.output}</output>\n", add_special_tokens=False
+            )
+            ids += observation
+            logprobs += [0.0] * len(observation)
+            mask += [0] * len(observation)
+            versions += [-1] * len(observation)
+        name = sample.get("reward") or opts.get("reward") or "exact_match"
+        score, error = await self.ctx.rewards.score(name, text, final, sample)
+        traj = Trajectory(
+            model=model,
+            token_ids=np.asarray(ids, np.int32),
+            logprobs=np.asarray(logprobs, np.float32),
+            loss_mask=np.asarray(mask, np.uint8),
+            versions=np.asarray(versions, np.int32),
+            reward=score,
+            finish_reason=finish,
+            error=error,
+        )
+        return EpisodeResult([traj])

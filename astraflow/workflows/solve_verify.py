@@ -1,0 +1,58 @@
+"""`solve_and_verify`: two policies trained together. A solver answers; a verifier judges that answer.
+
+The solver is rewarded by the task's reward; the verifier by whether its verdict ("yes"/"no") matches
+the truth. The group's `models` name them: [solver, verifier]. Each trajectory carries its own model id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from astraflow.engines.base import Engine, GenerateRequest
+from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, workflow
+from astraflow.workflows.rlvr import encode_prompt, trajectory
+
+
+def verdict_reward(verdict: str, solved: bool) -> float:
+    """1.0 when the verifier said yes to a right answer or no to a wrong one; 0.0 otherwise (or unclear)."""
+    said = verdict.strip().lower()
+    if said.startswith("y"):
+        return 1.0 if solved else 0.0
+    if said.startswith("n"):
+        return 0.0 if solved else 1.0
+    return 0.0
+
+
+@workflow("solve_and_verify")
+class SolveAndVerify(RolloutWorkflow):
+    """Options: `verify_template` ("{prompt}{answer}?"), `verify_tokens` (2), `chat`, `reward`."""
+
+    async def run_episode(self, engines: Mapping[str, Engine], sample: dict[str, Any]) -> EpisodeResult:
+        if len(engines) < 2:
+            raise ValueError("solve_and_verify needs two models: [solver, verifier]")
+        (solver, s_engine), (verifier, v_engine) = list(engines.items())[:2]
+        opts = self.ctx.options
+        s_tok, v_tok = self.ctx.tokenizers[solver], self.ctx.tokenizers[verifier]
+        text, s_ids = encode_prompt(s_tok, sample, bool(opts.get("chat")))
+        s_resp = await s_engine.generate(GenerateRequest(s_ids, self.ctx.sampling))
+        answer = s_tok.decode(s_resp.token_ids, skip_special_tokens=True).strip()
+        name = sample.get("reward") or opts.get("reward") or "exact_match"
+        s_reward, s_error = await self.ctx.rewards.score(name, text, answer, sample)
+
+        question = str(opts.get("verify_template", "{prompt}{answer}?")).format(
+            prompt=sample["prompt"], answer=answer
+        )
+        _, v_ids = encode_prompt(v_tok, {"prompt": question}, bool(opts.get("chat")))
+        params = dataclasses.replace(self.ctx.sampling, max_new_tokens=int(opts.get("verify_tokens", 2)))
+        v_resp = await v_engine.generate(GenerateRequest(v_ids, params))
+        verdict = v_tok.decode(v_resp.token_ids, skip_special_tokens=True)
+        v_reward = verdict_reward(verdict, s_reward >= 1.0) if s_error is None else 0.0
+        v_error = None if s_error is None else f"solver's reward failed: {s_error}"
+        return EpisodeResult(
+            [
+                trajectory(solver, s_ids, s_resp, s_reward, s_error),
+                trajectory(verifier, v_ids, v_resp, v_reward, v_error),
+            ]
+        )

@@ -1,0 +1,128 @@
+"""Workflows with the real tokenizer, rewards and sandbox; a scripted engine stands in for the model so
+the episode's shape (masks, versions, rewards) is known in advance."""
+
+import pytest
+
+from astraflow.engines.base import Engine, GenerateResponse, SamplingParams
+from astraflow.workflows.api import WorkflowContext, resolve_reward, resolve_workflow
+from astraflow.workflows.rewards import RewardRunner
+from astraflow.workflows.sandbox import run_python
+from astraflow.workflows.solve_verify import verdict_reward
+
+pytest.importorskip("transformers")
+
+
+class Scripted(Engine):
+    """Replies with the given texts in turn, as tokens of version 3."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.prompts, self.version = tokenizer, list(replies), [], 3
+
+    async def generate(self, request):
+        self.prompts.append(request.prompt_ids)
+        reply = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False)
+        ids = [*reply, self.tokenizer.eos_token_id]
+        return GenerateResponse(ids, [-0.5] * len(ids), [self.version] * len(ids), "stop")
+
+    async def start(self): ...
+    async def close(self): ...
+    async def pause(self): ...
+    async def load_weights(self, path, version): ...
+    async def resume(self): ...
+    async def healthy(self):
+        return True
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def rewards():
+    runner = RewardRunner(processes=1, timeout_s=20)
+    yield runner
+    runner.close()
+
+
+def ctx(tokenizer, rewards, models=("policy",), **options):
+    return WorkflowContext(
+        {m: tokenizer for m in models}, SamplingParams(max_new_tokens=16), rewards, options
+    )
+
+
+async def test_rlvr_masks_the_prompt_and_scores_the_completion(tokenizer, rewards):
+    flow = resolve_workflow("rlvr")(ctx(tokenizer, rewards))
+    engine = Scripted(tokenizer, ["46"])
+    [traj] = (await flow.run_episode({"policy": engine}, {"prompt": "12+34=", "answer": "46"})).trajectories
+    p = len(engine.prompts[0])
+    assert traj.loss_mask.tolist() == [0] * p + [1] * (len(traj.token_ids) - p)
+    assert set(traj.versions[:p]) == {-1} and set(traj.versions[p:]) == {3}
+    assert traj.reward == 1.0 and traj.error is None
+
+
+async def test_multi_turn_runs_the_tool_and_masks_its_output(tokenizer, rewards):
+    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards))
+    engine = Scripted(tokenizer, ["<python>print(6*7)</python> ignored", "42"])
+    [traj] = (await flow.run_episode({"policy": engine}, {"prompt": "6*7=", "answer": "42"})).trajectories
+    second_prompt = engine.prompts[1]
+    text = tokenizer.decode(second_prompt)
+    assert text.endswith("<output>\n42\n</output>\n") and "ignored" not in text
+    masked_out = [t for t, m, v in zip(traj.token_ids, traj.loss_mask, traj.versions, strict=True) if m == 0]
+    assert tokenizer.decode(masked_out).endswith("<output>\n42\n</output>\n")
+    assert all(v == -1 for m, v in zip(traj.loss_mask, traj.versions, strict=True) if m == 0)
+    assert all(v == 3 for m, v in zip(traj.loss_mask, traj.versions, strict=True) if m == 1)
+    assert traj.reward == 1.0
+
+
+async def test_multi_turn_tool_that_never_ends_is_cut_by_its_limit(tokenizer, rewards):
+    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards, tool_cpu_s=1, tool_wall_s=3))
+    engine = Scripted(tokenizer, ["<python>while True: pass</python>", "done"])
+    await flow.run_episode({"policy": engine}, {"prompt": "loop", "answer": "done"})
+    assert "over the 1s CPU-time limit" in tokenizer.decode(engine.prompts[1])
+
+
+async def test_sandbox_limits():
+    assert (await run_python("print(sum(range(10)))")).output == "45\n"
+    assert "wall-clock" in (await run_python("import time; time.sleep(30)", wall_s=1)).output
+    assert "MemoryError" in (await run_python("x = bytearray(1 << 30)", memory_mb=128)).output
+
+
+@pytest.mark.parametrize(
+    ("answer", "verdict", "solver", "verifier"),
+    [("46", "yes", 1.0, 1.0), ("47", "yes", 0.0, 0.0), ("47", "no", 0.0, 1.0)],
+)
+async def test_solve_and_verify_rewards_each_policy(tokenizer, rewards, answer, verdict, solver, verifier):
+    flow = resolve_workflow("solve_and_verify")(ctx(tokenizer, rewards, models=("solver", "verifier")))
+    engines = {"solver": Scripted(tokenizer, [answer]), "verifier": Scripted(tokenizer, [verdict])}
+    s, v = (await flow.run_episode(engines, {"prompt": "12+34=", "answer": "46"})).trajectories
+    assert (s.model, v.model) == ("solver", "verifier")
+    assert (s.reward, v.reward) == (solver, verifier)
+    assert tokenizer.decode(engines["verifier"].prompts[0]) == f"12+34={answer}?"
+
+
+def test_verdicts():
+    assert verdict_reward(" Yes", True) == 1.0 and verdict_reward("n", True) == 0.0
+    assert verdict_reward("maybe", False) == 0.0
+
+
+async def test_reward_runner_contains_failures(rewards):
+    assert await rewards.score("exact_match", "1+1=", " 2 ", {"answer": "2"}) == (1.0, None)
+    score, error = await rewards.score("no_such_reward", "p", "c", {})
+    assert score == 0.0 and "unknown reward" in error
+
+
+def test_unknown_names_are_clear_errors():
+    with pytest.raises(ValueError, match=r"unknown workflow: 'nope'.*rlvr"):
+        resolve_workflow("nope")
+    with pytest.raises(ValueError, match=r"cannot load reward 'os:nothing'"):
+        resolve_reward("os:nothing")
+
+
+def test_math_verify_reward():
+    pytest.importorskip("math_verify")
+    fn = resolve_reward("math_verify")
+    assert fn("q", "so the answer is $\\frac{1}{2}$", answer="0.5") == 1.0
+    assert fn("q", "the answer is 3", answer="4") == 0.0
