@@ -1,6 +1,6 @@
 """The built-in engine on transformers + torch: micro-batched sampling with a KV cache.
 
-Requests that arrive within `batch_window_ms` of each other are generated as one left-padded batch; a
+Requests that arrive less than `batch_window_ms` apart are generated as one left-padded batch; a
 batch runs in a worker thread, one decode step at a time. `pause` parks that thread between two steps,
 so weights are swapped between tokens: tokens sampled from logits of the new weights carry the new
 version (the KV cache of earlier tokens is kept, as vLLM's `pause?mode=keep` does). Sampling is Gumbel-max
@@ -69,10 +69,15 @@ class HFEngine(Engine):
         assert self._queue is not None
         while True:
             batch = [await self._queue.get()]
-            deadline = time.perf_counter() + self.settings.batch_window_ms / 1000
+            # Collect a burst: wait until no request came for one window (at most ten windows in all).
+            window = self.settings.batch_window_ms / 1000
+            cap = time.perf_counter() + 10 * window
             while len(batch) < self.settings.max_batch:
+                wait = min(window, cap - time.perf_counter())
+                if wait <= 0:
+                    break
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), deadline - time.perf_counter()))
+                    batch.append(await asyncio.wait_for(self._queue.get(), wait))
                 except TimeoutError:
                     break
             started = time.perf_counter()

@@ -14,6 +14,16 @@ from astraflow.engines.settings import EngineSettings
 FIXED_VERSION = -1
 
 
+async def answers(http, path: str, timeout_s: float = 5.0) -> bool:
+    """True when GET `path` on the client's server returns 200."""
+    import httpx
+
+    try:
+        return (await http.get(path, timeout=timeout_s)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class OpenAIEngine(Engine):
     def __init__(self, settings: EngineSettings) -> None:
         if not settings.base_url:
@@ -36,12 +46,7 @@ class OpenAIEngine(Engine):
         await self._http.aclose()
 
     async def healthy(self) -> bool:
-        import httpx
-
-        try:
-            return (await self._http.get("/models", timeout=5.0)).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return await answers(self._http, "/models")
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         p = request.params

@@ -23,7 +23,7 @@ class EngineSettings(BaseModel):
     max_batch: int = Field(64, ge=1)
     """hf: most requests generated together in one batch."""
     batch_window_ms: int = Field(5, ge=0)
-    """hf: how long the first request of a batch waits for others to join it."""
+    """hf: a batch closes when no request arrived for this long (at most ten windows after its first)."""
     kv_cache_gb: float = Field(1.0, gt=0)
     """vllm on CPU: KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
     port: int = Field(0, ge=0)

@@ -23,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.engines.openai import answers
 from astraflow.engines.settings import EngineSettings
 from astraflow.redis_server import free_port
 
@@ -137,12 +138,7 @@ class VLLMEngine(Engine):
                 continue
 
     async def healthy(self) -> bool:
-        import httpx
-
-        try:
-            return (await self._http.get("/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return await answers(self._http, "/health", 2.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         import httpx

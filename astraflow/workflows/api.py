@@ -13,6 +13,8 @@ from astraflow.messages import Trajectory
 
 WORKFLOWS: dict[str, type[RolloutWorkflow]] = {}
 REWARDS: dict[str, Callable[..., float]] = {}
+INLINE_REWARDS: set[str] = set()
+"""Rewards cheap and safe enough to run in the worker's event loop (no process round trip)."""
 
 
 @dataclass
@@ -58,11 +60,16 @@ def workflow(name: str):
     return register
 
 
-def reward(name: str):
-    """Function decorator: register `fn(prompt, completion, **sample) -> float` under `name`."""
+def reward(name: str, inline: bool = False):
+    """Function decorator: register `fn(prompt, completion, **sample) -> float` under `name`.
+
+    `inline=True` only for code that cannot block, hang or crash (a string comparison): it then runs in
+    the worker itself. Everything else runs in the reward process pool, with a timeout."""
 
     def register(fn: Callable[..., float]) -> Callable[..., float]:
         REWARDS[name] = fn
+        if inline:
+            INLINE_REWARDS.add(name)
         return fn
 
     return register

@@ -15,10 +15,10 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from astraflow.workflows.api import resolve_reward, reward
+from astraflow.workflows.api import INLINE_REWARDS, resolve_reward, reward
 
 
-@reward("exact_match")
+@reward("exact_match", inline=True)
 def exact_match(prompt: str, completion: str, answer: str = "", **sample: Any) -> float:
     """1.0 when the completion, stripped, is exactly the answer."""
     return 1.0 if completion.strip() == str(answer).strip() else 0.0
@@ -55,6 +55,11 @@ class RewardRunner:
         self, name: str, prompt: str, completion: str, sample: dict[str, Any]
     ) -> tuple[float, str | None]:
         """(reward, None), or (0.0, reason) when the reward raised or timed out."""
+        if name in INLINE_REWARDS:
+            try:
+                return _score(name, prompt, completion, sample), None
+            except Exception as e:
+                return 0.0, f"reward {name!r} raised {type(e).__name__}: {e}"
         for attempt in range(2):
             async with self._free:
                 pool = self._pool

@@ -88,12 +88,14 @@ async def test_killed_raas_mid_episode_is_finished_by_another_exactly_once(
 async def test_workers_join_and_leave_mid_run_without_losing_work(bus, redis_url, tiny_model, tmp_path):
     slow = "tests.integration.user_code:slow"
     a = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-a", slots=2, reward_timeout_s=60))
-    uids = await submit(bus, 16, n_samples=1, reward=slow, sleep_s=0.5)
-    await wait_for(lambda: _at_least(bus, 2), what="raas-a working")
+    uids = await submit(bus, 4, n_samples=1, reward=slow, sleep_s=0.2)
+    await wait_for(lambda: _at_least(bus, 4), 60, "raas-a working alone")
     b = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-b", slots=2, reward_timeout_s=60))
     try:
-        await wait_for(lambda: _done_by(bus, "raas-b"), what="raas-b taking work")
-        assert stop(a) == 0  # SIGTERM: finishes or releases what it holds
+        await wait_for(lambda: bus.redis.exists(bus.keys.raas("raas-b")), 60, "raas-b registered")
+        uids += await submit(bus, 12, start=4, n_samples=1, reward=slow, sleep_s=1.0)
+        await wait_for(lambda: _done_by(bus, "raas-b"), 60, "raas-b taking work")
+        assert stop(a) == 0  # SIGTERM mid-run: it finishes or releases what it holds
         await wait_for(lambda: _at_least(bus, 16), 90, "all groups")
         by_uid = Counter(g.uid for g in await rollouts(bus))
         assert sorted(by_uid) == uids and max(by_uid.values()) == 1

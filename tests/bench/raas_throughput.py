@@ -1,0 +1,135 @@
+"""RaaS throughput: completion tokens/s through a RaaS worker (bus included) vs the same engine's own
+batched generation of the same prompts, in the same run, for the hf and vllm engines.
+
+Raw: the engine generates all G x N sequences at once, in this process. RaaS: a worker process with the
+same engine settings and G slots takes G prompt groups of N samples from Redis, runs the rlvr workflow
+(reward in its process pool) and hands the rollout groups back; timed from publishing the prompts to the
+last rollout group, after the worker is up. A random-init tiny model, so completions run to the token
+limit. Rounds alternate raw and RaaS; medians are shown.
+
+    python tests/bench/raas_throughput.py [--engines hf,vllm] [--groups 8] [--samples 8] [--tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from astraflow import redis_server, tiny
+from astraflow.config import Settings, to_env
+from astraflow.engines import GenerateRequest, SamplingParams, make_engine
+from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
+from astraflow.streams import Bus, Out
+from astraflow.workflows.tasks import rows
+
+
+def settings_for(engine: str, model: str, url: str, run_dir: Path, args) -> Settings:
+    s = Settings()
+    s.run.name, s.run.dir = "bench", run_dir
+    s.redis.url = url
+    s.engine.type, s.engine.model = engine, model
+    s.engine.dtype = "bfloat16" if engine == "vllm" else "float32"
+    s.engine.chunk_tokens = args.tokens  # one chunk per request: no version checks needed here
+    s.raas.id, s.raas.slots = "bench-raas", args.groups
+    s.raas.sampling.max_new_tokens = args.tokens
+    return s
+
+
+async def raw(settings: Settings, prompts: list[list[int]], rounds: int) -> list[float]:
+    engine = make_engine(settings.engine, settings.run.path / "raw-engine.log")
+    await engine.start()
+    rates = []
+    try:
+        params = SamplingParams(max_new_tokens=settings.raas.sampling.max_new_tokens)
+        for _ in range(rounds):
+            started = time.perf_counter()
+            out = await asyncio.gather(*[engine.generate(GenerateRequest(p, params)) for p in prompts])
+            rates.append(sum(len(o.token_ids) for o in out) / (time.perf_counter() - started))
+    finally:
+        await engine.close()
+    return rates
+
+
+async def through_raas(settings: Settings, args, rounds: int) -> list[float]:
+    bus = Bus.connect(settings.redis.url or "", "bench", settings.redis, settings.streams)
+    await bus.bootstrap(["policy"])
+    env = {**os.environ, **to_env(settings)}
+    log = open(settings.run.path / "raas.log", "wb")
+    worker = subprocess.Popen([sys.executable, "-m", "workers.raas"], env=env, stdout=log, stderr=log)
+    rates = []
+    try:
+        while not await bus.redis.exists(bus.keys.raas("bench-raas")):
+            await asyncio.sleep(0.2)
+        for r in range(rounds):
+            groups = [
+                PromptGroup(
+                    uid=f"r{r}g{i}",
+                    workflow="rlvr",
+                    models=["policy"],
+                    n_samples=args.samples,
+                    version=0,
+                    sample=row,
+                )
+                for i, row in enumerate(rows("addition", args.groups))
+            ]
+            before = await bus.redis.xlen(bus.keys.rollouts)
+            started = time.perf_counter()
+            await bus.publish_many([Out(bus.keys.prompts, encode(g), f"p:{g.uid}") for g in groups])
+            while await bus.redis.xlen(bus.keys.rollouts) < before + len(groups):
+                await asyncio.sleep(0.005)
+            elapsed = time.perf_counter() - started
+            done = [decode(f, RolloutGroup) for _, f in await bus.redis.xrange(bus.keys.rollouts)][before:]
+            rates.append(sum(int(t.loss_mask.sum()) for g in done for t in g.trajectories) / elapsed)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+        await bus.close()
+    return rates
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engines", default="hf,vllm" if importlib.util.find_spec("vllm") else "hf")
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(tiny.build(Path(tmp) / "model"))
+        server = redis_server.start(Path(tmp) / "redis")
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+        prompts = [
+            tok.encode(r["prompt"]) for r in rows("addition", args.groups) for _ in range(args.samples)
+        ]
+        results = {}
+        try:
+            for engine in args.engines.split(","):
+                s = settings_for(engine, model, server.url, Path(tmp) / engine, args)
+                s.run.path.mkdir(parents=True, exist_ok=True)
+                raw_rates = asyncio.run(raw(s, prompts, args.rounds))
+                raas_rates = asyncio.run(through_raas(s, args, args.rounds))
+                results[engine] = (statistics.median(raw_rates), statistics.median(raas_rates))
+        finally:
+            server.stop()
+    print(
+        f"RaaS throughput: {args.groups} groups x {args.samples} samples x {args.tokens} tokens, "
+        f"median of {args.rounds} rounds"
+    )
+    print(f"{'engine':<8}{'raw engine tok/s':>18}{'through RaaS tok/s':>20}{'ratio':>8}")
+    for engine, (r, w) in results.items():
+        print(f"{engine:<8}{r:>18.0f}{w:>20.0f}{w / r:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
