@@ -196,8 +196,11 @@ class Heartbeat(Message):
     in_flight: int
     versions: dict[str, int]
     endpoint: str | None
+    """Where peers fetch weights it holds (the weight manager); None until it serves any."""
     started_at: float
     updated_at: float
+    engine: str = ""
+    """Engine type (vllm, hf, openai) and model."""
 
 
 KINDS: dict[str, type[Message]] = {

@@ -15,7 +15,7 @@ import structlog
 from redis.exceptions import ConnectionError, TimeoutError
 
 from astraflow.config import Settings
-from astraflow.engines import Engine, SamplingParams
+from astraflow.engines import Engine, SamplingParams, resolve_type
 from astraflow.messages import Heartbeat, PromptGroup, RolloutGroup, VersionNotice, decode, encode
 from astraflow.raas.metrics import Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
@@ -105,6 +105,7 @@ class RaasWorker:
                 endpoint=None,
                 started_at=self.started_at,
                 updated_at=time.time(),
+                engine=f"{resolve_type(self.settings.engine)}:{self.settings.engine.model}",
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)
             try:

@@ -67,6 +67,20 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
     after = await engine.generate(GREEDY)
     assert set(after.versions) == {1} and after.token_ids != first.token_ids
 
+    # The same server as a fixed OpenAI-compatible endpoint (a judge): same tokens, no version.
+    from astraflow.engines.openai import OpenAIEngine
+
+    judge = OpenAIEngine(EngineSettings(type="openai", base_url=f"{engine.url}/v1", model="policy"))
+    await judge.start()
+    try:
+        judged = await judge.generate(GREEDY)
+        assert judged.token_ids[: len(after.token_ids)] == after.token_ids[: len(judged.token_ids)]
+        assert set(judged.versions) == {-1} and await judge.healthy()
+        with pytest.raises(NotImplementedError):
+            await judge.load_weights(tiny_model, 2)
+    finally:
+        await judge.close()
+
     # The server dies: the engine restarts it with the weights it last loaded (v1, not the initial ones).
     os.killpg(engine._proc.pid, signal.SIGKILL)
     again = await asyncio.wait_for(engine.generate(GREEDY), 300)

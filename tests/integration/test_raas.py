@@ -4,9 +4,11 @@ import asyncio
 import signal
 from collections import Counter
 
+import httpx
 import pytest
 
 from astraflow.messages import Heartbeat, VersionNotice, decode, encode
+from astraflow.redis_server import free_port
 from astraflow.streams import Out
 from astraflow.streams.keys import GROUP_RAAS
 from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
@@ -21,7 +23,10 @@ async def count(bus):
 async def test_prompts_become_rollout_groups_and_weights_follow_notices(
     bus, redis_url, tiny_model, tiny_model_v2, tmp_path
 ):
-    worker = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-a", slots=4))
+    metrics_port = free_port()
+    worker = spawn_raas(
+        raas_settings(redis_url, tiny_model, tmp_path, "raas-a", slots=4, metrics_port=metrics_port)
+    )
     try:
         uids = await submit(bus, 6, n_samples=3)
         await wait_for(lambda: _at_least(bus, 6), what="6 rollout groups")
@@ -35,7 +40,9 @@ async def test_prompts_become_rollout_groups_and_weights_follow_notices(
                 assert set(t.versions[prompt]) == {-1} and set(t.versions[~prompt]) == {0}
                 assert (t.logprobs[~prompt] <= 0).all() and t.reward in (0.0, 1.0) and t.error is None
         beat = decode(await bus.redis.hgetall(bus.keys.raas("raas-a")), Heartbeat)
-        assert beat.capacity == 4 and beat.versions == {"policy": 0}
+        assert beat.capacity == 4 and beat.versions == {"policy": 0} and beat.engine == f"hf:{tiny_model}"
+        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert "astraflow_raas_episodes_total 18.0" in metrics and "astraflow_raas_slots 4.0" in metrics
 
         notice = VersionNotice(
             uid="v1", version=1, models={"policy": 1}, manifests={}, checkpoints={"policy": tiny_model_v2}
