@@ -28,9 +28,12 @@ async def serve(settings: Settings, url: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     log_dir = settings.run.path / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    engines = {
-        m: make_engine(settings.engine, log_dir / f"{wid}-{m}-engine.log") for m in settings.run.models
-    }
+    engines = {}
+    for i, m in enumerate(settings.run.models):
+        port = settings.engine.port + i if settings.engine.port else 0  # one server per model
+        engines[m] = make_engine(
+            settings.engine.model_copy(update={"port": port}), log_dir / f"{wid}-{m}.log"
+        )
     tokenizers = {}
     if resolve_type(settings.engine) != "openai":
         from transformers import AutoTokenizer

@@ -26,10 +26,9 @@ class HFEngine(Engine):
         self.version = 0
         self.stats: Counter[str] = Counter()
         """`batches`, `requests`, `steps`, `tokens`, `max_batch`: what batching actually happened."""
-        self._run = threading.Event()
-        self._run.set()
+        # One lock guards paused/busy/parked; the worker thread parks at a pause point until unpaused.
         self._cond = threading.Condition()
-        self._busy = self._parked = False
+        self._paused = self._busy = self._parked = False
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
 
@@ -54,7 +53,7 @@ class HFEngine(Engine):
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self._run.set()
+        await self.resume()
 
     async def healthy(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -96,7 +95,8 @@ class HFEngine(Engine):
     # -- pause / load / resume ---------------------------------------------------------------------------
 
     async def pause(self) -> None:
-        self._run.clear()
+        with self._cond:
+            self._paused = True
         await asyncio.to_thread(self._wait_parked)
 
     def _wait_parked(self) -> None:
@@ -104,7 +104,7 @@ class HFEngine(Engine):
             self._cond.wait_for(lambda: not self._busy or self._parked)
 
     async def load_weights(self, path: str, version: int) -> None:
-        if self._run.is_set():
+        if not self._paused:
             raise RuntimeError("load_weights needs a paused engine")
         await asyncio.to_thread(self._load_state, Path(path))
         self.version = version
@@ -117,22 +117,30 @@ class HFEngine(Engine):
             state.update(load_file(f))
         if not state:
             raise FileNotFoundError(f"no *.safetensors in {path}")
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        current = self.model.state_dict()
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
-        if set(missing) - tied or unexpected:
-            raise ValueError(f"{path}: weights do not fit (missing {missing}, unexpected {unexpected})")
+        missing, unexpected = set(current) - set(state) - tied, set(state) - set(current)
+        wrong = [k for k in set(state) & set(current) if state[k].shape != current[k].shape]
+        if missing or unexpected or wrong:  # checked before anything is copied: no half-loaded model
+            raise ValueError(
+                f"{path}: weights do not fit (missing {sorted(missing)}, unexpected "
+                f"{sorted(unexpected)}, wrong shape {sorted(wrong)})"
+            )
+        self.model.load_state_dict(state, strict=False)
 
     async def resume(self) -> None:
-        self._run.set()
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
 
     def _pause_point(self) -> None:
-        if self._run.is_set():
-            return
         with self._cond:
+            if not self._paused:
+                return
             self._parked = True
             self._cond.notify_all()
-        self._run.wait()
-        with self._cond:
+            while self._paused:  # a resume followed at once by a new pause keeps it parked
+                self._cond.wait()
             self._parked = False
 
     # -- generation (worker thread) ------------------------------------------------------------------

@@ -111,7 +111,10 @@ class VLLMEngine(Engine):
                 self._open.clear()
                 self._kill_group()
                 self.stats["restarts"] += 1
-                await self._spawn()
+                try:
+                    await self._spawn()
+                except Exception as e:  # keep trying: the next round sees the failed process and retries
+                    log.error("vllm_restart_failed", error=repr(e))
 
     async def close(self) -> None:
         self._closing = True
@@ -126,16 +129,19 @@ class VLLMEngine(Engine):
         proc = self._proc
         if proc is None:
             return
-        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
                 break
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:  # until the whole group (engine core included) is gone
+                proc.poll()
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.1)
 
     async def healthy(self) -> bool:
         return await answers(self._http, "/health", 2.0)
@@ -165,7 +171,8 @@ class VLLMEngine(Engine):
             }
             if p.seed is not None:
                 body["seed"] = p.seed + len(resp.token_ids)
-            await self._open.wait()
+            while not self._open.is_set():  # re-check: a pause may follow the resume that woke us
+                await self._open.wait()
             version = self.version
             self._running += 1
             try:
@@ -175,7 +182,7 @@ class VLLMEngine(Engine):
                 if self._closing or await self.healthy():
                     raise
                 log.warning("vllm_chunk_retry", error=repr(e))  # the server died: the watchdog restarts it
-                self._open.clear()
+                await asyncio.sleep(1.0)
                 continue
             finally:
                 async with self._idle:
@@ -207,9 +214,11 @@ class VLLMEngine(Engine):
         self._weights, self.version = path, version
 
     async def resume(self) -> None:
-        await self._control("/resume")
-        self._paused = False
-        self._open.set()
+        try:
+            await self._control("/resume")
+        finally:  # even if the server is gone: the watchdog's restart comes back unpaused
+            self._paused = False
+            self._open.set()
 
     async def _control(self, path: str, body: dict | None = None) -> None:
         reply = await self._http.post(path, json=body)

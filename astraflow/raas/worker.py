@@ -12,7 +12,6 @@ import time
 from collections.abc import Mapping
 
 import structlog
-from redis.exceptions import ConnectionError, TimeoutError
 
 from astraflow.config import Settings
 from astraflow.engines import Engine, SamplingParams, resolve_type
@@ -73,9 +72,17 @@ class RaasWorker:
         engines = {m: self.engines[m] for m in group.models}
         started = time.perf_counter()
         results = await asyncio.gather(
-            *[flow.run_episode(engines, dict(group.sample)) for _ in range(group.n_samples)]
+            *[flow.run_episode(engines, dict(group.sample)) for _ in range(group.n_samples)],
+            return_exceptions=True,
         )
-        trajectories = [t for r in results if r is not None for t in r.trajectories]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors and len(errors) == len(results):
+            raise errors[0]  # nothing ran: the entry is retried, then dead-lettered with this reason
+        for e in errors:
+            log.warning("episode_failed", uid=group.uid, error=repr(e))
+        trajectories = [
+            t for r in results if r is not None and not isinstance(r, BaseException) for t in r.trajectories
+        ]
         failed = sum(t.error is not None for t in trajectories)
         self.metrics.episode(len(results), sum(int(t.loss_mask.sum()) for t in trajectories), failed)
         rollout = RolloutGroup(
@@ -111,33 +118,33 @@ class RaasWorker:
             try:
                 async with self.bus.redis.pipeline(transaction=True) as pipe:
                     await pipe.hset(key, mapping=encode(beat)).pexpire(key, 3 * period).execute()
-            except (ConnectionError, TimeoutError) as e:
+            except Exception as e:  # a missed beat is not fatal; the next one may get through
                 raise_if_cancelled()
                 log.warning("heartbeat_failed", error=repr(e))
             await asyncio.sleep(period / 1000)
 
     async def _follow_notices(self) -> None:
-        """Apply the latest notice at start (catching up), then every new one as it arrives."""
-        stream = self.bus.keys.notices
-        last = await self.bus.redis.xrevrange(stream, count=1)
-        cursor = "0-0"
-        if last:
-            cursor = last[0][0].decode()
-            await self._apply(last[0][1])
+        """Apply the latest notice at start (catching up), then the newest of each batch that arrives
+        (notices carry absolute versions: an older one in the same batch has nothing left to load)."""
+        stream, cursor = self.bus.keys.notices, None
         while True:
             try:
-                reply = await self.bus.blocking.xread(
-                    {stream: cursor}, count=16, block=self.bus.settings.block_ms
-                )
-            except (ConnectionError, TimeoutError) as e:
+                if cursor is None:
+                    last = await self.bus.redis.xrevrange(stream, count=1)
+                    entries = last
+                else:
+                    reply = await self.bus.blocking.xread(
+                        {stream: cursor}, count=64, block=self.bus.settings.block_ms
+                    )
+                    entries = reply[0][1] if reply else []
+            except Exception as e:  # Redis away or refusing: keep following, it is the weights' only path
                 raise_if_cancelled()
                 log.warning("notices_unreachable", error=repr(e))
                 await asyncio.sleep(0.5)
                 continue
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    cursor = entry_id.decode()
-                    await self._apply(fields)
+            cursor = entries[-1][0].decode() if entries else (cursor or "0-0")
+            if entries:
+                await self._apply(entries[-1][1])
 
     async def _apply(self, fields: dict) -> None:
         try:
@@ -154,8 +161,8 @@ class RaasWorker:
                     if engine is None or path is None or version <= engine.version:
                         continue
                     started = time.perf_counter()
-                    await engine.pause()
                     try:
+                        await engine.pause()
                         await engine.load_weights(path, version)
                     finally:
                         await engine.resume()

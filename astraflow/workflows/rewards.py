@@ -48,7 +48,7 @@ class RewardRunner:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__])  # processes start with the reward code already imported
+        ctx.set_forkserver_preload([__name__, "math_verify"])  # processes start with these imported
         return ProcessPoolExecutor(self.processes, mp_context=ctx)
 
     async def score(
@@ -60,12 +60,22 @@ class RewardRunner:
                 return _score(name, prompt, completion, sample), None
             except Exception as e:
                 return 0.0, f"reward {name!r} raised {type(e).__name__}: {e}"
+        try:
+            fn = resolve_reward(name)
+        except ValueError as e:
+            return 0.0, str(e)
+        # The pool's processes import the function by its module path, so rewards registered by name
+        # in the user's module work there too.
+        target = f"{fn.__module__}:{fn.__qualname__}"
         for attempt in range(2):
             async with self._free:
                 pool = self._pool
                 try:
-                    future = asyncio.wrap_future(pool.submit(_score, name, prompt, completion, sample))
+                    future = asyncio.wrap_future(pool.submit(_score, target, prompt, completion, sample))
                     return await asyncio.wait_for(future, self.timeout_s), None
+                except asyncio.CancelledError:
+                    self._restart(pool)  # the running call cannot be cancelled: end its process
+                    raise
                 except TimeoutError:
                     self._restart(pool)
                     return 0.0, f"reward {name!r} timed out after {self.timeout_s}s"
@@ -80,13 +90,19 @@ class RewardRunner:
     def _restart(self, pool: ProcessPoolExecutor) -> None:
         if pool is not self._pool:
             return
-        for pid in list(getattr(pool, "_processes", {}) or {}):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        pool.shutdown(wait=False, cancel_futures=True)
+        _kill(pool)
         self._pool = self._new_pool()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop now: rewards still running are killed (a hanging one must not hold up the exit)."""
+        _kill(self._pool)
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL the pool's own worker processes, then shut it down without waiting."""
+    for pid in list(getattr(pool, "_processes", {}) or {}):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pool.shutdown(wait=False, cancel_futures=True)

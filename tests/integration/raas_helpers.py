@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,13 +27,16 @@ def raas_settings(url: str, model: str, tmp_path, worker: str, **raas) -> Settin
 
 
 def spawn_raas(settings: Settings) -> subprocess.Popen:
+    """A worker in a session of its own, so a test can kill it with all it started (as a crash would)."""
     env = {**os.environ, **to_env(settings), "OMP_NUM_THREADS": "1"}
+    log = open(settings.run.path / f"{settings.raas.id}.log", "wb")
     return subprocess.Popen(
         [sys.executable, "-m", "workers.raas"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=open(settings.run.path / f"{settings.raas.id}.log", "wb"),
+        stderr=log,
+        start_new_session=True,
     )
 
 
@@ -67,6 +71,18 @@ async def wait_for(cond, timeout_s: float = 60, what: str = "condition"):
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
+    """SIGTERM and wait; then end whatever the worker left in its session (reward pool, servers)."""
     if proc.poll() is None:
         proc.terminate()
-    return proc.wait(timeout=timeout_s)
+    try:
+        return proc.wait(timeout=timeout_s)
+    finally:
+        kill_session(proc)
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,7 +1,6 @@
 """RaaS workers as real processes (hf engine, tiny model) against a real Redis, under faults."""
 
 import asyncio
-import signal
 from collections import Counter
 
 import httpx
@@ -11,7 +10,15 @@ from astraflow.messages import Heartbeat, VersionNotice, decode, encode
 from astraflow.redis_server import free_port
 from astraflow.streams import Out
 from astraflow.streams.keys import GROUP_RAAS
-from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
+from tests.integration.raas_helpers import (
+    kill_session,
+    raas_settings,
+    rollouts,
+    spawn_raas,
+    stop,
+    submit,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -80,8 +87,7 @@ async def test_killed_raas_mid_episode_is_finished_by_another_exactly_once(
 
     await wait_for(held, what="raas-1 holding the group")
     await asyncio.sleep(1.0)  # mid-episode: its reward is running
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    kill_session(first)  # kill -9 of the worker and everything it started
     second = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-2", reward_timeout_s=60))
     try:
         await wait_for(lambda: _at_least(bus, 1), 60, "the group finished by raas-2")
