@@ -1,7 +1,7 @@
 """RaaS throughput: completion tokens/s through a RaaS worker (bus included) vs the same engine's own
 batched generation of the same prompts, in the same run, for the hf and vllm engines.
 
-Raw: the engine generates all G x N sequences at once, in this process. RaaS: a worker process with the
+Raw: the engine generates all G x N sequences at once, in a fresh process. RaaS: a worker process with the
 same engine settings and G slots takes G prompt groups of N samples from Redis, runs the rlvr workflow
 (reward in its process pool) and hands the rollout groups back; timed from publishing the prompts to the
 last rollout group, after the worker is up. A random-init tiny model, so completions run to the token
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import multiprocessing as mp
 import os
 import statistics
 import subprocess
@@ -33,7 +34,7 @@ from astraflow.workflows.tasks import rows
 
 def settings_for(engine: str, model: str, url: str, run_dir: Path, args) -> Settings:
     s = Settings()
-    s.run.name, s.run.dir = "bench", run_dir
+    s.run.name, s.run.dir = f"bench-{engine}", run_dir  # a run per engine: fresh streams and dedup keys
     s.redis.url = url
     s.engine.type, s.engine.model = engine, model
     s.engine.dtype = "bfloat16" if engine == "vllm" else "float32"
@@ -58,8 +59,19 @@ async def raw(settings: Settings, prompts: list[list[int]], rounds: int) -> list
     return rates
 
 
+def raw_in_child(settings: Settings, prompts: list[list[int]], rounds: int) -> list[float]:
+    """`raw` in a fresh process, as the worker is: this one has run torch (the model build)."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_raw_sync, (settings, prompts, rounds))
+
+
+def _raw_sync(settings: Settings, prompts: list[list[int]], rounds: int) -> list[float]:
+    return asyncio.run(raw(settings, prompts, rounds))
+
+
 async def through_raas(settings: Settings, args, rounds: int) -> list[float]:
-    bus = Bus.connect(settings.redis.url or "", "bench", settings.redis, settings.streams)
+    bus = Bus.connect(settings.redis.url or "", settings.run.name, settings.redis, settings.streams)
     await bus.bootstrap(["policy"])
     env = {**os.environ, **to_env(settings)}
     log = open(settings.run.path / "raas.log", "wb")
@@ -67,6 +79,8 @@ async def through_raas(settings: Settings, args, rounds: int) -> list[float]:
     rates = []
     try:
         while not await bus.redis.exists(bus.keys.raas("bench-raas")):
+            if worker.poll() is not None:
+                raise RuntimeError(f"the RaaS worker exited with {worker.returncode}: see {log.name}")
             await asyncio.sleep(0.2)
         for r in range(rounds):
             groups = [
@@ -83,7 +97,10 @@ async def through_raas(settings: Settings, args, rounds: int) -> list[float]:
             before = await bus.redis.xlen(bus.keys.rollouts)
             started = time.perf_counter()
             await bus.publish_many([Out(bus.keys.prompts, encode(g), f"p:{g.uid}") for g in groups])
+            deadline = time.monotonic() + 300
             while await bus.redis.xlen(bus.keys.rollouts) < before + len(groups):
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError(f"the RaaS worker made no progress: see {log.name}")
                 await asyncio.sleep(0.005)
             elapsed = time.perf_counter() - started
             done = [decode(f, RolloutGroup) for _, f in await bus.redis.xrange(bus.keys.rollouts)][before:]
@@ -117,7 +134,7 @@ def main() -> None:
             for engine in args.engines.split(","):
                 s = settings_for(engine, model, server.url, Path(tmp) / engine, args)
                 s.run.path.mkdir(parents=True, exist_ok=True)
-                raw_rates = asyncio.run(raw(s, prompts, args.rounds))
+                raw_rates = raw_in_child(s, prompts, args.rounds)
                 raas_rates = asyncio.run(through_raas(s, args, args.rounds))
                 results[engine] = (statistics.median(raw_rates), statistics.median(raas_rates))
         finally:
