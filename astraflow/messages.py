@@ -77,11 +77,6 @@ class Trajectory(Message):
         if self.logprobs.dtype.kind != "f":
             raise DecodeError(f"trajectory.logprobs: float dtype expected, got {self.logprobs.dtype}")
 
-    @property
-    def min_version(self) -> int:
-        produced = self.versions[self.versions >= 0]
-        return int(produced.min()) if len(produced) else -1
-
 
 @dataclass(frozen=True, eq=False)
 class RolloutGroup(Message):

@@ -93,10 +93,6 @@ class Bus:
     async def _script(self, name: str, keys: list[str], args: list):
         return await self._call(lambda: self._scripts[name](keys=keys, args=args))
 
-    async def server_version(self) -> tuple[int, ...]:
-        info = await self.redis.info("server")
-        return tuple(int(p) for p in str(info["redis_version"]).split("."))
-
     # -- producing -------------------------------------------------------------------------------------
 
     async def publish(self, out: Out) -> str:

@@ -15,8 +15,6 @@ BLOCK_MS = 2_000
 """How long one XREADGROUP waits for new entries."""
 DEDUP_TTL_MS = 24 * 3600 * 1000
 """How long an idempotency key remembers that its entry was published."""
-HEARTBEAT_TTL_MS = 15_000
-"""A worker whose heartbeat hash is older than this is gone."""
 
 # Consumer groups, by the stream they read.
 GROUP_RAAS = "raas"

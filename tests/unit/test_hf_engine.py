@@ -53,7 +53,7 @@ async def test_concurrent_requests_are_batched_and_equal_one_by_one(engine):
     assert len({tuple(r.token_ids) for r in together}) > 1  # different seeds, different samples
 
 
-async def test_greedy_is_argmax_and_stop_tokens_end_generation(engine):
+async def test_stop_tokens_end_generation_and_are_kept(engine):
     [free] = requests(1, temperature=0.0)
     first = await engine.generate(free)
     assert first.finish_reason in ("length", "stop")
