@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
     redis.add_argument("action", choices=["start", "stop", "status"])
     command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
+    command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches, version barrier")
+    ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
+    ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    trace = command("trace", _cmd_trace, "show the path of one prompt group", recipe=False)
+    trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
+    trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
     model = sub.add_parser("model", help="build models", description="build models")
     model_sub = model.add_subparsers(metavar="KIND", required=True)
     tiny = model_sub.add_parser("tiny", help="a tiny Qwen2 model and BPE tokenizer, built locally")
@@ -138,21 +144,14 @@ def _cmd_redis(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    settings = _settings(args)
-    url = _redis_url(settings)
-    return asyncio.run(_inspect(url, settings))
+    return asyncio.run(_with_bus(_settings(args), _inspect))
 
 
-async def _inspect(url: str, settings) -> int:
-    from astraflow.streams import Bus
+async def _inspect(bus) -> int:
     from astraflow.streams.inspect import inspect_run, render
 
-    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
-    try:
-        views = await inspect_run(bus)
-        print(render(views, await bus.redis.xlen(bus.keys.dead)))
-    finally:
-        await bus.close()
+    views = await inspect_run(bus)
+    print(render(views, await bus.redis.xlen(bus.keys.dead)))
     return 0
 
 
@@ -162,6 +161,53 @@ def _cmd_raas(args) -> int:
     settings = _settings(args)
     raas.main(settings, _redis_url(settings))
     return 0
+
+
+def _cmd_dataflow(args) -> int:
+    from workers import dataflow
+
+    settings = _settings(args)
+    dataflow.main(settings, _redis_url(settings))
+    return 0
+
+
+def _cmd_ledger(args) -> int:
+    settings = _settings(args)
+    return asyncio.run(_with_bus(settings, lambda bus: _ledger(bus, settings, args.json)))
+
+
+async def _ledger(bus, settings, as_json: bool) -> int:
+    from astraflow.dataflow.ledger import read_ledger
+
+    ledger = await read_ledger(bus, settings.run.models)
+    print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
+    return 1 if ledger.problems() else 0
+
+
+def _cmd_trace(args) -> int:
+    settings = _settings(args)
+    return asyncio.run(_with_bus(settings, lambda bus: _trace(bus, settings, args.uid)))
+
+
+async def _trace(bus, settings, uid: str) -> int:
+    from astraflow.dataflow.ledger import read_trace, render_trace
+
+    trace = await read_trace(bus, uid)
+    if trace is None:
+        print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} (unknown, or past retention)")
+        return 1
+    print(render_trace(uid, trace, settings.run.models))
+    return 0
+
+
+async def _with_bus(settings, fn) -> int:
+    from astraflow.streams import Bus
+
+    bus = Bus.connect(_redis_url(settings), settings.run.name, settings.redis, settings.streams)
+    try:
+        return await fn(bus)
+    finally:
+        await bus.close()
 
 
 def _cmd_model_tiny(args) -> int:

@@ -18,11 +18,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
-from astraflow.workflows.datasets import DatasetSettings
 
 ENV_PREFIX = "ASTRAFLOW_"
 
@@ -41,15 +41,6 @@ class RunSettings(BaseModel):
     @property
     def path(self) -> Path:
         return self.dir if self.dir is not None else Path("runs") / self.name
-
-
-class DataflowSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_staleness_steps: int = Field(4, ge=0)
-    """Drop a group when trainer_version - min_token_version exceeds this."""
-    dataset: DatasetSettings = Field(default_factory=DatasetSettings)
-    """Where prompts come from."""
 
 
 class TrainerSettings(BaseModel):

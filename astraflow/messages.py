@@ -92,8 +92,33 @@ class RolloutGroup(Message):
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     """Why the whole group failed; None when it did not."""
+    models: list[str] = field(default_factory=list)
+    """The policies the prompt group trains (a failed group has no trajectories to tell)."""
 
     def _check(self) -> None:
+        for traj in self.trajectories:
+            traj._check()
+
+
+@dataclass(frozen=True, eq=False)
+class SampleGroup(Message):
+    # dataflow -> trainer: one accepted group of one model, kept in the ready set, then part of a Batch
+    KIND: ClassVar[str] = "sample_group"
+    uid: str
+    model: str
+    min_version: int
+    """Oldest weight version among the group's trained tokens (its staleness)."""
+    max_version: int
+    trajectories: list[Trajectory]
+    advantages: np.ndarray
+    """float32 [len(trajectories)]: normalised advantage per trajectory."""
+    submitted_version: int = 0
+    raas: str = ""
+
+    def _check(self) -> None:
+        if self.advantages.shape != (len(self.trajectories),):
+            n = len(self.trajectories)
+            raise DecodeError(f"sample_group.advantages: shape {self.advantages.shape} != ({n},)")
         for traj in self.trajectories:
             traj._check()
 
@@ -106,19 +131,13 @@ class Batch(Message):
     model: str
     version: int
     """Trainer version the batch was formed for."""
-    group_uids: list[str]
-    trajectories: list[Trajectory]
-    advantages: np.ndarray
-    """float32 [len(trajectories)]: normalised advantage per trajectory."""
+    groups: list[SampleGroup]
     replayed_uids: list[str] = field(default_factory=list)
     """Groups mixed in from the replay set (trained before, on purpose)."""
 
-    def _check(self) -> None:
-        if self.advantages.shape != (len(self.trajectories),):
-            n = len(self.trajectories)
-            raise DecodeError(f"batch.advantages: shape {self.advantages.shape} != ({n},)")
-        for traj in self.trajectories:
-            traj._check()
+    @property
+    def group_uids(self) -> list[str]:
+        return [g.uid for g in self.groups]
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,6 +152,8 @@ class VersionPublished(Message):
     incarnation: str
     """Id of the trainer process lineage; a restarted trainer with a new one forces full re-syncs."""
     eval: bool = False
+    checkpoint: str = ""
+    """A loadable checkpoint directory of this version on a shared file system ('' = none)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -200,7 +221,7 @@ class Heartbeat(Message):
 
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
-    for cls in (PromptGroup, RolloutGroup, Batch, VersionPublished, VersionNotice, WeightManifest, Heartbeat)
+    for cls in (PromptGroup, RolloutGroup, VersionPublished, VersionNotice, WeightManifest, Heartbeat)
 }
 HEADERS = ("uid", "model", "version")
 
@@ -212,8 +233,70 @@ def encode(msg: Message) -> dict[str, bytes]:
         value = getattr(msg, name, None)
         if value is not None:
             fields[name] = str(value).encode()
-    fields["data"] = msgpack.packb(_to_plain(msg), default=_pack_array, use_bin_type=True)
+    fields["data"] = pack(msg)
     return fields
+
+
+def pack(msg: Message) -> bytes:
+    """The msgpack bytes of `msg` alone (no headers)."""
+    return msgpack.packb(_to_plain(msg), default=_pack_array, use_bin_type=True)
+
+
+def unpack(cls: type[Message], data: Any, max_bytes: int | None = None, path: str = "data") -> Message:
+    """The message `pack` made; DecodeError names the bad field."""
+    if not isinstance(data, bytes | bytearray):
+        raise DecodeError(f"{path}: missing or not bytes")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise DecodeError(f"{path}: {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        plain = msgpack.unpackb(data, ext_hook=_unpack_array, raw=False, strict_map_key=True)
+    except DecodeError:
+        raise
+    except Exception as e:
+        raise DecodeError(f"{path}: not valid msgpack ({type(e).__name__}: {e})") from None
+    msg = _from_plain(cls, plain, cls.KIND)
+    msg._check()
+    return msg
+
+
+def encode_batch(batch: Batch, parts: dict[str, bytes] | None = None) -> dict[str, bytes]:
+    """A batch entry: headers, `groups` and `replayed` (space-separated uids, readable in redis-cli) and
+    one field `g:<uid>` per group holding `pack(group)`; `parts` gives already packed groups by uid."""
+    parts = parts or {}
+    fields = {
+        "kind": Batch.KIND.encode(),
+        "schema": str(SCHEMA).encode(),
+        "uid": batch.uid.encode(),
+        "model": batch.model.encode(),
+        "version": str(batch.version).encode(),
+        "groups": " ".join(g.uid for g in batch.groups).encode(),
+        "replayed": " ".join(batch.replayed_uids).encode(),
+    }
+    for g in batch.groups:
+        fields[f"g:{g.uid}"] = parts.get(g.uid) or pack(g)
+    return fields
+
+
+def decode_batch(fields: dict[Any, Any], max_bytes: int | None = None) -> Batch:
+    """Decode a batch entry (see `encode_batch`); DecodeError names the bad field."""
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    if _text(fields, "kind") != Batch.KIND:
+        raise DecodeError(f"kind: expected {Batch.KIND!r}, got {_text(fields, 'kind')!r}")
+    if _text(fields, "schema") != str(SCHEMA):
+        raise DecodeError(f"schema: unsupported schema {fields['schema']!r} (this build reads {SCHEMA})")
+    try:
+        version = int(_text(fields, "version"))
+    except ValueError:
+        raise DecodeError("version: not an integer") from None
+    uids = _text(fields, "groups").split()
+    groups = [unpack(SampleGroup, fields.get(f"g:{u}"), max_bytes, f"g:{u}") for u in uids]
+    return Batch(
+        uid=_text(fields, "uid"),
+        model=_text(fields, "model"),
+        version=version,
+        groups=groups,  # type: ignore[arg-type]
+        replayed_uids=_text(fields, "replayed").split(),
+    )
 
 
 def decode(
@@ -229,20 +312,7 @@ def decode(
         raise DecodeError(f"kind: expected {expect.KIND!r}, got {kind!r}")
     if _text(fields, "schema") != str(SCHEMA):
         raise DecodeError(f"schema: unsupported schema {fields['schema']!r} (this build reads {SCHEMA})")
-    data = fields.get("data")
-    if not isinstance(data, bytes | bytearray):
-        raise DecodeError("data: missing or not bytes")
-    if max_bytes is not None and len(data) > max_bytes:
-        raise DecodeError(f"data: {len(data)} bytes exceeds the limit of {max_bytes}")
-    try:
-        plain = msgpack.unpackb(data, ext_hook=_unpack_array, raw=False, strict_map_key=True)
-    except DecodeError:
-        raise
-    except Exception as e:
-        raise DecodeError(f"data: not valid msgpack ({type(e).__name__}: {e})") from None
-    msg = _from_plain(cls, plain, cls.KIND)
-    msg._check()
-    return msg
+    return unpack(cls, fields.get("data"), max_bytes)
 
 
 def _text(fields: dict[str, Any], name: str) -> str:

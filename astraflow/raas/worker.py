@@ -92,6 +92,7 @@ class RaasWorker:
             trajectories=trajectories,
             timings={"episodes_s": time.perf_counter() - started},
             error=None if trajectories else "no episode produced a trajectory",
+            models=list(group.models),
         )
         return [Out(self.bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]
 

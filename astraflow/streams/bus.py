@@ -43,6 +43,15 @@ class Out(NamedTuple):
     dedup: str | None = None
 
 
+class Item(NamedTuple):
+    """One unit of a hand-off: the input to acknowledge (an Entry, an entry id, or '' for none), the
+    entries to publish, and the uid of a prompt group to settle as dead ('' = none)."""
+
+    input: Entry | str
+    outs: Sequence[Out]
+    dead_uid: str = ""
+
+
 class Bus:
     """One run's streams on one Redis. Commands use `client`; blocking reads use `blocking`."""
 
@@ -82,16 +91,17 @@ class Bus:
     async def ensure_group(self, stream: str, group: str) -> None:
         try:
             # From id 0: entries published before the group existed are delivered too.
-            await self._call(lambda: self.redis.xgroup_create(stream, group, id="0", mkstream=True))
+            await self.call(lambda: self.redis.xgroup_create(stream, group, id="0", mkstream=True))
         except ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
 
-    async def _call(self, call):
+    async def call(self, call):
+        """Run `call` (an idempotent command or script) through reconnects, within the budget."""
         return await reconnecting(call, self.reconnect_max_s)
 
     async def _script(self, name: str, keys: list[str], args: list):
-        return await self._call(lambda: self._scripts[name](keys=keys, args=args))
+        return await self.call(lambda: self._scripts[name](keys=keys, args=args))
 
     # -- producing -------------------------------------------------------------------------------------
 
@@ -109,16 +119,16 @@ class Bus:
         return [ids[0] for _, ids in replies]
 
     async def handoff(
-        self, stream: str, group: str, consumer: str, items: Sequence[tuple[Entry | str, Sequence[Out]]]
+        self, stream: str, group: str, consumer: str, items: Sequence[tuple]
     ) -> list[tuple[str, list[str]]]:
-        """Acknowledge each item's input (an Entry, an entry id, or '' for none) and publish its outputs.
+        """Acknowledge each item's input and publish its outputs (`Item`s, or (input, outs) tuples).
 
         All of it happens in one atomic step.
         Per item the reply is (status, output ids): OK; DUP when every output already existed (a retry
         of a call whose reply was lost); LOST when the input is no longer owned by `consumer` (it was
         reclaimed) - then nothing of that item was written. Sizes are the caller's to check (`check_size`).
         """
-        keys = [stream, self.keys.errors]
+        keys = [stream, self.keys.errors, self.keys.in_flight, self.keys.ledger]
         index: dict[str, int] = {}
 
         def key_index(key: str) -> int:
@@ -128,10 +138,11 @@ class Bus:
             return index[key]
 
         args: list[bytes | str | int] = [group, consumer, self.settings.dedup_ttl_ms, len(items)]
-        for entry, outs in items:
+        for item in items:
+            entry, outs, dead_uid = Item(*item)
             # An entry delivered before may have a recorded error to clear; a bare id is assumed to.
             redelivered = entry.deliveries > 1 if isinstance(entry, Entry) else bool(entry)
-            args += [entry.id if isinstance(entry, Entry) else entry, int(redelivered), len(outs)]
+            args += [entry.id if isinstance(entry, Entry) else entry, int(redelivered), dead_uid, len(outs)]
             for out in outs:
                 self.check_size(out)
                 dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
@@ -197,8 +208,10 @@ class Bus:
         """
         s = self.settings
         mode = "own" if own else "others"
-        args = [mode, group, consumer, s.lease_ms, start, count, s.max_deliveries, s.capped_maxlen, *skip]
-        reply = await self._script("claim", [stream, self.keys.dead, self.keys.errors], args)
+        tracked = int(stream in self.keys.tracked_streams())
+        args = [mode, group, consumer, s.lease_ms, start, count, s.max_deliveries, s.capped_maxlen, tracked]
+        keys = [stream, self.keys.dead, self.keys.errors, self.keys.in_flight, self.keys.ledger]
+        reply = await self._script("claim", keys, [*args, *skip])
         entries = []
         for r in reply[1:]:
             fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
@@ -206,7 +219,8 @@ class Bus:
         return reply[0].decode() or "-", entries
 
     async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
-        """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it."""
+        """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it;
+        an entry of a tracked stream also settles its prompt group as dead in the ledger."""
         fields: dict[str, bytes | str] = {
             "kind": "dead",
             "source": entry.stream,
@@ -218,7 +232,11 @@ class Bus:
         }
         fields.update({f"field.{k}": v for k, v in entry.fields.items()})
         out = Out(self.keys.dead, fields, dedup=f"dead:{entry.stream}:{entry.id}")
-        [(status, _)] = await self.handoff(entry.stream, group, consumer, [(entry, [out])])
+        dead_uid = ""
+        if entry.stream in self.keys.tracked_streams():
+            uid = entry.fields.get("uid", b"")
+            dead_uid = uid.decode(errors="replace") if isinstance(uid, bytes) else str(uid)
+        [(status, _)] = await self.handoff(entry.stream, group, consumer, [Item(entry, [out], dead_uid)])
         return status
 
     # -- housekeeping ----------------------------------------------------------------------------------
@@ -227,5 +245,5 @@ class Bus:
         """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams)."""
         if stream in self.keys.capped_streams():
             maxlen = self.settings.capped_maxlen
-            return await self._call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
+            return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
         return int(await self._script("trim", [stream], []))

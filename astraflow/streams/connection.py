@@ -40,10 +40,17 @@ def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | No
     )
 
 
-def register_scripts(client: aioredis.Redis) -> dict[str, object]:
-    """Load every `lua/*.lua` once; a script lost to a Redis restart is reloaded on NOSCRIPT."""
-    lua = resources.files("astraflow.streams") / "lua"
-    return {name: client.register_script((lua / f"{name}.lua").read_text()) for name in SCRIPT_NAMES}
+def register_scripts(
+    client: aioredis.Redis,
+    package: str = "astraflow.streams",
+    names: tuple[str, ...] = SCRIPT_NAMES,
+    prelude: str | None = None,
+) -> dict[str, object]:
+    """Load `<package>/lua/<name>.lua` once each, with the `prelude` file's helpers prepended; a script
+    lost to a Redis restart is reloaded on NOSCRIPT."""
+    lua = resources.files(package) / "lua"
+    head = (lua / prelude).read_text() + "\n" if prelude else ""
+    return {name: client.register_script(head + (lua / f"{name}.lua").read_text()) for name in names}
 
 
 async def reconnecting(

@@ -100,6 +100,11 @@ class Consumer:
         self.in_flight.pop(entry.id, None)
         await self.bus.dead_letter(entry, self.group, self.name, reason)
 
+    def settled(self, entry_ids: Sequence[str]) -> None:
+        """Stop holding entries that were acknowledged by other means (a caller's own script)."""
+        for i in entry_ids:
+            self.in_flight.pop(i, None)
+
     def forget(self, entry_id: str) -> None:
         """Stop holding an entry that could not be settled; the next read takes it back."""
         self.in_flight.pop(entry_id, None)

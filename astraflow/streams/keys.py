@@ -71,6 +71,36 @@ class Keys:
         """Hash: ``<stream>|<id>`` -> last processing error of an entry that was released for retry."""
         return self._k("errors")
 
+    @property
+    def in_flight(self) -> str:
+        """Set: uids of prompt groups submitted and not yet collected or dead-lettered."""
+        return self._k("in_flight")
+
+    @property
+    def state(self) -> str:
+        """Hash: the dataflow's small shared state (feeder cursor, trainer versions, last notice, ...)."""
+        return self._k("state")
+
+    def curator(self, name: str) -> str:
+        """Hash of per-prompt curator state (`ewma`, `streak`) or the GRESO probabilities (`greso`)."""
+        return self._k(f"curator:{name}")
+
+    def ready(self, model: str) -> str:
+        """Sorted set of accepted groups waiting for a batch; member `uid min_version n_samples`."""
+        return self._k(f"ready:{model}")
+
+    def replay(self, model: str) -> str:
+        """Sorted set of recently trained groups (score: order trained), same members as `ready`."""
+        return self._k(f"replay:{model}")
+
+    def samples(self, model: str) -> str:
+        """Hash: group uid -> its encoded SampleGroup, while it is ready or in the replay set."""
+        return self._k(f"samples:{model}")
+
+    def trace(self, uid: str) -> str:
+        """Hash with a TTL: the lineage of one prompt group."""
+        return self._k(f"trace:{uid}")
+
     def batches(self, model: str) -> str:
         return self._k(f"batches:{model}")
 
@@ -96,6 +126,10 @@ class Keys:
         }
         groups.update({self.batches(m): GROUP_TRAINER for m in models})
         return groups
+
+    def tracked_streams(self) -> list[str]:
+        """Streams whose entries each carry one in-flight prompt group (header `uid`)."""
+        return [self.prompts, self.rollouts]
 
     def capped_streams(self) -> list[str]:
         """Streams without a consumer group, trimmed by length (readers use plain XREAD)."""

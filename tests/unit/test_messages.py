@@ -14,13 +14,16 @@ from astraflow.messages import (
     Heartbeat,
     PromptGroup,
     RolloutGroup,
+    SampleGroup,
     TensorSpec,
     Trajectory,
     VersionNotice,
     VersionPublished,
     WeightManifest,
     decode,
+    decode_batch,
     encode,
+    encode_batch,
 )
 
 text = st.text(max_size=12)
@@ -51,17 +54,30 @@ def trajectories(draw):
 
 
 @st.composite
-def batches(draw):
+def sample_groups(draw, uid=None):
     trajs = draw(st.lists(trajectories(), max_size=3))
     adv = draw(hnp.arrays(np.float32, len(trajs), elements=st.floats(-5, 5, width=32)))
-    return Batch(
-        uid=draw(text),
+    return SampleGroup(
+        uid=uid if uid is not None else draw(text),
         model=draw(names),
-        version=draw(ints),
-        group_uids=draw(st.lists(text)),
+        min_version=draw(ints),
+        max_version=draw(ints),
         trajectories=trajs,
         advantages=adv,
-        replayed_uids=draw(st.lists(text, max_size=2)),
+        submitted_version=draw(ints),
+        raas=draw(text),
+    )
+
+
+@st.composite
+def batches(draw):
+    uids = draw(st.lists(names, max_size=4, unique=True))
+    return Batch(
+        uid=draw(names),
+        model=draw(names),
+        version=draw(ints),
+        groups=[draw(sample_groups(uid=u)) for u in uids],
+        replayed_uids=draw(st.lists(names, max_size=2)),
     )
 
 
@@ -84,8 +100,8 @@ MESSAGES = st.one_of(
         trajectories=st.lists(trajectories(), max_size=3),
         timings=st.dictionaries(names, floats, max_size=3),
         error=st.none() | text,
+        models=st.lists(names, max_size=2),
     ),
-    batches(),
     st.builds(
         VersionPublished,
         uid=text,
@@ -151,7 +167,6 @@ def test_every_message_kind_is_covered():
     assert set(KINDS) == {
         "prompt_group",
         "rollout_group",
-        "batch",
         "version_published",
         "version_notice",
         "weight_manifest",
@@ -166,6 +181,23 @@ def test_round_trip(msg):
     assert same(decode(fields), msg)
     assert fields["kind"] == msg.KIND.encode()
     assert decode(fields, type(msg), max_bytes=len(fields["data"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches())
+def test_batch_round_trip(batch):
+    fields = encode_batch(batch)
+    assert same(decode_batch(fields), batch)
+    assert fields["groups"] == " ".join(batch.group_uids).encode()  # readable in redis-cli
+
+
+def test_batch_with_a_bad_group_names_it():
+    batch = Batch(uid="b", model="m", version=1, groups=[], replayed_uids=[])
+    fields = {**encode_batch(batch), "groups": b"g1"}
+    with pytest.raises(DecodeError, match="g:g1: missing"):
+        decode_batch(fields)
+    with pytest.raises(DecodeError, match="g:g1: not valid msgpack"):
+        decode_batch({**fields, "g:g1": b"\xc1"})
 
 
 @settings(max_examples=300, deadline=None)
@@ -225,7 +257,9 @@ def test_headers_are_checked():
         decode({**fields, "kind": b"nope"})
     with pytest.raises(DecodeError, match="schema: unsupported"):
         decode({**fields, "schema": b"99"})
+    with pytest.raises(DecodeError, match="kind: expected 'heartbeat'"):
+        decode(fields, Heartbeat)
     with pytest.raises(DecodeError, match="kind: expected 'batch'"):
-        decode(fields, Batch)
+        decode_batch(fields)
     with pytest.raises(DecodeError, match="exceeds the limit"):
         decode(fields, max_bytes=3)

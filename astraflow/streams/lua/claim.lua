@@ -7,16 +7,19 @@
 -- count before the claim (both go into a dead letter), never counts an in-flight entry as redelivered,
 -- and behaves the same on Redis 6.2 and 7.x for entries deleted from the stream (acknowledged here,
 -- since nothing is left to process).
--- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash
--- ARGV: mode, group, consumer, min_idle_ms, start, count, max_deliveries, dead_maxlen, skip ids...
+-- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group: the
+-- uid leaves the in-flight set and the ledger counts it dead.
+-- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash, KEYS[4] in-flight set, KEYS[5] ledger
+-- ARGV: mode, group, consumer, min_idle_ms, start, count, max_deliveries, dead_maxlen, tracked ('1'/'0'),
+--       skip ids...
 -- Returns {next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end.
-local stream, dead, errors = KEYS[1], KEYS[2], KEYS[3]
+local stream, dead, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local count, max_deliveries, dead_maxlen = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local count, max_deliveries, dead_maxlen, tracked = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
 local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
 
 local skip = {}
-for i = 9, #ARGV do skip[ARGV[i]] = true end
+for i = 10, #ARGV do skip[ARGV[i]] = true end
 
 local pending
 if mode == 'own' then
@@ -57,6 +60,13 @@ for _, p in ipairs(pending) do
         fields[#fields + 1] = tostring(#entry[2] / 2)
       end
       redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
+      if tracked then
+        for i = 1, #entry[2], 2 do
+          if entry[2][i] == 'uid' and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
+            redis.call('HINCRBY', ledger, 'dead', 1)
+          end
+        end
+      end
       redis.call('XACK', stream, group, id)
       redis.call('HDEL', errors, err_field)
     else

@@ -1,0 +1,90 @@
+"""The version barrier: trainers' `versions` in, `notices` to the RaaS pool out.
+
+Recording a published version is atomic with its XACK (version.lua). Announcing is reconciliation, not a
+reaction to one entry: any replica, at any time, announces what is due - every model has reached v and v
+was not announced yet - with a compare-and-set on the last announced version (announce.lua). So a
+replica killed between recording and announcing leaves nothing undone: the next pass announces it.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import structlog
+
+from astraflow.dataflow.store import Store
+from astraflow.errors import DecodeError
+from astraflow.messages import VersionNotice, VersionPublished, decode, encode
+from astraflow.streams import Consumer
+from astraflow.streams.keys import GROUP_DATAFLOW
+
+log = structlog.get_logger(__name__)
+KEEP_VERSIONS = 64
+"""Versions whose manifest keys are remembered (older ones are forgotten as new ones are announced)."""
+VERSIONED = re.compile(r"(?:eval|manifest:.+|checkpoint:.+):(\d+)")
+
+
+class Barrier:
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.consumer = Consumer(store.bus, store.keys.versions, GROUP_DATAFLOW, name)
+
+    async def step(self, block_ms: int | None) -> int:
+        """Record the versions published since the last step, then announce what is due."""
+        entries = await self.consumer.read(64, block_ms)
+        for entry in entries:
+            try:
+                msg = decode(entry.fields, VersionPublished)
+                if msg.model not in self.store.models:
+                    raise DecodeError(f"model: {msg.model!r} is not trained in this run")
+            except DecodeError as e:
+                log.error("version_dead_lettered", id=entry.id, error=str(e))
+                await self.consumer.dead_letter(entry, f"DecodeError: {e}")
+                continue
+            status = await self.store.record_version(self.consumer.name, entry.id, msg)
+            self.consumer.settled([entry.id])
+            log.debug("version_recorded", model=msg.model, version=msg.version, status=status)
+        await self.announce()
+        return len(entries)
+
+    async def announce(self) -> int:
+        """Announce the versions every model has reached; returns how many notices went out."""
+        sent = 0
+        while True:
+            state = await self.store.state()
+            versions = [int(state[f"v:{m}"]) for m in self.store.models if f"v:{m}" in state]
+            if len(versions) < len(self.store.models):
+                return sent  # some model has no version yet
+            last, ready = int(state.get("notice", -1)), min(versions)
+            if ready <= last:
+                return sent
+            # Every eval version in between is announced (they are synchronous); other ones only matter
+            # as the newest, which a RaaS loads anyway.
+            due = [v for v in range(last + 1, ready) if f"eval:{v}" in state]
+            version = due[0] if due else ready
+            fields, forget = self._notice(state, version), _forget(state, version)
+            status, _ = await self.store.announce(last, version, fields, forget)
+            if status == "ok":
+                sent += 1
+                log.info("version_announced", version=version, eval=f"eval:{version}" in state)
+
+    def _notice(self, state: dict[str, str], version: int) -> dict[str, bytes]:
+        models = self.store.models
+        manifests = {m: state.get(f"manifest:{m}:{version}", "") for m in models}
+        checkpoints = {m: state.get(f"checkpoint:{m}:{version}", "") for m in models}
+        notice = VersionNotice(
+            uid=f"notice:{version}:{uuid.uuid4().hex[:8]}",
+            version=version,
+            models={m: version for m in models},
+            manifests={m: k for m, k in manifests.items() if k},
+            checkpoints={m: c for m, c in checkpoints.items() if c},
+            eval=f"eval:{version}" in state,
+        )
+        return encode(notice)
+
+
+def _forget(state: dict[str, str], version: int) -> list[str]:
+    """State fields of versions more than KEEP_VERSIONS older than `version`."""
+    fields = (VERSIONED.fullmatch(name) for name in state)
+    return [m.group(0) for m in fields if m and int(m.group(1)) < version - KEEP_VERSIONS]

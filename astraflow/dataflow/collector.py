@@ -1,0 +1,63 @@
+"""The collector: rollout groups in, per-model ready sets out, every outcome counted in the ledger."""
+
+from __future__ import annotations
+
+import re
+
+import structlog
+
+from astraflow.dataflow.policies import Judge
+from astraflow.dataflow.store import Collected, Store
+from astraflow.errors import DecodeError
+from astraflow.messages import RolloutGroup, decode
+from astraflow.streams import Consumer, Entry
+from astraflow.streams.keys import GROUP_DATAFLOW
+
+log = structlog.get_logger(__name__)
+UID = re.compile(r"[^\s]{1,200}")
+
+
+class Collector:
+    def __init__(self, store: Store, name: str) -> None:
+        self.store, self.settings = store, store.settings.collector
+        self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
+        self.judge = Judge(self.settings, store.models)
+
+    async def step(self, block_ms: int | None) -> int:
+        """Read up to `collector.read_count` rollout entries and settle them; returns entries settled."""
+        entries = await self.consumer.read(self.settings.read_count, block_ms)
+        items: list[Collected] = []
+        for entry in entries:
+            item = await self._judge(entry)
+            if item is not None:
+                items.append(item)
+        if not items:
+            return len(entries)
+        try:
+            replies = await self.store.collect(self.consumer.name, items)
+        finally:
+            self.consumer.settled([it.entry_id for it in items])
+        for item, (status, *outcomes) in zip(items, replies, strict=True):
+            if status in ("lost", "unknown"):
+                log.warning("rollout_not_settled", uid=item.uid, status=status)
+            else:
+                log.debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
+        return len(entries)
+
+    async def _judge(self, entry: Entry) -> Collected | None:
+        """The decision for `entry`, or None when it was dead-lettered or released."""
+        try:
+            group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
+            if not UID.fullmatch(group.uid):
+                raise DecodeError(f"uid: {group.uid[:40]!r} is not 1-200 non-space characters")
+            unknown = {t.model for t in group.trajectories} - set(self.store.models)
+            if unknown:
+                raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
+            return self.judge(entry.id, group)
+        except DecodeError as e:
+            log.error("rollout_dead_lettered", id=entry.id, error=str(e))
+            await self.consumer.dead_letter(entry, f"DecodeError: {e}")
+        except Exception as e:  # a user filter raised: retried, dead after max_deliveries
+            log.warning("rollout_failed", id=entry.id, error=repr(e))
+            await self.consumer.release(entry, f"{type(e).__name__}: {e}")
+        return None

@@ -1,0 +1,66 @@
+"""Prompt curators: whether the feeder submits a dataset row now. State lives in Redis (written by the
+collector, see collect.lua), so every replica decides the same way."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from astraflow.dataflow.settings import FeederSettings
+from astraflow.streams import Bus
+
+
+class Curator(ABC):
+    def __init__(self, bus: Bus, settings: FeederSettings) -> None:
+        self.bus, self.settings = bus, settings
+
+    @abstractmethod
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+        """Submit or skip each row; `randoms` are uniform in [0, 1), one per row, fixed per position."""
+
+    async def _get(self, name: str, rows: Sequence[int]) -> list[bytes | None]:
+        key = self.bus.keys.curator(name)
+        return await self.bus.call(lambda: self.bus.redis.hmget(key, [str(r) for r in rows]))
+
+
+class AcceptAll(Curator):
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+        return [True] * len(rows)
+
+
+class FilterSolved(Curator):
+    """Skip prompts whose success-rate EWMA (mean reward of its groups) is above the threshold."""
+
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+        limit = self.settings.solved_threshold
+        return [v is None or float(v) <= limit for v in await self._get("ewma", rows)]
+
+
+class Greso(Curator):
+    """GRESO: a prompt whose last s groups all had zero reward variance is submitted with probability
+    max(floor, p^s), p = p_easy (they were all right) or p_hard (all wrong). The p's adapt once per
+    version toward target shares of zero-variance groups (announce.lua)."""
+
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+        g = self.settings.greso
+        key = self.bus.keys.curator("greso")
+        p_easy, p_hard = await self.bus.call(lambda: self.bus.redis.hmget(key, ["p_easy", "p_hard"]))
+        p = {"easy": float(p_easy or g.p_init), "hard": float(p_hard or g.p_init)}
+        out = []
+        for streak, u in zip(await self._get("streak", rows), randoms, strict=True):
+            if streak is None:
+                out.append(True)
+                continue
+            count, kind = streak.decode().split()
+            out.append(u < max(g.floor, p[kind] ** int(count)))
+        return out
+
+
+CURATORS: dict[str, type[Curator]] = {"accept_all": AcceptAll, "filter_solved": FilterSolved, "greso": Greso}
+
+
+def make_curator(bus: Bus, settings: FeederSettings) -> Curator:
+    try:
+        return CURATORS[settings.curator](bus, settings)
+    except KeyError:
+        raise ValueError(f"unknown curator: {settings.curator!r}") from None

@@ -1,0 +1,108 @@
+"""The feeder: dataset rows -> prompt groups on `prompts`, curated, with back-pressure.
+
+Position p of the dataset stream is row perm_e[p mod N] of epoch e = p div N, perm_e a shuffle seeded by
+(run seed, e): any replica computes the same row for the same position. The cursor lives in Redis and
+advances in the same atomic step that submits (submit.lua), so replicas never submit a position twice.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any
+
+import structlog
+
+from astraflow.config import Settings
+from astraflow.dataflow.curators import make_curator
+from astraflow.dataflow.store import Store, SubmitItem
+from astraflow.errors import DecodeError
+from astraflow.messages import Heartbeat, PromptGroup, decode, encode
+
+log = structlog.get_logger(__name__)
+STEP_POSITIONS = 32
+"""Most dataset positions considered per submit call."""
+
+
+class Feeder:
+    def __init__(self, settings: Settings, store: Store, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            raise ValueError("the dataset is empty: nothing to feed")
+        self.settings, self.store, self.rows = settings, store, rows
+        self.bus = store.bus
+        self.feeder = settings.dataflow.feeder
+        self.curator = make_curator(self.bus, self.feeder)
+        self._perm: tuple[int, list[int]] | None = None
+        self._pool: tuple[float, int] = (0.0, 0)
+
+    def row_at(self, position: int) -> int:
+        epoch, offset = divmod(position, len(self.rows))
+        if self._perm is None or self._perm[0] != epoch:
+            perm = list(range(len(self.rows)))
+            random.Random(f"{self.settings.run.seed}:{epoch}").shuffle(perm)
+            self._perm = (epoch, perm)
+        return self._perm[1][offset]
+
+    def uid_at(self, position: int) -> str:
+        epoch, _ = divmod(position, len(self.rows))
+        return f"e{epoch}r{self.row_at(position)}"
+
+    async def pool_slots(self) -> int:
+        """Slots of the live RaaS pool (from unexpired heartbeats), re-read at most once a second."""
+        at, slots = self._pool
+        if time.monotonic() - at < 1.0:
+            return slots
+        redis, slots = self.bus.redis, 0
+        pattern = self.bus.keys.raas("*")
+        keys = await self.bus.call(lambda: _scan(redis, pattern))
+        for key in keys:
+            fields = await self.bus.call(lambda k=key: redis.hgetall(k))
+            try:
+                slots += decode(fields, Heartbeat).capacity if fields else 0
+            except DecodeError as e:
+                log.warning("bad_heartbeat", key=key, error=str(e))
+        self._pool = (time.monotonic(), slots)
+        return slots
+
+    async def limits(self) -> tuple[int, int]:
+        """(backlog limit in prompt groups, ready-set limit in groups)."""
+        f, b = self.feeder, self.settings.dataflow.batch
+        backlog = max(f.min_backlog, math.ceil(f.backlog_factor * await self.pool_slots()))
+        groups_per_batch = b.size if b.unit == "groups" else math.ceil(b.size / f.n_samples)
+        ready = math.ceil(f.max_ready_batches * groups_per_batch) * len(self.settings.run.models)
+        return backlog, ready
+
+    async def step(self) -> tuple[str, int]:
+        """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
+        state = await self.store.state()
+        cursor, version = int(state.get("cursor", 0)), max(int(state.get("notice", 0)), 0)
+        positions = range(cursor, cursor + STEP_POSITIONS)
+        rows = [self.row_at(p) for p in positions]
+        randoms = [random.Random(f"{self.settings.run.seed}:curate:{p}").random() for p in positions]
+        decisions = await self.curator.decide(rows, randoms)
+        items = []
+        for p, row, submit in zip(positions, rows, decisions, strict=True):
+            uid = self.uid_at(p)
+            fields = encode(self._group(uid, row, version)) if submit else {}
+            items.append(SubmitItem(submit, uid, row, version, fields))
+        backlog_limit, ready_limit = await self.limits()
+        status, _, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
+        if submitted:
+            log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)
+        return status, submitted
+
+    def _group(self, uid: str, row: int, version: int) -> PromptGroup:
+        return PromptGroup(
+            uid=uid,
+            workflow=self.feeder.workflow,
+            models=list(self.settings.run.models),
+            n_samples=self.feeder.n_samples,
+            version=version,
+            sample=self.rows[row],
+            submitted_at=time.time(),
+        )
+
+
+async def _scan(redis, pattern: str) -> list[bytes]:
+    return [k async for k in redis.scan_iter(match=pattern, count=1000)]

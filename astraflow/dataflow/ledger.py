@@ -1,0 +1,177 @@
+"""The ledger (counters that must always balance) and the lineage of one prompt group.
+
+Identity (DESIGN.md section 4), read in one transaction so concurrent writers cannot skew it:
+    submitted == in_flight + dead + collected                        (prompt groups)
+    collected[m] == ready[m] + trained[m] + sum(dropped[m][reason])  (each model's part of a group)
+With one model these are `submitted == in_flight + ready + trained + dropped + dead`. `ready[m]` must also
+equal the size of the ready set, and `replayed` counts replay on purpose, outside the identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from astraflow.streams import Bus
+
+
+@dataclass
+class ModelLedger:
+    collected: int = 0
+    ready: int = 0
+    trained: int = 0
+    replayed: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    ready_set: int = 0
+    """Groups actually in the ready set (cross-check of `ready`)."""
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+@dataclass
+class Ledger:
+    submitted: int
+    in_flight: int
+    dead: int
+    collected: int
+    skipped: int
+    unknown: int
+    models: dict[str, ModelLedger]
+
+    def problems(self) -> list[str]:
+        """Every way the identity fails; empty when the ledger balances."""
+        out = []
+        rhs = self.in_flight + self.dead + self.collected
+        if self.submitted != rhs:
+            out.append(f"submitted {self.submitted} != in_flight + dead + collected = {rhs}")
+        for name, m in self.models.items():
+            parts = m.ready + m.trained + m.dropped_total
+            if m.collected != parts:
+                out.append(f"{name}: collected {m.collected} != ready + trained + dropped = {parts}")
+            if m.ready != m.ready_set:
+                out.append(f"{name}: ready counter {m.ready} != {m.ready_set} groups in the ready set")
+        return out
+
+    def as_dict(self) -> dict:
+        return {
+            "submitted": self.submitted,
+            "in_flight": self.in_flight,
+            "dead": self.dead,
+            "collected": self.collected,
+            "skipped": self.skipped,
+            "unknown": self.unknown,
+            "models": {n: {**vars(m), "dropped_total": m.dropped_total} for n, m in self.models.items()},
+            "balanced": not self.problems(),
+            "problems": self.problems(),
+        }
+
+    def render(self) -> str:
+        lines = [
+            f"submitted   {self.submitted:>8}   (skipped by the curator: {self.skipped})",
+            f"in flight   {self.in_flight:>8}",
+            f"dead        {self.dead:>8}",
+            f"collected   {self.collected:>8}" + (f"   (duplicates: {self.unknown})" if self.unknown else ""),
+        ]
+        for name, m in self.models.items():
+            reasons = ", ".join(f"{r} {n}" for r, n in sorted(m.dropped.items()))
+            lines.append(
+                f"  {name}: ready {m.ready}, trained {m.trained}, dropped {m.dropped_total}"
+                + (f" ({reasons})" if reasons else "")
+                + f"; replayed {m.replayed}"
+            )
+        if len(self.models) == 1:
+            (m,) = self.models.values()
+            lines.append(
+                f"identity: submitted {self.submitted} = in_flight {self.in_flight} + ready {m.ready}"
+                f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead}"
+            )
+        problems = self.problems()
+        lines += [f"NOT BALANCED: {p}" for p in problems] if problems else ["balanced"]
+        return "\n".join(lines)
+
+
+async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
+    k = bus.keys
+    async with bus.redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(k.ledger).scard(k.in_flight)
+        for m in models:
+            pipe.zcard(k.ready(m))
+        raw, in_flight, *ready_sets = await pipe.execute()
+    counts = {key.decode(): int(v) for key, v in raw.items()}
+    per_model = {}
+    for m, ready_set in zip(models, ready_sets, strict=True):
+        prefix = f"{m}:dropped:"
+        dropped = {name.removeprefix(prefix): n for name, n in counts.items() if name.startswith(prefix)}
+        per_model[m] = ModelLedger(
+            collected=counts.get(f"{m}:collected", 0),
+            ready=counts.get(f"{m}:ready", 0),
+            trained=counts.get(f"{m}:trained", 0),
+            replayed=counts.get(f"{m}:replayed", 0),
+            dropped=dropped,
+            ready_set=ready_set,
+        )
+    return Ledger(
+        submitted=counts.get("submitted", 0),
+        in_flight=in_flight,
+        dead=counts.get("dead", 0),
+        collected=counts.get("collected", 0),
+        skipped=counts.get("skipped", 0),
+        unknown=counts.get("unknown", 0),
+        models=per_model,
+    )
+
+
+DEAD_SCAN = 10_000
+"""Newest dead letters searched for a traced group."""
+
+
+async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
+    """The lineage of prompt group `uid` (None when unknown or past the retention), dead letters included."""
+    raw = await bus.redis.hgetall(bus.keys.trace(uid))
+    trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+    for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
+        if fields.get(b"field.uid") == uid.encode():
+            source = bus.keys.short(fields.get(b"source", b"").decode())
+            trace.setdefault("dead", f"{source}: {fields.get(b'reason', b'').decode(errors='replace')}")
+    return trace or None
+
+
+def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
+    def when(field_name: str) -> str:
+        at = trace.get(field_name)
+        return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
+
+    lines = [f"prompt group {uid}"]
+    if "row" in trace:
+        lines.append(
+            f"  submitted  at version {trace.get('submitted_version')}, dataset row {trace['row']}"
+            + when("submitted_at")
+        )
+    if "raas" in trace:
+        lines.append(
+            f"  rolled out by {trace['raas']}, token versions {trace.get('token_versions', 'none')}"
+            + when("collected_at")
+        )
+    if "error" in trace:
+        lines.append(f"  error      {trace['error']}")
+    for m in models:
+        if m not in trace:
+            continue
+        outcome = trace[m]
+        if outcome == "trained":
+            outcome = (
+                f"trained in batch {trace.get(f'{m}:batch')} (formed at trainer version "
+                f"{trace.get(f'{m}:batch_version')}, trained by the step to the next version)"
+                + when(f"{m}:batched_at")
+            )
+        elif outcome == "ready":
+            outcome = f"ready, min token version {trace.get(f'{m}:min_version')}, waiting for a batch"
+        lines.append(f"  {m}: {outcome}")
+    if "dead" in trace:
+        lines.append(f"  dead-lettered from {trace['dead']}")
+    if "raas" not in trace and "dead" not in trace and "row" in trace:
+        lines.append("  in flight (not collected yet)")
+    return "\n".join(lines)

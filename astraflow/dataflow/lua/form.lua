@@ -1,0 +1,119 @@
+-- Batch former, one model: expire ready groups that went stale while waiting, take the earliest
+-- deadlines (or the oldest arrivals) plus a share of the replay set, write one batch entry, and move the
+-- trained groups into the bounded replay set - one atomic step. Groups are never split.
+-- KEYS[1] ready set, KEYS[2] samples hash, KEYS[3] replay set, KEYS[4] batches stream, KEYS[5] ledger,
+-- KEYS[6] state
+-- ARGV: model, max_staleness, size, unit ('samples'/'groups'), replay_quota (in units), replay_selection
+--   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, key_prefix,
+--   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
+-- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
+-- replayed groups, expired groups}.
+local ready, samples, replay, batches, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local replay_quota, selection, capacity, prefetch = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local trainer_group, prefix, ttl, order, now = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+
+local version = trainer_version(state, model)
+
+-- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set).
+local expired = {}
+if order == 'edf' then
+  expired = redis.call('ZRANGEBYSCORE', ready, '-inf', '(' .. version)  -- deadline < version
+else
+  for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
+    local _, minv = parse_member(member)
+    if version - minv > max_staleness then expired[#expired + 1] = member end
+  end
+end
+for _, member in ipairs(expired) do
+  local uid = parse_member(member)
+  local seq = redis.call('HINCRBY', state, 'seq', 1)
+  redis.call('ZREM', ready, member)
+  redis.call('HDEL', samples, uid)
+  redis.call('HINCRBY', ledger, model .. ':ready', -1)
+  redis.call('HINCRBY', ledger, model .. ':dropped:stale_wait', 1)
+  trace(prefix, uid, ttl, {model, 'dropped: stale_wait', model .. ':expired_seq', seq})
+end
+
+if undelivered(batches, trainer_group, prefetch) >= prefetch then return {'full', '', 0, 0, #expired} end
+
+local function units(n) return unit == 'samples' and n or 1 end
+
+-- Replay share first: it decides how many fresh units the batch needs.
+local replayed, replayed_units = {}, 0
+local candidates = {}
+if replay_quota > 0 then
+  if selection == 'latest' then
+    candidates = redis.call('ZREVRANGE', replay, 0, -1)
+  else
+    local all, taken = redis.call('ZRANGE', replay, 0, -1), {}
+    for i = 14, #ARGV do
+      if #candidates == #all then break end
+      local k = math.floor(tonumber(ARGV[i]) * #all) + 1
+      while taken[k] do k = k % #all + 1 end  -- next free one: distinct picks
+      taken[k] = true
+      candidates[#candidates + 1] = all[k]
+    end
+  end
+end
+for _, member in ipairs(candidates) do
+  if replayed_units >= replay_quota then break end
+  local _, _, n = parse_member(member)
+  replayed[#replayed + 1] = member
+  replayed_units = replayed_units + units(n)
+end
+
+local fresh, fresh_units = {}, 0
+for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
+  if fresh_units + replayed_units >= size then break end
+  local _, _, n = parse_member(member)
+  fresh[#fresh + 1] = member
+  fresh_units = fresh_units + units(n)
+end
+if fresh_units + replayed_units < size then return {'wait', '', 0, 0, #expired} end
+
+local seq = redis.call('HINCRBY', state, 'seq', 1)
+local batch_uid = model .. ':' .. redis.call('HINCRBY', state, 'batches:' .. model, 1)
+local uids, replayed_uids, parts = {}, {}, {}
+for _, member in ipairs(fresh) do
+  local uid = parse_member(member)
+  uids[#uids + 1] = uid
+  parts[#parts + 1] = 'g:' .. uid
+  parts[#parts + 1] = redis.call('HGET', samples, uid)
+end
+for _, member in ipairs(replayed) do
+  local uid = parse_member(member)
+  uids[#uids + 1] = uid
+  replayed_uids[#replayed_uids + 1] = uid
+  parts[#parts + 1] = 'g:' .. uid
+  parts[#parts + 1] = redis.call('HGET', samples, uid)
+end
+redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1', 'uid', batch_uid, 'model', model,
+  'version', version, 'seq', seq, 'groups', table.concat(uids, ' '), 'replayed', table.concat(replayed_uids, ' '),
+  unpack(parts))
+
+for _, member in ipairs(fresh) do
+  local uid = parse_member(member)
+  redis.call('ZREM', ready, member)
+  redis.call('HINCRBY', ledger, model .. ':ready', -1)
+  redis.call('HINCRBY', ledger, model .. ':trained', 1)
+  trace(prefix, uid, ttl, {model, 'trained', model .. ':batch', batch_uid, model .. ':batch_version', version,
+    model .. ':batch_seq', seq, model .. ':batched_at', now})
+  if capacity > 0 then
+    redis.call('ZADD', replay, seq, member)
+  else
+    redis.call('HDEL', samples, uid)
+  end
+end
+for _, member in ipairs(replayed) do
+  redis.call('HINCRBY', ledger, model .. ':replayed', 1)
+end
+-- Bound the replay set: the oldest trained groups leave first.
+local excess = redis.call('ZCARD', replay) - capacity
+if excess > 0 then
+  for _, member in ipairs(redis.call('ZRANGE', replay, 0, excess - 1)) do
+    redis.call('ZREM', replay, member)
+    redis.call('HDEL', samples, (parse_member(member)))
+  end
+end
+return {'ok', batch_uid, #fresh, #replayed, #expired}

@@ -1,0 +1,41 @@
+-- Feeder: submit prompt groups at the dataset cursor, atomically with the cursor's advance.
+-- Any replica may call it: the cursor is compare-and-set, so a position is submitted (or skipped) once.
+-- Back-pressure: stops ('full') when undelivered + pending prompt groups reach `backlog_limit`, or the
+-- ready sets hold `ready_limit` groups.
+-- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5..] ready sets
+-- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, key_prefix, trace_ttl_s, now, n_items,
+--   then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
+-- Returns {status ('ok', 'full' or 'moved'), cursor, submitted}.
+local prompts, state, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+
+local cursor = tonumber(redis.call('HGET', state, 'cursor') or '0')
+if cursor ~= expected then return {'moved', cursor, 0} end
+
+local backlog = pending(prompts, group) + undelivered(prompts, group, backlog_limit)
+local ready = 0
+for i = 5, #KEYS do ready = ready + redis.call('ZCARD', KEYS[i]) end
+
+local status, submitted, pos = 'ok', 0, 9
+for _ = 1, n_items do
+  local submit, uid, row, version, n_fields = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], tonumber(ARGV[pos + 4])
+  if submit == '1' then
+    if backlog >= backlog_limit or ready >= ready_limit then
+      status = 'full'
+      break
+    end
+    redis.call('XADD', prompts, '*', unpack(ARGV, pos + 5, pos + 4 + 2 * n_fields))
+    redis.call('SADD', in_flight, uid)
+    redis.call('HINCRBY', ledger, 'submitted', 1)
+    trace(prefix, uid, ttl, {'row', row, 'submitted_version', version, 'submitted_at', now})
+    backlog = backlog + 1
+    submitted = submitted + 1
+  else
+    redis.call('HINCRBY', ledger, 'skipped', 1)
+  end
+  cursor = cursor + 1
+  pos = pos + 5 + 2 * n_fields
+end
+redis.call('HSET', state, 'cursor', cursor)
+return {status, cursor, submitted}

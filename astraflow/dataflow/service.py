@@ -1,0 +1,113 @@
+"""One dataflow replica: feeder, collector, batch former and version barrier, each its own loop.
+
+Every step is one atomic Redis script, so replicas need no coordination and a replica may be killed at
+any instant: what it read and did not settle stays pending in its consumer group and is taken back by a
+restart under the same name, or by any other replica once the lease lapses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from astraflow.config import Settings
+from astraflow.dataflow.barrier import Barrier
+from astraflow.dataflow.collector import Collector
+from astraflow.dataflow.feeder import Feeder
+from astraflow.dataflow.store import Store
+from astraflow.streams import Bus
+from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.workflows.datasets import load_rows
+
+log = structlog.get_logger(__name__)
+IDLE_S = 0.02
+"""Pause of the batch former when it has nothing to do (woken early by this replica's collector)."""
+
+
+class BatchFormer:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        b = store.settings.batch
+        self._randoms = min(round(b.replay_ratio * b.size), b.replay_capacity)
+
+    async def step(self, model: str) -> str:
+        """Form at most one batch of `model`: 'ok', 'full' (prefetch reached) or 'wait' (too few ready)."""
+        randoms = [random.random() for _ in range(self._randoms)]
+        status, uid, fresh, replayed, expired = await self.store.form(model, randoms)
+        if expired:
+            log.info("groups_expired", model=model, groups=expired)
+        if status == "ok":
+            log.info("batch_formed", model=model, batch=uid, groups=fresh, replayed=replayed)
+        return status
+
+
+class Dataflow:
+    def __init__(self, settings: Settings, bus: Bus, name: str, rows: list[dict[str, Any]] | None = None):
+        self.settings, self.bus, self.name = settings, bus, name
+        self.store = Store(bus, settings.dataflow, settings.run.models)
+        if rows is None:
+            rows = load_rows(settings.dataflow.dataset, settings.run.seed)
+        self.feeder = Feeder(settings, self.store, rows)
+        self.collector = Collector(self.store, name)
+        self.barrier = Barrier(self.store, name)
+        self.former = BatchFormer(self.store)
+        self._collected = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.bus.bootstrap(self.settings.run.models)
+        loops = [self._feed, self._collect, self._form, self._follow_versions, self._trim]
+        tasks = [asyncio.create_task(self._forever(loop)) for loop in loops]
+        log.info("dataflow_started", name=self.name, models=self.settings.run.models)
+        try:
+            await stop.wait()
+        finally:
+            await cancel_and_wait(tasks)
+            log.info("dataflow_stopped", name=self.name)
+
+    async def _forever(self, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run one loop; an error (Redis away past the reconnect budget) is logged and the loop restarts."""
+        while True:
+            try:
+                await loop()
+            except Exception as e:
+                raise_if_cancelled()
+                log.error("dataflow_loop_failed", loop=loop.__name__, error=repr(e))
+                await asyncio.sleep(1.0)
+
+    async def _feed(self) -> None:
+        interval = self.settings.dataflow.feeder.interval_ms / 1000
+        while True:
+            status, _ = await self.feeder.step()
+            if status != "ok":
+                await asyncio.sleep(interval)
+
+    async def _collect(self) -> None:
+        while True:
+            if await self.collector.step(self.bus.settings.block_ms):
+                self._collected.set()
+
+    async def _form(self) -> None:
+        while True:
+            for model in self.settings.run.models:
+                while await self.former.step(model) == "ok":
+                    pass
+            self._collected.clear()
+            try:
+                await asyncio.wait_for(self._collected.wait(), IDLE_S)
+            except TimeoutError:
+                pass
+
+    async def _follow_versions(self) -> None:
+        while True:
+            await self.barrier.step(self.bus.settings.block_ms)
+
+    async def _trim(self) -> None:
+        keys = self.bus.keys
+        while True:
+            await asyncio.sleep(self.bus.settings.trim_interval_ms / 1000)
+            for stream in (keys.rollouts, keys.versions, keys.dead):
+                await self.bus.trim(stream)

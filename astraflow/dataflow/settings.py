@@ -1,0 +1,94 @@
+"""Settings of the dataflow: feeder and curators, collector policies, batch formation, lineage."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from astraflow.workflows.datasets import DatasetSettings
+
+
+class GresoSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    p_init: float = Field(0.5, gt=0, le=1)
+    """Start value of p_easy and p_hard: a prompt with a zero-variance streak s is submitted with p^s."""
+    floor: float = Field(0.05, gt=0, le=1)
+    """Least probability of submitting any prompt, so a skipped prompt is re-checked now and then."""
+    step: float = Field(0.05, gt=0, le=1)
+    """How far p moves each version toward the target."""
+    target_easy: float = Field(0.1, ge=0, le=1)
+    """Wanted share of all-correct (zero-variance, mean reward >= 0.5) groups among those collected."""
+    target_hard: float = Field(0.1, ge=0, le=1)
+    """Wanted share of all-wrong (zero-variance, mean reward < 0.5) groups among those collected."""
+
+
+class FeederSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workflow: str = "rlvr"
+    """Workflow the RaaS runs for each prompt group (a registered name or `module:Class`)."""
+    n_samples: int = Field(8, ge=1)
+    """Samples per prompt group."""
+    curator: Literal["accept_all", "filter_solved", "greso"] = "accept_all"
+    backlog_factor: float = Field(2.0, gt=0)
+    """Submit while undelivered + pending prompt groups < factor x the slots of the live RaaS pool."""
+    min_backlog: int = Field(8, ge=1)
+    """Backlog allowed even when no RaaS is alive (a worker that joins finds work at once)."""
+    max_ready_batches: float = Field(4.0, gt=0)
+    """Stop submitting while the ready sets hold this many batches' worth of groups (a slow trainer)."""
+    interval_ms: int = Field(50, gt=0)
+    """How long the feeder waits when the backlog is full."""
+    solved_alpha: float = Field(0.5, gt=0, le=1)
+    """filter_solved: weight of the newest group in a prompt's success-rate EWMA."""
+    solved_threshold: float = Field(0.9, ge=0, le=1)
+    """filter_solved: skip prompts whose success-rate EWMA is above this."""
+    greso: GresoSettings = Field(default_factory=GresoSettings)
+
+
+class CollectorSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    normalize: Literal["group", "leave_one_out", "none"] = "group"
+    """Advantage: (r - group mean) / (group std + epsilon); r - mean of the others; or r itself."""
+    epsilon: float = Field(1e-6, gt=0)
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards are all equal (no learning signal)."""
+    filters: list[str] = Field(default_factory=list)
+    """Group filters by name (`drop_truncated`, or `module:function`), applied in order."""
+    order: Literal["edf", "fifo"] = "edf"
+    """Ready-set order: earliest deadline (min token version + max staleness) first, or arrival."""
+    read_count: int = Field(64, ge=1)
+    """Rollout entries read and committed per step."""
+
+
+class BatchSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(128, ge=1)
+    """Batch size in `unit`s; groups are never split, so a batch has at least this many."""
+    unit: Literal["samples", "groups"] = "samples"
+    replay_ratio: float = Field(0.0, ge=0, lt=1)
+    """Share of each batch taken from the replay set of recently trained groups."""
+    replay_selection: Literal["latest", "uniform"] = "latest"
+    replay_capacity: int = Field(64, ge=1)
+    """Groups kept in the replay set (the oldest leave first)."""
+    prefetch: int = Field(2, ge=1)
+    """Batches kept formed and unread by the trainer."""
+
+
+class DataflowSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = ""
+    """Consumer name of this replica; default `dataflow-<host>-<pid>`."""
+    max_staleness_steps: int = Field(4, ge=0)
+    """Drop a group when trainer_version - min_token_version exceeds this."""
+    dataset: DatasetSettings = Field(default_factory=DatasetSettings)
+    """Where prompts come from."""
+    feeder: FeederSettings = Field(default_factory=FeederSettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    trace_retention_s: int = Field(7 * 24 * 3600, gt=0)
+    """How long a prompt group's lineage (`astraflow trace`) is kept."""

@@ -1,0 +1,150 @@
+"""The dataflow's state in Redis and the atomic steps that change it (one Lua script each).
+
+Nothing here is held in the process: every call reads or writes Redis, so any replica may take any
+step and a replica killed between two calls leaves nothing half done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from astraflow.dataflow.settings import DataflowSettings
+from astraflow.messages import VersionPublished
+from astraflow.streams import Bus
+from astraflow.streams.connection import register_scripts
+from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
+
+SCRIPTS = ("submit", "collect", "form", "version", "announce")
+
+
+@dataclass(frozen=True)
+class SubmitItem:
+    """One dataset position: submitted as `fields` (a PromptGroup entry) or skipped by the curator."""
+
+    submit: bool
+    uid: str
+    row: int
+    version: int
+    fields: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One model's share of a collected group: accepted (reason '') or dropped with a reason."""
+
+    model: str
+    reason: str
+    min_version: int
+    n_samples: int
+    payload: bytes = b""
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A decoded rollout entry and what the collector decided for it."""
+
+    entry_id: str
+    uid: str
+    parts: Sequence[Part]
+    mean_reward: float | None
+    zero_variance: bool
+    trace: Mapping[str, str]
+
+
+class Store:
+    def __init__(self, bus: Bus, settings: DataflowSettings, models: Sequence[str]) -> None:
+        self.bus, self.settings, self.models = bus, settings, list(models)
+        self.keys = bus.keys
+        self._scripts = register_scripts(bus.redis, "astraflow.dataflow", SCRIPTS, prelude="common.lua")
+
+    async def _run(self, name: str, keys: list[str], args: list):
+        return await self.bus.call(lambda: self._scripts[name](keys=keys, args=args))
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    async def state(self) -> dict[str, str]:
+        raw = await self.bus.call(lambda: self.bus.redis.hgetall(self.keys.state))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    async def trainer_versions(self) -> dict[str, int]:
+        state = await self.state()
+        return {m: int(state[f"v:{m}"]) for m in self.models if f"v:{m}" in state}
+
+    async def noticed(self) -> int:
+        """The last version announced to the RaaS pool (-1 before the first)."""
+        value = await self.bus.call(lambda: self.bus.redis.hget(self.keys.state, "notice"))
+        return int(value) if value is not None else -1
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    async def submit(
+        self, cursor: int, items: Sequence[SubmitItem], backlog_limit: int, ready_limit: int
+    ) -> tuple[str, int, int]:
+        """Submit/skip `items` from dataset position `cursor`; returns (status, new cursor, submitted)."""
+        k = self.keys
+        keys = [k.prompts, k.state, k.in_flight, k.ledger, *(k.ready(m) for m in self.models)]
+        args: list = [cursor, GROUP_RAAS, backlog_limit, ready_limit, k.prefix]
+        args += [self.settings.trace_retention_s, f"{time.time():.3f}", len(items)]
+        for it in items:
+            args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
+            for name, value in it.fields.items():
+                args += [name, value]
+        status, new_cursor, submitted = await self._run("submit", keys, args)
+        return status.decode(), int(new_cursor), int(submitted)
+
+    async def collect(self, consumer: str, items: Sequence[Collected]) -> list[list[str]]:
+        """Settle collected rollout entries (see collect.lua); returns per item [status, outcomes...]."""
+        k, s = self.keys, self.settings
+        keys = [k.rollouts, k.in_flight, k.ledger, k.state, k.curator("ewma"), k.curator("streak")]
+        keys.append(k.curator("greso"))
+        index = {}
+        for m in self.models:
+            index[m] = len(keys) + 1
+            keys += [k.ready(m), k.samples(m)]
+        args: list = [GROUP_DATAFLOW, consumer, s.max_staleness_steps, k.prefix, s.trace_retention_s]
+        args += [s.collector.order, s.feeder.solved_alpha, f"{time.time():.3f}", len(items)]
+        for it in items:
+            mean = "" if it.mean_reward is None else repr(it.mean_reward)
+            args += [it.entry_id, it.uid, mean, int(it.zero_variance), len(it.trace)]
+            for name, value in it.trace.items():
+                args += [name, value]
+            args.append(len(it.parts))
+            for p in it.parts:
+                args += [p.model, index[p.model], p.reason, p.min_version, p.n_samples, p.payload]
+        replies = await self._run("collect", keys, args)
+        return [[x.decode() for x in r] for r in replies]
+
+    async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int]:
+        """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired)."""
+        k, s, b = self.keys, self.settings, self.settings.batch
+        keys = [k.ready(model), k.samples(model), k.replay(model), k.batches(model), k.ledger, k.state]
+        quota = round(b.replay_ratio * b.size)
+        capacity = b.replay_capacity if b.replay_ratio > 0 else 0
+        args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]
+        args += [b.prefetch, GROUP_TRAINER, k.prefix, s.trace_retention_s, s.collector.order]
+        args += [f"{time.time():.3f}", *(repr(r) for r in randoms)]
+        status, uid, fresh, replayed, expired = await self._run("form", keys, args)
+        return status.decode(), uid.decode(), int(fresh), int(replayed), int(expired)
+
+    async def record_version(self, consumer: str, entry_id: str, msg: VersionPublished) -> str:
+        """Record a published version with the XACK of its entry; returns 'ok', 'dup' or 'lost'."""
+        keys = [self.keys.versions, self.keys.state]
+        args = [GROUP_DATAFLOW, consumer, entry_id, msg.model, msg.version, msg.manifest_key, int(msg.eval)]
+        args.append(msg.checkpoint)
+        return (await self._run("version", keys, args)).decode()
+
+    async def announce(
+        self, expected: int, version: int, fields: Mapping[str, bytes], forget: Sequence[str]
+    ) -> tuple[str, int]:
+        """Publish the notice of `version` if `expected` is still the last announced one."""
+        g = self.settings.feeder.greso
+        keys = [self.keys.notices, self.keys.state, self.keys.curator("greso")]
+        args: list = [expected, version, self.bus.settings.capped_maxlen]
+        args += [int(self.settings.feeder.curator == "greso"), g.p_init, g.step, g.floor]
+        args += [g.target_easy, g.target_hard, len(forget), *forget]
+        for name, value in fields.items():
+            args += [name, value]
+        status, last = await self._run("announce", keys, args)
+        return status.decode(), int(last)

@@ -1,0 +1,73 @@
+"""Stand-ins for the RaaS pool and the trainers around a dataflow under test: they speak the real
+messages over the real streams, with rewards and token versions the test chooses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from astraflow.messages import (
+    PromptGroup,
+    RolloutGroup,
+    Trajectory,
+    VersionPublished,
+    decode,
+    decode_batch,
+    encode,
+)
+from astraflow.streams import Bus, Out
+from astraflow.streams.keys import GROUP_RAAS, GROUP_TRAINER
+
+RewardFn = Callable[[PromptGroup, int], float]
+
+
+def trajectory(model: str, reward: float, version: int, tokens: int = 8) -> Trajectory:
+    mask = np.zeros(tokens, np.uint8)
+    mask[tokens // 2 :] = 1
+    return Trajectory(
+        model=model,
+        token_ids=np.arange(tokens, dtype=np.int32),
+        logprobs=np.full(tokens, -0.5, np.float32),
+        loss_mask=mask,
+        versions=np.where(mask == 1, version, -1).astype(np.int32),
+        reward=reward,
+    )
+
+
+async def roll_out(
+    bus: Bus, count: int, reward: RewardFn, version: int | Callable[[PromptGroup], int] = 0, tokens: int = 8
+) -> list[str]:
+    """Take up to `count` prompt groups as one RaaS and hand back their rollouts; returns the uids."""
+    entries = await bus.read(bus.keys.prompts, GROUP_RAAS, "raas-sim", count, None)
+    items, uids = [], []
+    for e in entries:
+        group = decode(e.fields, PromptGroup)
+        v = version(group) if callable(version) else version
+        trajs = [trajectory(m, reward(group, i), v, tokens) for m in group.models for i in range(group.n_samples)]
+        rollout = RolloutGroup(uid=group.uid, raas="raas-sim", version=group.version, trajectories=trajs,
+                               models=list(group.models))
+        items.append((e, [Out(bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]))
+        uids.append(group.uid)
+    if items:
+        await bus.handoff(bus.keys.prompts, GROUP_RAAS, "raas-sim", items)
+    return uids
+
+
+async def publish_version(bus: Bus, model: str, version: int, eval_: bool = False) -> None:
+    msg = VersionPublished(uid=f"{model}:{version}", model=model, version=version,
+                           manifest_key=bus.keys.weights(model, version), step=version, incarnation="sim",
+                           eval=eval_)
+    await bus.publish(Out(bus.keys.versions, encode(msg), f"version:{model}:{version}"))
+
+
+async def train(bus: Bus, model: str, count: int = 100) -> list:
+    """Consume and acknowledge formed batches of `model` as its trainer; returns the decoded batches."""
+    entries = await bus.read(bus.keys.batches(model), GROUP_TRAINER, "trainer-sim", count, None)
+    if entries:
+        await bus.redis.xack(bus.keys.batches(model), GROUP_TRAINER, *[e.id for e in entries])
+    return [(e.fields, decode_batch(e.fields)) for e in entries]
+
+
+def all_batches(raw: Sequence) -> list:
+    return [decode_batch({k.decode(): v for k, v in fields.items()}) for _, fields in raw]
