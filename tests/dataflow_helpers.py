@@ -44,9 +44,15 @@ async def roll_out(
     for e in entries:
         group = decode(e.fields, PromptGroup)
         v = version(group) if callable(version) else version
-        trajs = [trajectory(m, reward(group, i), v, tokens) for m in group.models for i in range(group.n_samples)]
-        rollout = RolloutGroup(uid=group.uid, raas="raas-sim", version=group.version, trajectories=trajs,
-                               models=list(group.models))
+        n = group.n_samples
+        trajs = [trajectory(m, reward(group, i), v, tokens) for m in group.models for i in range(n)]
+        rollout = RolloutGroup(
+            uid=group.uid,
+            raas="raas-sim",
+            version=group.version,
+            trajectories=trajs,
+            models=list(group.models),
+        )
         items.append((e, [Out(bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]))
         uids.append(group.uid)
     if items:
@@ -55,9 +61,15 @@ async def roll_out(
 
 
 async def publish_version(bus: Bus, model: str, version: int, eval_: bool = False) -> None:
-    msg = VersionPublished(uid=f"{model}:{version}", model=model, version=version,
-                           manifest_key=bus.keys.weights(model, version), step=version, incarnation="sim",
-                           eval=eval_)
+    msg = VersionPublished(
+        uid=f"{model}:{version}",
+        model=model,
+        version=version,
+        manifest_key=bus.keys.weights(model, version),
+        step=version,
+        incarnation="sim",
+        eval=eval_,
+    )
     await bus.publish(Out(bus.keys.versions, encode(msg), f"version:{model}:{version}"))
 
 

@@ -1,0 +1,341 @@
+"""The dataflow's policies, one at a time, on fakeredis with a simulated RaaS pool and trainer."""
+
+from __future__ import annotations
+
+import time
+
+import fakeredis
+import numpy as np
+import pytest
+
+from astraflow.config import load_settings
+from astraflow.dataflow.ledger import read_ledger, read_trace, render_trace
+from astraflow.dataflow.policies import advantages
+from astraflow.dataflow.service import Dataflow
+from astraflow.messages import Heartbeat, RolloutGroup, VersionNotice, decode, encode
+from astraflow.streams import Bus, Keys, Out
+from tests.dataflow_helpers import publish_version, roll_out, train, trajectory
+
+BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
+
+
+def make(*overrides: str, models=("policy",)) -> tuple[Bus, Dataflow]:
+    settings = load_settings(None, [*BASE, f"run.models={list(models)}", *overrides])
+    server = fakeredis.FakeServer(version=(7, 0))
+    client = fakeredis.FakeAsyncRedis(server=server, protocol=2)
+    bus = Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
+    return bus, Dataflow(settings, bus, "df")
+
+
+async def cycle(bus: Bus, df: Dataflow, reward=lambda g, i: float(i % 2), version=0, feed=True) -> list:
+    """Feed, roll out everything, collect, form; returns the batches the trainer got."""
+    if feed:
+        await df.feeder.step()
+    await roll_out(bus, 100, reward, version)
+    while await df.collector.step(1):
+        pass
+    for m in df.settings.run.models:
+        while await df.former.step(m) == "ok":
+            pass
+    return [b for m in df.settings.run.models for _, b in await train(bus, m)]
+
+
+async def ledger_of(bus: Bus, df: Dataflow):
+    ledger = await read_ledger(bus, df.settings.run.models)
+    assert not ledger.problems(), ledger.render()
+    return ledger
+
+
+def test_advantages_by_hand():
+    r = np.array([1.0, 0.0, 0.0, 1.0])
+    assert np.allclose(advantages(r, "group", 0.0), [1, -1, -1, 1])
+    assert np.allclose(advantages(r, "leave_one_out", 0.0), [1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3])
+    assert np.allclose(advantages(r, "none", 0.0), r)
+    assert np.allclose(advantages(np.array([2.0, 2.0]), "group", 1e-6), [0, 0])
+
+
+async def test_batches_hold_whole_groups_with_normalised_advantages():
+    bus, df = make("dataflow.feeder.min_backlog=4")
+    await bus.bootstrap(["policy"])
+    batches = await cycle(bus, df)
+    assert len(batches) == 2  # 4 groups x 4 samples, batches of 8 samples
+    for b in batches:
+        assert [len(g.trajectories) for g in b.groups] == [4, 4]
+        for g in b.groups:
+            assert np.allclose(g.advantages, [-1, 1, -1, 1], atol=1e-5)  # rewards 0, 1, 0, 1
+    ledger = await ledger_of(bus, df)
+    assert (ledger.submitted, ledger.models["policy"].trained) == (4, 4)
+
+
+async def test_batch_size_in_groups_and_prefetch_depth():
+    bus, df = make("dataflow.batch.unit=groups", "dataflow.batch.size=3", "dataflow.feeder.min_backlog=12")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 100, lambda g, i: float(i % 2))
+    await df.collector.step(1)
+    statuses = [await df.former.step("policy") for _ in range(3)]
+    assert statuses == ["ok", "ok", "full"]  # prefetch 2: the third waits for the trainer
+    batches = await train(bus, "policy")
+    assert [len(b.groups) for _, b in batches] == [3, 3]
+    assert [await df.former.step("policy") for _ in range(3)] == ["ok", "ok", "full"]
+    await train(bus, "policy")
+    assert await df.former.step("policy") == "wait"  # all 12 groups trained
+
+
+async def test_stale_groups_are_dropped_at_ingest_and_while_waiting():
+    bus, df = make("dataflow.max_staleness_steps=1", "dataflow.feeder.min_backlog=3", "dataflow.batch.size=9")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 1, lambda g, i: float(i % 2), version=0)  # fresh at v0
+    await df.collector.step(1)
+    for v in (1, 2, 3):
+        await publish_version(bus, "policy", v)
+    await df.barrier.step(1)  # trainer at v3: the v0 group waiting in the ready set is stale now
+    await roll_out(bus, 1, lambda g, i: float(i % 2), version=1)  # stale on arrival (3 - 1 > 1)
+    await roll_out(bus, 1, lambda g, i: float(i % 2), version=2)  # fine
+    await df.collector.step(1)
+    assert await df.former.step("policy") == "wait"
+    ledger = await ledger_of(bus, df)
+    assert ledger.models["policy"].dropped == {"stale_ingest": 1, "stale_wait": 1}
+    assert ledger.models["policy"].ready == 1
+
+
+async def test_edf_takes_earliest_deadlines_fifo_takes_arrivals():
+    for order, expected in (("edf", ["e0r1", "e0r2"]), ("fifo", ["e0r0", "e0r1"])):
+        bus, df = make(f"dataflow.collector.order={order}", "dataflow.feeder.min_backlog=3")
+        df.feeder.row_at = lambda p: p  # no shuffle: uids e0r0, e0r1, e0r2
+        await bus.bootstrap(["policy"])
+        await publish_version(bus, "policy", 3)
+        await df.barrier.step(1)
+        await df.feeder.step()
+        # Arrival order r0, r1, r2; deadlines (min version + 4) r1, r2, r0.
+        for version in (3, 1, 2):
+            await roll_out(bus, 1, lambda g, i: float(i % 2), version=version)
+            await df.collector.step(1)
+        assert await df.former.step("policy") == "ok"
+        [(_, batch)] = await train(bus, "policy")
+        assert batch.group_uids == expected, order
+
+
+async def test_replay_mixes_recently_trained_groups_at_the_ratio():
+    bus, df = make(
+        "dataflow.batch.replay_ratio=0.5", "dataflow.batch.replay_capacity=2", "dataflow.feeder.min_backlog=2"
+    )
+    await bus.bootstrap(["policy"])
+    seen = []
+    for _ in range(5):
+        for batch in await cycle(bus, df):
+            seen.append(batch)
+    assert len(seen) >= 4
+    first, *rest = seen
+    assert first.replayed_uids == []  # nothing trained yet
+    trained = set(first.group_uids)
+    for b in rest:
+        assert len(b.replayed_uids) == 1 and len(b.groups) == 2  # 4 of 8 samples replayed
+        assert set(b.replayed_uids) <= trained
+        trained |= set(b.group_uids)
+    assert await bus.redis.zcard(bus.keys.replay("policy")) == 2  # bounded
+    assert await bus.redis.hlen(bus.keys.samples("policy")) == 2  # nothing else kept
+    ledger = await ledger_of(bus, df)
+    assert ledger.models["policy"].replayed == len(seen) - 1
+
+
+async def test_zero_variance_and_failed_groups_are_dropped_and_counted():
+    bus, df = make("dataflow.feeder.min_backlog=3", "dataflow.collector.filters=[drop_truncated]")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 1, lambda g, i: 1.0)  # all correct: no signal
+    bad = RolloutGroup(uid="", raas="r", version=0, trajectories=[], error="engine died", models=["policy"])
+    entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
+    bad = RolloutGroup(**{**vars(bad), "uid": entries[0].fields["uid"].decode()})
+    await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, encode(bad))])])
+    await roll_out(bus, 1, lambda g, i: float(i % 2))
+    await df.collector.step(1)
+    ledger = await ledger_of(bus, df)
+    assert ledger.models["policy"].dropped == {"zero_variance": 1, "failed": 1}
+    assert ledger.models["policy"].ready == 1
+
+
+async def test_malformed_rollout_is_dead_lettered_and_the_collector_goes_on():
+    bus, df = make("dataflow.feeder.min_backlog=2")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
+    uid = entries[0].fields["uid"]
+    garbage = {"kind": b"rollout_group", "schema": b"1", "uid": uid, "data": b"\xc1not msgpack"}
+    await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, garbage)])])
+    await roll_out(bus, 1, lambda g, i: float(i % 2))
+    await df.collector.step(1)
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert b"not valid msgpack" in dead[b"reason"] and dead[b"field.uid"] == uid
+    ledger = await ledger_of(bus, df)
+    assert (ledger.dead, ledger.collected, ledger.in_flight) == (1, 1, 0)
+    trace = await read_trace(bus, uid.decode())
+    assert "dead-lettered from rollouts: DecodeError" in render_trace(uid.decode(), trace, ["policy"])
+
+
+async def test_without_raas_the_feeder_stops_at_the_capacity_bound():
+    bus, df = make("dataflow.feeder.min_backlog=5", "dataflow.feeder.backlog_factor=2")
+    await bus.bootstrap(["policy"])
+    for _ in range(5):
+        await df.feeder.step()
+    assert await bus.redis.xlen(bus.keys.prompts) == 5
+    assert (await df.feeder.step())[0] == "full"
+    # A RaaS with 6 slots joins: the bound becomes 2 x 6.
+    beat = Heartbeat(
+        uid="w",
+        region="r",
+        capacity=6,
+        in_flight=0,
+        versions={},
+        endpoint=None,
+        started_at=time.time(),
+        updated_at=time.time(),
+    )
+    await bus.redis.hset(bus.keys.raas("w"), mapping=encode(beat))
+    df.feeder._pool = (0.0, 0)  # forget the cached pool size
+    for _ in range(5):
+        await df.feeder.step()
+    assert await bus.redis.xlen(bus.keys.prompts) == 12
+
+
+async def test_feeder_stops_while_the_ready_sets_are_full():
+    bus, df = make("dataflow.feeder.min_backlog=8", "dataflow.feeder.max_ready_batches=1")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 8, lambda g, i: float(i % 2))
+    await df.collector.step(1)  # 8 groups ready; a batch holds 2
+    assert (await df.feeder.step()) == ("full", 0)
+
+
+async def test_replicas_share_one_cursor_and_each_epoch_covers_every_row_once():
+    bus, df = make("dataflow.feeder.min_backlog=1000", "dataflow.dataset.size=20")
+    other = Dataflow(df.settings, bus, "df-2")
+    await bus.bootstrap(["policy"])
+    for _ in range(2):
+        await df.feeder.step()
+        await other.feeder.step()
+    uids = [f[b"uid"].decode() for _, f in await bus.redis.xrange(bus.keys.prompts)]
+    assert len(uids) == len(set(uids)) >= 40
+    for epoch in (0, 1):
+        rows = sorted(int(u.split("r")[1]) for u in uids if u.startswith(f"e{epoch}r"))
+        assert rows == list(range(20))
+    orders = [[u for u in uids if u.startswith(f"e{e}r")] for e in (0, 1)]
+    assert orders[0] != orders[1]  # reshuffled each epoch
+
+
+async def test_filter_solved_skips_prompts_that_are_solved():
+    bus, df = make(
+        "dataflow.feeder.curator=filter_solved",
+        "dataflow.dataset.size=4",
+        "dataflow.feeder.min_backlog=4",
+        "dataflow.feeder.solved_alpha=1.0",
+    )
+    await bus.bootstrap(["policy"])
+    solved = {0, 1}
+    reward = lambda g, i: 1.0 if int(g.uid.split("r")[1]) in solved else float(i % 2)  # noqa: E731
+    await cycle(bus, df, reward)
+    await df.feeder.step()  # from epoch 1 on, rows 0 and 1 are skipped
+    uids = [f[b"uid"].decode() for _, f in await bus.redis.xrange(bus.keys.prompts)]
+    assert sorted(u for u in uids if u.startswith("e1")) == ["e1r2", "e1r3"]
+    assert not [u for u in uids if not u.startswith("e0") and u.split("r")[1] in ("0", "1")]
+    assert (await ledger_of(bus, df)).skipped >= 2
+
+
+async def test_greso_submits_always_solved_prompts_less_and_less():
+    bus, df = make(
+        "dataflow.feeder.curator=greso",
+        "dataflow.dataset.size=20",
+        "dataflow.feeder.min_backlog=20",
+        "dataflow.batch.size=1000",  # nothing is formed; only the feeding matters
+        "dataflow.feeder.max_ready_batches=100",
+    )
+    await bus.bootstrap(["policy"])
+    easy = set(range(10))
+    row = lambda g: int(g.uid.split("r")[1])  # noqa: E731
+    reward = lambda g, i: 1.0 if row(g) in easy else float(i % 2)  # noqa: E731
+    version = 0
+    for _ in range(40):  # 40 rounds of ~one epoch each, a version per round
+        await df.feeder.step()
+        await roll_out(bus, 100, reward)
+        while await df.collector.step(1):
+            pass
+        version += 1
+        await publish_version(bus, "policy", version)
+        await df.barrier.step(1)
+    uids = [f[b"uid"].decode() for _, f in await bus.redis.xrange(bus.keys.prompts)]
+    epoch_of = lambda u: int(u[1:].split("r")[0])  # noqa: E731
+    last = max(map(epoch_of, uids))  # the last epoch may be partly fed: left out
+    late = [u for u in uids if last // 2 <= epoch_of(u) < last]
+    n_epochs = last - last // 2
+    easy_rate = sum(int(u.split("r")[1]) in easy for u in late) / (10 * n_epochs)
+    hard_rate = sum(int(u.split("r")[1]) not in easy for u in late) / (10 * n_epochs)
+    assert hard_rate == 1.0  # prompts with a learning signal are always submitted
+    assert easy_rate < 0.2  # always-solved ones fall toward the floor (0.05)
+    p = await bus.redis.hgetall(bus.keys.curator("greso"))
+    # No all-wrong groups at all: p_hard climbs to 1. All-solved ones hold p_easy down near the share
+    # where they make up the target 10% of what is collected.
+    assert float(p[b"p_hard"]) == 1.0
+    assert float(p[b"p_easy"]) < 1.0
+
+
+async def test_barrier_announces_only_versions_every_model_has_and_flags_eval():
+    bus, df = make(models=("solver", "verifier"))
+    await bus.bootstrap(["solver", "verifier"])
+
+    async def notices() -> list[VersionNotice]:
+        return [decode(f, VersionNotice) for _, f in await bus.redis.xrange(bus.keys.notices)]
+
+    await publish_version(bus, "solver", 0)
+    await publish_version(bus, "solver", 1)
+    await df.barrier.step(1)
+    assert await notices() == []  # the verifier has no version yet
+    await publish_version(bus, "verifier", 0)
+    await df.barrier.step(1)
+    assert [n.version for n in await notices()] == [0]
+    await publish_version(bus, "verifier", 1)
+    await publish_version(bus, "solver", 2, eval_=True)
+    await publish_version(bus, "solver", 3)
+    await df.barrier.step(1)
+    assert [n.version for n in await notices()] == [0, 1]
+    await publish_version(bus, "verifier", 2, eval_=True)
+    await publish_version(bus, "verifier", 3)
+    await df.barrier.step(1)
+    got = await notices()
+    assert [(n.version, n.eval) for n in got] == [(0, False), (1, False), (2, True), (3, False)]
+    for n in got:
+        assert n.models == {"solver": n.version, "verifier": n.version}
+        assert n.manifests == {m: bus.keys.weights(m, n.version) for m in ("solver", "verifier")}
+
+
+async def test_two_models_have_their_own_ready_sets_and_batches():
+    bus, df = make("dataflow.feeder.min_backlog=2", models=("solver", "verifier"))
+    await bus.bootstrap(["solver", "verifier"])
+    batches = await cycle(bus, df)
+    assert sorted(b.model for b in batches) == ["solver", "verifier"]
+    assert all(len(b.groups) == 2 for b in batches)
+    ledger = await ledger_of(bus, df)
+    assert ledger.collected == 2 and all(m.trained == 2 for m in ledger.models.values())
+
+
+async def test_a_rollout_for_an_unknown_group_is_acknowledged_not_counted():
+    bus, df = make()
+    await bus.bootstrap(["policy"])
+    stray = RolloutGroup(uid="nobody", raas="r", version=0, trajectories=[trajectory("policy", 1.0, 0)])
+    await bus.publish(Out(bus.keys.rollouts, encode(stray)))
+    await df.collector.step(1)
+    ledger = await ledger_of(bus, df)
+    assert (ledger.unknown, ledger.collected) == (1, 0)
+    assert await df.collector.step(1) == 0  # acknowledged
+
+
+@pytest.mark.parametrize("bad", [{"model": "other"}, {"uid": "has space"}])
+async def test_rollouts_that_do_not_belong_to_the_run_are_dead_lettered(bad):
+    bus, df = make()
+    await bus.bootstrap(["policy"])
+    traj = trajectory(bad.get("model", "policy"), 1.0, 0)
+    msg = RolloutGroup(uid=bad.get("uid", "u"), raas="r", version=0, trajectories=[traj])
+    await bus.publish(Out(bus.keys.rollouts, encode(msg)))
+    await df.collector.step(1)
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"reason"].startswith(b"DecodeError: ")
