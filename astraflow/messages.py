@@ -9,8 +9,10 @@ A message travels as a flat field map: small human-readable headers (`kind`, `sc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -109,18 +111,27 @@ class SampleGroup(Message):
     min_version: int
     """Oldest weight version among the group's trained tokens (its staleness)."""
     max_version: int
-    trajectories: list[Trajectory]
+    rollout: bytes
+    """The RolloutGroup's `data` exactly as the RaaS published it: token arrays are never re-encoded."""
+    indices: list[int]
+    """Which of the rollout's trajectories this group trains, in order."""
     advantages: np.ndarray
-    """float32 [len(trajectories)]: normalised advantage per trajectory."""
+    """float32 [len(indices)]: normalised advantage per trajectory."""
     submitted_version: int = 0
     raas: str = ""
 
+    @functools.cached_property
+    def trajectories(self) -> list[Trajectory]:
+        """The trajectories at `indices` (decoded on first use; DecodeError if the rollout is bad)."""
+        group = unpack(RolloutGroup, self.rollout, path=f"g:{self.uid}.rollout")
+        if any(not 0 <= i < len(group.trajectories) for i in self.indices):  # type: ignore[attr-defined]
+            raise DecodeError(f"g:{self.uid}.indices: out of range")
+        return [group.trajectories[i] for i in self.indices]  # type: ignore[attr-defined]
+
     def _check(self) -> None:
-        if self.advantages.shape != (len(self.trajectories),):
-            n = len(self.trajectories)
+        if self.advantages.shape != (len(self.indices),):
+            n = len(self.indices)
             raise DecodeError(f"sample_group.advantages: shape {self.advantages.shape} != ({n},)")
-        for traj in self.trajectories:
-            traj._check()
 
 
 @dataclass(frozen=True, eq=False)
@@ -327,9 +338,19 @@ def _text(fields: dict[str, Any], name: str) -> str:
     raise DecodeError(f"{name}: missing header field")
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_LEAVES = (str, int, float, bool, bytes, np.ndarray, type(None))
+
+
 def _to_plain(value: Any) -> Any:
+    if isinstance(value, _LEAVES):
+        return value
     if isinstance(value, Message):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        cls = type(value)
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        return {name: _to_plain(getattr(value, name)) for name in names}
     if isinstance(value, list | tuple):
         return [_to_plain(v) for v in value]
     if isinstance(value, dict):
@@ -360,45 +381,91 @@ def _unpack_array(code: int, payload: bytes) -> np.ndarray:
         raise DecodeError(f"data: bad array ({type(e).__name__}: {e})") from None
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+Converter = Callable[[Any, str], Any]
+_CONVERTERS: dict[Any, Converter] = {}
 
 
 def _from_plain(tp: Any, value: Any, path: str) -> Any:
     """Check `value` against the annotation `tp` and build dataclasses; DecodeError names `path`."""
+    return _converter(tp)(value, path)
+
+
+def _converter(tp: Any) -> Converter:
+    """A checker/builder for values of annotation `tp`, built once per annotation (decoding is hot)."""
+    conv = _CONVERTERS.get(tp)
+    if conv is None:
+        conv = _CONVERTERS[tp] = _build_converter(tp)
+    return conv
+
+
+def _build_converter(tp: Any) -> Converter:
     origin = typing.get_origin(tp)
     if tp is Any:
-        return value
+        return lambda value, path: value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_plain(inner[0], value, path)
+        args = typing.get_args(tp)
+        optional = type(None) in args
+        inner = _converter(next(a for a in args if a is not type(None)))
+        return lambda value, path: None if value is None and optional else inner(value, path)
     if origin is list:
-        (item,) = typing.get_args(tp)
-        _expect(isinstance(value, list), path, "a list", value)
-        return [_from_plain(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        item = _converter(typing.get_args(tp)[0])
+
+        def to_list(value: Any, path: str) -> list:
+            _expect(isinstance(value, list), path, "a list", value)
+            return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+        return to_list
     if origin is dict:
-        _, item = typing.get_args(tp)
-        _expect(isinstance(value, dict), path, "a map", value)
-        return {k: _from_plain(item, v, f"{path}.{k}") for k, v in value.items()}
+        entry = _converter(typing.get_args(tp)[1])
+
+        def to_dict(value: Any, path: str) -> dict:
+            _expect(isinstance(value, dict), path, "a map", value)
+            return {k: entry(v, f"{path}.{k}") for k, v in value.items()}
+
+        return to_dict
     if isinstance(tp, type) and issubclass(tp, Message):
-        _expect(isinstance(value, dict), path, "a map", value)
-        hints = _HINTS.get(tp) or _HINTS.setdefault(tp, typing.get_type_hints(tp))
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in value:
-                kwargs[f.name] = _from_plain(hints[f.name], value[f.name], f"{path}.{f.name}")
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise DecodeError(f"{path}.{f.name}: missing")
-        return tp(**kwargs)
+        return _message_converter(tp)
     if tp is float:
-        _expect(isinstance(value, int | float) and not isinstance(value, bool), path, "a number", value)
-        return float(value)
+
+        def to_float(value: Any, path: str) -> float:
+            _expect(isinstance(value, int | float) and not isinstance(value, bool), path, "a number", value)
+            return float(value)
+
+        return to_float
     if tp is int:
-        _expect(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
+
+        def to_int(value: Any, path: str) -> int:
+            _expect(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
+            return value
+
+        return to_int
+
+    def check(value: Any, path: str) -> Any:
+        _expect(isinstance(value, tp), path, tp.__name__, value)
         return value
-    _expect(isinstance(value, tp), path, tp.__name__, value)
-    return value
+
+    return check
+
+
+def _message_converter(cls: type[Message]) -> Converter:
+    hints = typing.get_type_hints(cls)
+    specs: list[tuple[str, Converter, bool]] = []
+
+    def build(value: Any, path: str) -> Message:
+        _expect(isinstance(value, dict), path, "a map", value)
+        kwargs = {}
+        for name, conv, required in specs:
+            if name in value:
+                kwargs[name] = conv(value[name], f"{path}.{name}")
+            elif required:
+                raise DecodeError(f"{path}.{name}: missing")
+        return cls(**kwargs)
+
+    _CONVERTERS[cls] = build  # before the fields: a message may contain its own kind
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append((f.name, _converter(hints[f.name]), required))
+    return build
 
 
 def _expect(ok: bool, path: str, what: str, value: Any) -> None:

@@ -24,15 +24,26 @@ class Collector:
         self.judge = Judge(self.settings, store.models)
 
     async def step(self, block_ms: int | None) -> int:
-        """Read up to `collector.read_count` rollout entries and settle them; returns entries settled."""
+        """Read up to `collector.read_count` rollout entries and settle them; returns entries read."""
+        n, items = await self.prepare(block_ms)
+        await self.commit(items)
+        return n
+
+    async def prepare(self, block_ms: int | None) -> tuple[int, list[Collected]]:
+        """Read and judge the next entries (bad ones are dead-lettered); returns (entries read, decisions).
+        The caller may prepare the next entries while the last decisions are being committed."""
         entries = await self.consumer.read(self.settings.read_count, block_ms)
         items: list[Collected] = []
         for entry in entries:
             item = await self._judge(entry)
             if item is not None:
                 items.append(item)
+        return len(entries), items
+
+    async def commit(self, items: list[Collected]) -> None:
+        """Settle decided entries in one atomic step."""
         if not items:
-            return len(entries)
+            return
         try:
             replies = await self.store.collect(self.consumer.name, items)
         finally:
@@ -42,7 +53,6 @@ class Collector:
                 log.warning("rollout_not_settled", uid=item.uid, status=status)
             else:
                 log.debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
-        return len(entries)
 
     async def _judge(self, entry: Entry) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released."""
@@ -53,7 +63,7 @@ class Collector:
             unknown = {t.model for t in group.trajectories} - set(self.store.models)
             if unknown:
                 raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
-            return self.judge(entry.id, group)
+            return self.judge(entry.id, group, entry.fields["data"])
         except DecodeError as e:
             log.error("rollout_dead_lettered", id=entry.id, error=str(e))
             await self.consumer.dead_letter(entry, f"DecodeError: {e}")

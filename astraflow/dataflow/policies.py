@@ -55,6 +55,15 @@ def advantages(rewards: np.ndarray, how: str, epsilon: float) -> np.ndarray:
     return adv.astype(np.float32)
 
 
+def _version_range(trajectories: Sequence[Trajectory]) -> tuple[int, int] | None:
+    """(oldest, newest) weight version of the trained tokens of `trajectories`; None when they have none."""
+    if not trajectories:
+        return None
+    versions = np.concatenate([t.versions for t in trajectories])
+    trained = versions[np.concatenate([t.loss_mask for t in trajectories]) != 0]
+    return (int(trained.min()), int(trained.max())) if len(trained) else None
+
+
 class Judge:
     """Decides each model's part of a rollout group under the collector settings."""
 
@@ -62,46 +71,50 @@ class Judge:
         self.settings, self.models = settings, list(models)
         self.filters = [(name, resolve_filter(name)) for name in settings.filters]
 
-    def __call__(self, entry_id: str, group: RolloutGroup) -> Collected:
+    def __call__(self, entry_id: str, group: RolloutGroup, raw: bytes) -> Collected:
+        """Decide `group`, whose `data` bytes are `raw` (kept as they are in the accepted parts)."""
         models = group.models or sorted({t.model for t in group.trajectories}) or self.models
-        parts = [self._part(group, m) for m in models]
+        decided = [self._part(group, raw, m) for m in models]
+        parts = [part for part, _ in decided]
+        ranges = [r for _, r in decided if r is not None]
         first = [t.reward for t in group.trajectories if t.model == models[0] and t.error is None]
-        versions = [int(v) for t in group.trajectories for v in t.versions[t.loss_mask.astype(bool)]]
         trace = {"raas": group.raas}
-        if versions:
-            trace["token_versions"] = f"{min(versions)}..{max(versions)}"
+        if ranges:
+            trace["token_versions"] = f"{min(r[0] for r in ranges)}..{max(r[1] for r in ranges)}"
         if group.error:
             trace["error"] = group.error[:500]
         return Collected(
             entry_id=entry_id,
             uid=group.uid,
             parts=parts,
-            mean_reward=float(np.mean(first)) if first else None,
-            zero_variance=len(first) > 1 and float(np.ptp(first)) == 0.0,
+            mean_reward=sum(first) / len(first) if first else None,
+            zero_variance=len(first) > 1 and min(first) == max(first),
             trace=trace,
         )
 
-    def _part(self, group: RolloutGroup, model: str) -> Part:
-        ok = [t for t in group.trajectories if t.model == model and t.error is None]
-        trained = [t.versions[t.loss_mask.astype(bool)] for t in ok]
-        if group.error or not ok or not any(len(v) for v in trained):
-            return Part(model, FAILED, 0, len(ok))
-        min_version = int(min(v.min() for v in trained if len(v)))
-        max_version = int(max(v.max() for v in trained if len(v)))
-        rewards = np.array([t.reward for t in ok])
-        if self.settings.dynamic_sampling and len(ok) > 1 and float(np.ptp(rewards)) == 0.0:
-            return Part(model, ZERO_VARIANCE, min_version, len(ok))
+    def _part(self, group: RolloutGroup, raw: bytes, model: str) -> tuple[Part, tuple[int, int] | None]:
+        """The part of `model` and the version range of its trained tokens."""
+        mine = [i for i, t in enumerate(group.trajectories) if t.model == model and t.error is None]
+        ok = [group.trajectories[i] for i in mine]
+        versions = _version_range(ok)
+        if group.error or versions is None:
+            return Part(model, FAILED, 0, len(ok)), versions
+        min_version, max_version = versions
+        rewards = [t.reward for t in ok]
+        if self.settings.dynamic_sampling and len(ok) > 1 and min(rewards) == max(rewards):
+            return Part(model, ZERO_VARIANCE, min_version, len(ok)), versions
         for name, keep in self.filters:
             if not keep(model, ok):
-                return Part(model, f"filter:{name}", min_version, len(ok))
+                return Part(model, f"filter:{name}", min_version, len(ok)), versions
         samples = SampleGroup(
             uid=group.uid,
             model=model,
             min_version=min_version,
             max_version=max_version,
-            trajectories=ok,
-            advantages=advantages(rewards, self.settings.normalize, self.settings.epsilon),
+            rollout=raw,
+            indices=mine,
+            advantages=advantages(np.array(rewards), self.settings.normalize, self.settings.epsilon),
             submitted_version=group.version,
             raas=group.raas,
         )
-        return Part(model, "", min_version, len(ok), pack(samples))
+        return Part(model, "", min_version, len(ok), pack(samples)), versions

@@ -86,9 +86,18 @@ class Dataflow:
                 await asyncio.sleep(interval)
 
     async def _collect(self) -> None:
-        while True:
-            if await self.collector.step(self.bus.settings.block_ms):
-                self._collected.set()
+        """Judge the next entries while the last ones are committed (Python and Redis work overlap)."""
+        committing: asyncio.Task | None = None
+        try:
+            while True:
+                n, items = await self.collector.prepare(self.bus.settings.block_ms)
+                if committing is not None:
+                    await committing
+                    self._collected.set()
+                committing = asyncio.create_task(self.collector.commit(items)) if n else None
+        finally:
+            if committing is not None:
+                await cancel_and_wait([committing])
 
     async def _form(self) -> None:
         while True:

@@ -104,7 +104,8 @@ class Store:
             index[m] = len(keys) + 1
             keys += [k.ready(m), k.samples(m)]
         args: list = [GROUP_DATAFLOW, consumer, s.max_staleness_steps, k.prefix, s.trace_retention_s]
-        args += [s.collector.order, s.feeder.solved_alpha, f"{time.time():.3f}", len(items)]
+        curator = "" if s.feeder.curator == "accept_all" else s.feeder.curator
+        args += [s.collector.order, s.feeder.solved_alpha, f"{time.time():.3f}", curator, len(items)]
         for it in items:
             mean = "" if it.mean_reward is None else repr(it.mean_reward)
             args += [it.entry_id, it.uid, mean, int(it.zero_variance), len(it.trace)]
@@ -120,6 +121,7 @@ class Store:
         """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired)."""
         k, s, b = self.keys, self.settings, self.settings.batch
         keys = [k.ready(model), k.samples(model), k.replay(model), k.batches(model), k.ledger, k.state]
+        keys.append(k.formed(model))
         quota = round(b.replay_ratio * b.size)
         capacity = b.replay_capacity if b.replay_ratio > 0 else 0
         args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]

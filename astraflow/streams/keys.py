@@ -97,6 +97,10 @@ class Keys:
         """Hash: group uid -> its encoded SampleGroup, while it is ready or in the replay set."""
         return self._k(f"samples:{model}")
 
+    def formed(self, model: str) -> str:
+        """Sorted set (by id): batch entries of `model` formed and not yet delivered to its trainer."""
+        return self._k(f"formed:{model}")
+
     def trace(self, uid: str) -> str:
         """Hash with a TTL: the lineage of one prompt group."""
         return self._k(f"trace:{uid}")

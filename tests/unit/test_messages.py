@@ -24,6 +24,7 @@ from astraflow.messages import (
     decode_batch,
     encode,
     encode_batch,
+    pack,
 )
 
 text = st.text(max_size=12)
@@ -56,13 +57,16 @@ def trajectories(draw):
 @st.composite
 def sample_groups(draw, uid=None):
     trajs = draw(st.lists(trajectories(), max_size=3))
-    adv = draw(hnp.arrays(np.float32, len(trajs), elements=st.floats(-5, 5, width=32)))
+    indices = draw(st.lists(st.sampled_from(range(len(trajs))), max_size=3)) if trajs else []
+    adv = draw(hnp.arrays(np.float32, len(indices), elements=st.floats(-5, 5, width=32)))
+    rollout = RolloutGroup(uid="u", raas="r", version=0, trajectories=trajs)
     return SampleGroup(
         uid=uid if uid is not None else draw(text),
         model=draw(names),
         min_version=draw(ints),
         max_version=draw(ints),
-        trajectories=trajs,
+        rollout=pack(rollout),
+        indices=indices,
         advantages=adv,
         submitted_version=draw(ints),
         raas=draw(text),
@@ -187,7 +191,10 @@ def test_round_trip(msg):
 @given(batches())
 def test_batch_round_trip(batch):
     fields = encode_batch(batch)
-    assert same(decode_batch(fields), batch)
+    decoded = decode_batch(fields)
+    assert same(decoded, batch)
+    for got, sent in zip(decoded.groups, batch.groups, strict=True):
+        assert same(got.trajectories, sent.trajectories)  # the rollout's arrays, as published
     assert fields["groups"] == " ".join(batch.group_uids).encode()  # readable in redis-cli
 
 

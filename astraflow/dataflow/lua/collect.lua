@@ -1,21 +1,47 @@
 -- Collector: settle rollout groups, atomically with their XACK. Per group and model the part is stored
 -- in the ready set or dropped with its reason, and counted in the ledger; the prompt's curator state
--- (success EWMA, zero-variance streak) is updated. The staleness check runs here, against the trainer
--- version at this instant, so no version bump can slip between the check and the store.
+-- (success EWMA, zero-variance streak) is updated when a curator reads it. The staleness check runs
+-- here, against the trainer version at this instant, so no version bump slips between check and store.
 -- KEYS[1] rollouts, KEYS[2] in-flight set, KEYS[3] ledger, KEYS[4] state, KEYS[5] curator ewma hash,
 -- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8..] per model: ready set, samples hash
 -- ARGV: group, consumer, max_staleness, key_prefix, trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
---   n_items, then per item: entry_id, uid, mean_reward ('' = none), zero_var ('1'/'0'), n_trace,
---   trace pairs..., n_parts, then per part: model, ready_index, reason ('' = accept), min_version,
---   n_samples, payload
+--   curator ('' = none reads the state, 'filter_solved', 'greso'), n_items, then per item: entry_id, uid,
+--   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
+--   ready_index, reason ('' = accept), min_version, n_samples, payload
 -- Returns per item: {status, outcome per part...}; status 'ok', 'dup' (already settled), 'lost' (another
 -- consumer owns the entry) or 'unknown' (its uid was not in flight: a duplicate rollout, only acked).
 local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ewma_key, streak_key, greso = KEYS[5], KEYS[6], KEYS[7]
 local group, consumer, max_staleness, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local ttl, order, alpha, now, n_items = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local ttl, order, alpha, now, curator = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
+local n_items = tonumber(ARGV[10])
 
-local replies, pos = {}, 10
+local count, flush = counter()
+local versions = {}  -- trainer version per model, read once
+local seq = tonumber(redis.call('HGET', state, 'seq') or '0')
+
+local function update_curator(uid, mean, zero_var)
+  local row = redis.call('HGET', prefix .. 'trace:' .. uid, 'row')
+  if not row or mean == '' then return end
+  local m = tonumber(mean)
+  if curator == 'filter_solved' then
+    local old = tonumber(redis.call('HGET', ewma_key, row) or mean)
+    redis.call('HSET', ewma_key, row, tostring(alpha * m + (1 - alpha) * old))
+  elseif curator == 'greso' then
+    redis.call('HINCRBY', greso, 'collected', 1)
+    if zero_var then
+      local kind = m >= 0.5 and 'easy' or 'hard'
+      local n, was = string.match(redis.call('HGET', streak_key, row) or '', '^(%d+) (%a+)$')
+      local streak = was == kind and tonumber(n) or 0
+      redis.call('HSET', streak_key, row, (streak + 1) .. ' ' .. kind)
+      redis.call('HINCRBY', greso, 'zero_var_' .. kind, 1)
+    else
+      redis.call('HDEL', streak_key, row)
+    end
+  end
+end
+
+local replies, pos = {}, 11
 for i = 1, n_items do
   local id, uid, mean, zero_var = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3] == '1'
   local n_trace = tonumber(ARGV[pos + 4])
@@ -29,56 +55,41 @@ for i = 1, n_items do
   if status == 'ok' then
     redis.call('XACK', rollouts, group, id)
     if redis.call('SREM', in_flight, uid) == 0 then
-      redis.call('HINCRBY', ledger, 'unknown', 1)
+      count('unknown', 1)
       reply[1] = 'unknown'
     else
-      redis.call('HINCRBY', ledger, 'collected', 1)
+      count('collected', 1)
       trace_pairs[#trace_pairs + 1] = 'collected_at'
       trace_pairs[#trace_pairs + 1] = now
       for j = 0, n_parts - 1 do
         local p = parts_at + 6 * j
-        local model, ready, reason = ARGV[p], KEYS[tonumber(ARGV[p + 1])], ARGV[p + 2]
+        local model, index, reason = ARGV[p], tonumber(ARGV[p + 1]), ARGV[p + 2]
         local minv, n = tonumber(ARGV[p + 3]), ARGV[p + 4]
-        if reason == '' and trainer_version(state, model) - minv > max_staleness then
-          reason = 'stale_ingest'
-        end
-        redis.call('HINCRBY', ledger, model .. ':collected', 1)
+        versions[model] = versions[model] or trainer_version(state, model)
+        if reason == '' and versions[model] - minv > max_staleness then reason = 'stale_ingest' end
+        count(model .. ':collected', 1)
         if reason == '' then
-          local seq = redis.call('HINCRBY', state, 'seq', 1)
-          local score = order == 'edf' and minv + max_staleness or seq
-          redis.call('ZADD', ready, score, uid .. ' ' .. minv .. ' ' .. n)
-          redis.call('HSET', KEYS[tonumber(ARGV[p + 1]) + 1], uid, ARGV[p + 5])
-          redis.call('HINCRBY', ledger, model .. ':ready', 1)
+          seq = seq + 1
+          redis.call('ZADD', KEYS[index], order == 'edf' and minv + max_staleness or seq, uid .. ' ' .. minv .. ' ' .. n)
+          redis.call('HSET', KEYS[index + 1], uid, ARGV[p + 5])
+          count(model .. ':ready', 1)
           for _, f in ipairs({model, 'ready', model .. ':ready_seq', seq, model .. ':min_version', minv}) do
             trace_pairs[#trace_pairs + 1] = f
           end
           reply[#reply + 1] = 'ready'
         else
-          redis.call('HINCRBY', ledger, model .. ':dropped:' .. reason, 1)
+          count(model .. ':dropped:' .. reason, 1)
           trace_pairs[#trace_pairs + 1] = model
           trace_pairs[#trace_pairs + 1] = 'dropped: ' .. reason
           reply[#reply + 1] = reason
         end
       end
-      local row = redis.call('HGET', prefix .. 'trace:' .. uid, 'row')
-      if row and mean ~= '' then
-        local m = tonumber(mean)
-        local old = tonumber(redis.call('HGET', ewma_key, row) or mean)
-        redis.call('HSET', ewma_key, row, tostring(alpha * m + (1 - alpha) * old))
-        redis.call('HINCRBY', greso, 'collected', 1)
-        if zero_var then
-          local kind = m >= 0.5 and 'easy' or 'hard'
-          local count, was = string.match(redis.call('HGET', streak_key, row) or '', '^(%d+) (%a+)$')
-          local streak = was == kind and tonumber(count) or 0
-          redis.call('HSET', streak_key, row, (streak + 1) .. ' ' .. kind)
-          redis.call('HINCRBY', greso, 'zero_var_' .. kind, 1)
-        else
-          redis.call('HDEL', streak_key, row)
-        end
-      end
+      if curator ~= '' then update_curator(uid, mean, zero_var) end
       trace(prefix, uid, ttl, trace_pairs)
     end
   end
   replies[i] = reply
 end
+redis.call('HSET', state, 'seq', seq)
+flush(ledger)
 return replies

@@ -1,15 +1,26 @@
 -- Helpers shared by the dataflow's scripts (prepended to each one when it is registered).
 
--- Entries of `stream` that `group` has not been delivered yet, counted up to `cap`.
-local function undelivered(stream, group, cap)
-  if redis.call('EXISTS', stream) == 0 then return 0 end
-  local last = '0-0'
+-- The id of the last entry of `stream` delivered to `group` ('0-0' when none).
+local function last_delivered(stream, group)
+  if redis.call('EXISTS', stream) == 0 then return '0-0' end
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local info = {}
     for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-    if info['name'] == group then last = info['last-delivered-id'] end
+    if info['name'] == group then return info['last-delivered-id'] end
   end
-  return #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', cap)
+  return '0-0'
+end
+
+-- Entries of `stream` that `group` has not been delivered yet, counted up to `cap` (small entries only:
+-- XRANGE returns them whole).
+local function undelivered(stream, group, cap)
+  return #redis.call('XRANGE', stream, '(' .. last_delivered(stream, group), '+', 'COUNT', cap)
+end
+
+-- An entry id as a string that sorts like the id (for a lexicographic index of ids).
+local function sortable(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return string.format('%016.0f-%020.0f', tonumber(ms), tonumber(seq))
 end
 
 -- Entries delivered to `group` and not acknowledged yet.
@@ -43,4 +54,22 @@ local function trace(prefix, uid, ttl, pairs_)
   local key = prefix .. 'trace:' .. uid
   redis.call('HSET', key, unpack(pairs_))
   redis.call('EXPIRE', key, ttl)
+end
+
+-- Counter increments gathered during a script and written once per field at its end.
+local function counter()
+  local counts, order = {}, {}
+  local function add(field, n)
+    if counts[field] == nil then
+      counts[field] = 0
+      order[#order + 1] = field
+    end
+    counts[field] = counts[field] + n
+  end
+  local function flush(key)
+    for _, field in ipairs(order) do
+      if counts[field] ~= 0 then redis.call('HINCRBY', key, field, counts[field]) end
+    end
+  end
+  return add, flush
 end

@@ -2,18 +2,19 @@
 -- deadlines (or the oldest arrivals) plus a share of the replay set, write one batch entry, and move the
 -- trained groups into the bounded replay set - one atomic step. Groups are never split.
 -- KEYS[1] ready set, KEYS[2] samples hash, KEYS[3] replay set, KEYS[4] batches stream, KEYS[5] ledger,
--- KEYS[6] state
+-- KEYS[6] state, KEYS[7] formed index (ids of batch entries not yet delivered to the trainer)
 -- ARGV: model, max_staleness, size, unit ('samples'/'groups'), replay_quota (in units), replay_selection
 --   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, key_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
 -- replayed groups, expired groups}.
-local ready, samples, replay, batches, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local ready, samples, replay, batches, ledger, state, formed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local replay_quota, selection, capacity, prefetch = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local trainer_group, prefix, ttl, order, now = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 
 local version = trainer_version(state, model)
+local count, flush = counter()
 
 -- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set).
 local expired = {}
@@ -30,12 +31,17 @@ for _, member in ipairs(expired) do
   local seq = redis.call('HINCRBY', state, 'seq', 1)
   redis.call('ZREM', ready, member)
   redis.call('HDEL', samples, uid)
-  redis.call('HINCRBY', ledger, model .. ':ready', -1)
-  redis.call('HINCRBY', ledger, model .. ':dropped:stale_wait', 1)
+  count(model .. ':ready', -1)
+  count(model .. ':dropped:stale_wait', 1)
   trace(prefix, uid, ttl, {model, 'dropped: stale_wait', model .. ':expired_seq', seq})
 end
 
-if undelivered(batches, trainer_group, prefetch) >= prefetch then return {'full', '', 0, 0, #expired} end
+-- Batches are large: count the undelivered ones in the index of formed ids, not by reading entries.
+redis.call('ZREMRANGEBYLEX', formed, '-', '[' .. sortable(last_delivered(batches, trainer_group)))
+if redis.call('ZCARD', formed) >= prefetch then
+  flush(ledger)
+  return {'full', '', 0, 0, #expired}
+end
 
 local function units(n) return unit == 'samples' and n or 1 end
 
@@ -70,7 +76,10 @@ for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
   fresh[#fresh + 1] = member
   fresh_units = fresh_units + units(n)
 end
-if fresh_units + replayed_units < size then return {'wait', '', 0, 0, #expired} end
+if fresh_units + replayed_units < size then
+  flush(ledger)
+  return {'wait', '', 0, 0, #expired}
+end
 
 local seq = redis.call('HINCRBY', state, 'seq', 1)
 local batch_uid = model .. ':' .. redis.call('HINCRBY', state, 'batches:' .. model, 1)
@@ -88,15 +97,16 @@ for _, member in ipairs(replayed) do
   parts[#parts + 1] = 'g:' .. uid
   parts[#parts + 1] = redis.call('HGET', samples, uid)
 end
-redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1', 'uid', batch_uid, 'model', model,
+local batch_id = redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1', 'uid', batch_uid, 'model', model,
   'version', version, 'seq', seq, 'groups', table.concat(uids, ' '), 'replayed', table.concat(replayed_uids, ' '),
   unpack(parts))
+redis.call('ZADD', formed, 0, sortable(batch_id))
 
 for _, member in ipairs(fresh) do
   local uid = parse_member(member)
   redis.call('ZREM', ready, member)
-  redis.call('HINCRBY', ledger, model .. ':ready', -1)
-  redis.call('HINCRBY', ledger, model .. ':trained', 1)
+  count(model .. ':ready', -1)
+  count(model .. ':trained', 1)
   trace(prefix, uid, ttl, {model, 'trained', model .. ':batch', batch_uid, model .. ':batch_version', version,
     model .. ':batch_seq', seq, model .. ':batched_at', now})
   if capacity > 0 then
@@ -105,9 +115,8 @@ for _, member in ipairs(fresh) do
     redis.call('HDEL', samples, uid)
   end
 end
-for _, member in ipairs(replayed) do
-  redis.call('HINCRBY', ledger, model .. ':replayed', 1)
-end
+count(model .. ':replayed', #replayed)
+flush(ledger)
 -- Bound the replay set: the oldest trained groups leave first.
 local excess = redis.call('ZCARD', replay) - capacity
 if excess > 0 then

@@ -1,0 +1,202 @@
+"""Dataflow throughput: rollout groups through the collector and the batch former, vs raw redis-py.
+
+N rollout groups (8 samples of 256 tokens each: ids, logprobs, mask, versions) wait in `rollouts`; then R
+processes start together and the clock runs until every group is out:
+- astraflow: R dataflow replicas (collector + batch former loops of `Dataflow`): decode, validate,
+  normalise, re-encode, the atomic collect script (ack, staleness, ready set, ledger, lineage), and the
+  batch script (EDF selection, batch entry of 128 samples, ledger, lineage); done when the ledger counts
+  N groups trained.
+- raw: R processes doing XREADGROUP COUNT 64, then one pipeline of an XADD per entry (same payload) and
+  an XACK; done when N entries are out.
+Paths alternate within each round; the median of the rounds is shown. Redis keeps AOF (everysec) with
+automatic rewrites off.
+
+    python tests/bench/dataflow_throughput.py [--groups 3000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import redis.asyncio as aioredis
+
+from astraflow import redis_server
+from astraflow.config import load_settings
+from astraflow.dataflow.service import Dataflow
+from astraflow.messages import RolloutGroup, Trajectory, encode
+from astraflow.streams import Bus, Keys
+from astraflow.streams.connection import cancel_and_wait
+
+SAMPLES, TOKENS, MODEL, READ = 8, 256, "policy", 64
+
+
+def settings(url: str, run: str):
+    return load_settings(
+        None,
+        [
+            f"run.name={run}",
+            f"redis.url={url}",
+            "streams.block_ms=20",
+            "dataflow.batch.size=128",
+            "dataflow.batch.prefetch=1000000",  # no trainer here: nothing holds the former back
+            f"dataflow.collector.read_count={READ}",
+        ],
+    )
+
+
+def rollout(i: int) -> dict[str, bytes]:
+    rng = np.random.default_rng(i)
+    mask = np.zeros(TOKENS, np.uint8)
+    mask[32:] = 1
+    trajs = [
+        Trajectory(
+            model=MODEL,
+            token_ids=rng.integers(0, 32_000, TOKENS, dtype=np.int32),
+            logprobs=rng.normal(-1, 0.5, TOKENS).astype(np.float32),
+            loss_mask=mask,
+            versions=np.where(mask == 1, 0, -1).astype(np.int32),
+            reward=s / SAMPLES,  # all different: no group is dropped for zero variance
+        )
+        for s in range(SAMPLES)
+    ]
+    return encode(RolloutGroup(uid=f"g{i}", raas="bench", version=0, trajectories=trajs, models=[MODEL]))
+
+
+async def prefill(url: str, path: str, run: str, n: int) -> None:
+    r = aioredis.Redis.from_url(url, protocol=2)
+    keys = Keys(run)
+    stream = keys.rollouts if path == "astraflow" else f"{run}:in"
+    await r.xgroup_create(stream, "dataflow", id="0", mkstream=True)
+    for start in range(0, n, 200):
+        pipe = r.pipeline(transaction=False)
+        ids = range(start, min(n, start + 200))
+        for i in ids:
+            pipe.xadd(stream, rollout(i))
+        if path == "astraflow":  # the groups were submitted: they are in flight
+            pipe.sadd(keys.in_flight, *[f"g{i}" for i in ids]).hincrby(keys.ledger, "submitted", len(ids))
+        await pipe.execute()
+    await r.aclose()
+
+
+async def raw_worker(url: str, run: str, name: str, n: int) -> None:
+    await gate(url, run)
+    r = aioredis.Redis.from_url(url, protocol=2)
+    while await r.xlen(f"{run}:out") < n:
+        reply = await r.xreadgroup("dataflow", name, {f"{run}:in": ">"}, count=READ, block=20)
+        for _, entries in reply or []:
+            pipe = r.pipeline(transaction=False)
+            for _, fields in entries:
+                pipe.xadd(f"{run}:out", fields)
+            pipe.xack(f"{run}:in", "dataflow", *[i for i, _ in entries])
+            await pipe.execute()
+    await r.aclose()
+
+
+async def dataflow_worker(url: str, run: str, name: str, n: int) -> None:
+    s = settings(url, run)
+    bus = Bus.connect(url, run, s.redis, s.streams)
+    df = Dataflow(s, bus, name, rows=[{"prompt": "unused"}])
+    await gate(url, run)
+    tasks = [asyncio.create_task(df._forever(loop)) for loop in (df._collect, df._form)]
+    while int(await bus.redis.hget(bus.keys.ledger, f"{MODEL}:trained") or 0) < n:
+        await asyncio.sleep(0.005)
+    await cancel_and_wait(tasks)
+    await bus.close()
+
+
+def _proc(fn, *args) -> None:
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    asyncio.run(fn(*args))
+
+
+async def gate(url: str, run: str) -> None:
+    r = aioredis.Redis.from_url(url, protocol=2)
+    while not await r.exists(f"{run}:go"):
+        await asyncio.sleep(0.002)
+    await r.aclose()
+
+
+async def finish(url: str, path: str, run: str, n: int) -> float:
+    r = aioredis.Redis.from_url(url, protocol=2)
+    await r.set(f"{run}:go", 1)
+    started = time.perf_counter()
+    if path == "raw":
+        while await r.xlen(f"{run}:out") < n:
+            await asyncio.sleep(0.002)
+    else:
+        while int(await r.hget(Keys(run).ledger, f"{MODEL}:trained") or 0) < n:
+            await asyncio.sleep(0.002)
+    took = time.perf_counter() - started
+    await r.aclose()
+    return took
+
+
+def measure(url: str, path: str, run: str, n: int, replicas: int) -> float:
+    asyncio.run(prefill(url, path, run, n))
+    worker = dataflow_worker if path == "astraflow" else raw_worker
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_proc, args=(worker, url, run, f"w{i}", n)) for i in range(replicas)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # started, imported, connected
+    took = asyncio.run(finish(url, path, run, n))
+    for p in procs:
+        p.join(timeout=60)
+    return n / took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--groups", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    args.groups -= args.groups % (128 // SAMPLES)  # whole batches: every group ends in one
+    results: dict[tuple[int, str], list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        server = redis_server.start(tmp)
+        try:
+            asyncio.run(_no_rewrites(server.url))
+            for r in range(args.rounds):
+                for replicas in (1, 2):
+                    for path in ("raw", "astraflow"):
+                        run = f"{path}{r}r{replicas}"
+                        rate = measure(server.url, path, run, args.groups, replicas)
+                        results.setdefault((replicas, path), []).append(rate)
+                        asyncio.run(_flush(server.url))
+        finally:
+            server.stop()
+    print(
+        f"dataflow throughput: {args.groups} groups x {SAMPLES} samples x {TOKENS} tokens, "
+        f"median of {args.rounds} rounds"
+    )
+    print(f"{'replicas':<10}{'raw groups/s':>14}{'astraflow groups/s':>20}{'samples/s':>11}{'ratio':>8}")
+    for replicas in (1, 2):
+        raw = statistics.median(results[(replicas, "raw")])
+        ours = statistics.median(results[(replicas, "astraflow")])
+        print(f"{replicas:<10}{raw:>14.0f}{ours:>20.0f}{ours * SAMPLES:>11.0f}{ours / raw:>8.2f}")
+
+
+async def _no_rewrites(url: str) -> None:
+    """AOF stays on, but no automatic rewrite: its forked child would compete for the two cores at
+    random moments and skew whichever path it lands in."""
+    r = aioredis.Redis.from_url(url, protocol=2)
+    await r.config_set("auto-aof-rewrite-percentage", 0)
+    await r.aclose()
+
+
+async def _flush(url: str) -> None:
+    r = aioredis.Redis.from_url(url, protocol=2)
+    await r.flushall()
+    await r.aclose()
+
+
+if __name__ == "__main__":
+    main()
