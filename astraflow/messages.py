@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -270,11 +270,12 @@ def unpack(cls: type[Message], data: Any, max_bytes: int | None = None, path: st
     return msg
 
 
-def encode_batch(batch: Batch, parts: dict[str, bytes] | None = None) -> dict[str, bytes]:
-    """A batch entry: headers, `groups` and `replayed` (space-separated uids, readable in redis-cli) and
-    one field `g:<uid>` per group holding `pack(group)`; `parts` gives already packed groups by uid."""
-    parts = parts or {}
-    fields = {
+def encode_batch(batch: Batch, refs: Sequence[str]) -> dict[str, bytes]:
+    """A batch entry: readable headers, `groups` and `replayed` (space-separated uids) and `refs`: where
+    each group's packed SampleGroup is kept (fields of the `samples:<model>` hash), in group order."""
+    if len(refs) != len(batch.groups):
+        raise ValueError(f"{len(refs)} refs for {len(batch.groups)} groups")
+    return {
         "kind": Batch.KIND.encode(),
         "schema": str(SCHEMA).encode(),
         "uid": batch.uid.encode(),
@@ -282,14 +283,21 @@ def encode_batch(batch: Batch, parts: dict[str, bytes] | None = None) -> dict[st
         "version": str(batch.version).encode(),
         "groups": " ".join(g.uid for g in batch.groups).encode(),
         "replayed": " ".join(batch.replayed_uids).encode(),
+        "refs": " ".join(refs).encode(),
     }
-    for g in batch.groups:
-        fields[f"g:{g.uid}"] = parts.get(g.uid) or pack(g)
-    return fields
 
 
-def decode_batch(fields: dict[Any, Any], max_bytes: int | None = None) -> Batch:
-    """Decode a batch entry (see `encode_batch`); DecodeError names the bad field."""
+def batch_refs(fields: dict[Any, Any]) -> list[str]:
+    """The sample references of a batch entry (see `encode_batch`)."""
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+    return _text(fields, "refs").split()
+
+
+def decode_batch(
+    fields: dict[Any, Any], payloads: Sequence[bytes | None], max_bytes: int | None = None
+) -> Batch:
+    """Decode a batch entry and its groups' payloads (fetched by its `refs`, in order); DecodeError names
+    the bad field or group."""
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
     if _text(fields, "kind") != Batch.KIND:
         raise DecodeError(f"kind: expected {Batch.KIND!r}, got {_text(fields, 'kind')!r}")
@@ -300,7 +308,11 @@ def decode_batch(fields: dict[Any, Any], max_bytes: int | None = None) -> Batch:
     except ValueError:
         raise DecodeError("version: not an integer") from None
     uids = _text(fields, "groups").split()
-    groups = [unpack(SampleGroup, fields.get(f"g:{u}"), max_bytes, f"g:{u}") for u in uids]
+    if len(uids) != len(payloads):
+        raise DecodeError(f"refs: {len(payloads)} payloads for {len(uids)} groups")
+    groups = [
+        unpack(SampleGroup, data, max_bytes, f"group {u}") for u, data in zip(uids, payloads, strict=True)
+    ]
     return Batch(
         uid=_text(fields, "uid"),
         model=_text(fields, "model"),

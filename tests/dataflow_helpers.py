@@ -3,17 +3,19 @@ messages over the real streams, with rewards and token versions the test chooses
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 
 import numpy as np
 
+from astraflow.dataflow.store import fetch_batch
 from astraflow.messages import (
+    Heartbeat,
     PromptGroup,
     RolloutGroup,
     Trajectory,
     VersionPublished,
     decode,
-    decode_batch,
     encode,
 )
 from astraflow.streams import Bus, Out
@@ -60,6 +62,22 @@ async def roll_out(
     return uids
 
 
+async def heartbeat(bus: Bus, worker: str, slots: int) -> None:
+    """Announce a live RaaS with `slots` slots."""
+    now = time.time()
+    beat = Heartbeat(
+        uid=worker,
+        region="local",
+        capacity=slots,
+        in_flight=0,
+        versions={},
+        endpoint=None,
+        started_at=now,
+        updated_at=now,
+    )
+    await bus.redis.hset(bus.keys.raas(worker), mapping=encode(beat))
+
+
 async def publish_version(bus: Bus, model: str, version: int, eval_: bool = False) -> None:
     msg = VersionPublished(
         uid=f"{model}:{version}",
@@ -76,10 +94,7 @@ async def publish_version(bus: Bus, model: str, version: int, eval_: bool = Fals
 async def train(bus: Bus, model: str, count: int = 100) -> list:
     """Consume and acknowledge formed batches of `model` as its trainer; returns the decoded batches."""
     entries = await bus.read(bus.keys.batches(model), GROUP_TRAINER, "trainer-sim", count, None)
+    batches = [(e.fields, await fetch_batch(bus, e.fields)) for e in entries]  # before the ack frees them
     if entries:
         await bus.redis.xack(bus.keys.batches(model), GROUP_TRAINER, *[e.id for e in entries])
-    return [(e.fields, decode_batch(e.fields)) for e in entries]
-
-
-def all_batches(raw: Sequence) -> list:
-    return [decode_batch({k.decode(): v for k, v in fields.items()}) for _, fields in raw]
+    return batches

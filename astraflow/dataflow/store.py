@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from astraflow.dataflow.settings import DataflowSettings
-from astraflow.messages import VersionPublished
+from astraflow.messages import Batch, VersionPublished, batch_refs, decode_batch
 from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
@@ -51,6 +51,15 @@ class Collected:
     mean_reward: float | None
     zero_variance: bool
     trace: Mapping[str, str]
+
+
+async def fetch_batch(bus: Bus, fields: Mapping, max_bytes: int | None = None) -> Batch:
+    """A batch entry with its groups, read from where it refers to (valid until the trainer acks it)."""
+    refs = batch_refs(fields)
+    model = fields.get("model", fields.get(b"model", b""))
+    model = model.decode() if isinstance(model, bytes) else model
+    payloads = await bus.call(lambda: bus.redis.hmget(bus.keys.samples(model), refs)) if refs else []
+    return decode_batch(fields, payloads, max_bytes)
 
 
 class Store:
@@ -102,7 +111,7 @@ class Store:
         index = {}
         for m in self.models:
             index[m] = len(keys) + 1
-            keys += [k.ready(m), k.samples(m)]
+            keys += [k.ready(m), k.samples(m), k.refs(m)]
         args: list = [GROUP_DATAFLOW, consumer, s.max_staleness_steps, k.prefix, s.trace_retention_s]
         curator = "" if s.feeder.curator == "accept_all" else s.feeder.curator
         args += [s.collector.order, s.feeder.solved_alpha, f"{time.time():.3f}", curator, len(items)]
@@ -113,15 +122,26 @@ class Store:
                 args += [name, value]
             args.append(len(it.parts))
             for p in it.parts:
-                args += [p.model, index[p.model], p.reason, p.min_version, p.n_samples, p.payload]
-        replies = await self._run("collect", keys, args)
+                args += [p.model, index[p.model], p.reason, p.min_version, p.n_samples]
+
+        async def transaction():
+            # The bytes go in as plain HSETs (fast), the decisions in the script, all in one MULTI.
+            async with self.bus.redis.pipeline(transaction=True) as pipe:
+                for it in items:
+                    for p in it.parts:
+                        if not p.reason:
+                            pipe.hset(k.samples(p.model), it.entry_id, p.payload)
+                await self._scripts["collect"](keys=keys, args=args, client=pipe)
+                return (await pipe.execute())[-1]
+
+        replies = await self.bus.call(transaction)
         return [[x.decode() for x in r] for r in replies]
 
     async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int]:
         """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired)."""
         k, s, b = self.keys, self.settings, self.settings.batch
-        keys = [k.ready(model), k.samples(model), k.replay(model), k.batches(model), k.ledger, k.state]
-        keys.append(k.formed(model))
+        keys = [k.ready(model), k.samples(model), k.refs(model), k.replay(model), k.batches(model)]
+        keys += [k.ledger, k.state, k.formed(model)]
         quota = round(b.replay_ratio * b.size)
         capacity = b.replay_capacity if b.replay_ratio > 0 else 0
         args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]

@@ -86,7 +86,7 @@ class Keys:
         return self._k(f"curator:{name}")
 
     def ready(self, model: str) -> str:
-        """Sorted set of accepted groups waiting for a batch; member `uid min_version n_samples`."""
+        """Sorted set of accepted groups waiting for a batch; member `uid min_version n_samples ref`."""
         return self._k(f"ready:{model}")
 
     def replay(self, model: str) -> str:
@@ -94,11 +94,16 @@ class Keys:
         return self._k(f"replay:{model}")
 
     def samples(self, model: str) -> str:
-        """Hash: group uid -> its encoded SampleGroup, while it is ready or in the replay set."""
+        """Hash: ref (the id of the rollout entry a group came from) -> its packed SampleGroup, while the
+        ready set, the replay set or an unacknowledged batch holds it."""
         return self._k(f"samples:{model}")
 
+    def refs(self, model: str) -> str:
+        """Hash: ref -> how many holders (ready set, replay set, unacknowledged batches) it has."""
+        return self._k(f"refs:{model}")
+
     def formed(self, model: str) -> str:
-        """Sorted set (by id): batch entries of `model` formed and not yet delivered to its trainer."""
+        """Sorted set (by id): batch entries of `model` not yet acknowledged by its trainer, with refs."""
         return self._k(f"formed:{model}")
 
     def trace(self, uid: str) -> str:

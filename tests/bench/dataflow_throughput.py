@@ -3,9 +3,9 @@
 N rollout groups (8 samples of 256 tokens each: ids, logprobs, mask, versions) wait in `rollouts`; then R
 processes start together and the clock runs until every group is out:
 - astraflow: R dataflow replicas (collector + batch former loops of `Dataflow`): decode, validate,
-  normalise, re-encode, the atomic collect script (ack, staleness, ready set, ledger, lineage), and the
-  batch script (EDF selection, batch entry of 128 samples, ledger, lineage); done when the ledger counts
-  N groups trained.
+  normalise, the atomic collect step (group bytes stored, ack, staleness, ready set, ledger, lineage),
+  and the batch script (EDF selection, a batch entry referring to 128 samples, ledger, lineage); done
+  when the ledger counts N groups trained. (The trainer's one HMGET per batch is not part of it.)
 - raw: R processes doing XREADGROUP COUNT 64, then one pipeline of an XADD per entry (same payload) and
   an XACK; done when N entries are out.
 Paths alternate within each round; the median of the rounds is shown. Redis keeps AOF (everysec) with

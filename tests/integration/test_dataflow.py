@@ -17,8 +17,7 @@ import pytest
 
 from astraflow.config import Settings, load_settings, to_env
 from astraflow.dataflow.ledger import read_ledger
-from astraflow.messages import Heartbeat, encode
-from tests.dataflow_helpers import publish_version, roll_out, train
+from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train
 
 pytestmark = pytest.mark.integration
 MODEL = "policy"
@@ -65,9 +64,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess:
 
 async def test_two_replicas_one_killed_keep_every_guarantee(bus, redis_url):
     settings = replica_settings(redis_url)
-    beat = Heartbeat(uid="sim", region="local", capacity=8, in_flight=0, versions={}, endpoint=None,
-                     started_at=time.time(), updated_at=time.time())
-    await bus.redis.hset(bus.keys.raas("sim"), mapping=encode(beat))
+    await heartbeat(bus, "sim", 8)
     replicas = [spawn(settings, "df-a"), spawn(settings, "df-b")]
     rng = random.Random(0)
     version, batches, killed_at = 0, [], None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import fakeredis
 import numpy as np
 import pytest
@@ -12,9 +10,9 @@ from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger, read_trace, render_trace
 from astraflow.dataflow.policies import advantages
 from astraflow.dataflow.service import Dataflow
-from astraflow.messages import Heartbeat, RolloutGroup, VersionNotice, decode, encode
+from astraflow.messages import RolloutGroup, VersionNotice, decode, encode
 from astraflow.streams import Bus, Keys, Out
-from tests.dataflow_helpers import publish_version, roll_out, train, trajectory
+from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
 
@@ -135,6 +133,7 @@ async def test_replay_mixes_recently_trained_groups_at_the_ratio():
         assert set(b.replayed_uids) <= trained
         trained |= set(b.group_uids)
     assert await bus.redis.zcard(bus.keys.replay("policy")) == 2  # bounded
+    await df.former.step("policy")  # releases what the acknowledged batches held
     assert await bus.redis.hlen(bus.keys.samples("policy")) == 2  # nothing else kept
     ledger = await ledger_of(bus, df)
     assert ledger.models["policy"].replayed == len(seen) - 1
@@ -182,17 +181,7 @@ async def test_without_raas_the_feeder_stops_at_the_capacity_bound():
     assert await bus.redis.xlen(bus.keys.prompts) == 5
     assert (await df.feeder.step())[0] == "full"
     # A RaaS with 6 slots joins: the bound becomes 2 x 6.
-    beat = Heartbeat(
-        uid="w",
-        region="r",
-        capacity=6,
-        in_flight=0,
-        versions={},
-        endpoint=None,
-        started_at=time.time(),
-        updated_at=time.time(),
-    )
-    await bus.redis.hset(bus.keys.raas("w"), mapping=encode(beat))
+    await heartbeat(bus, "w", 6)
     df.feeder._pool = (0.0, 0)  # forget the cached pool size
     for _ in range(5):
         await df.feeder.step()

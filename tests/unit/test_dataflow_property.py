@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.store import fetch_batch
 from astraflow.streams import Bus, Keys
 from tests.dataflow_helpers import publish_version, roll_out, train
 
@@ -186,12 +187,9 @@ class World:
             new = (await self.obs.redis.xrange(k.batches(MODEL)))[before:]
             assert len(new) <= 1
             if new:
-                self.check_batch(new[0][1], ready, replay)
+                self.check_batch(await fetch_batch(self.obs, new[0][1]), ready, replay)
 
-    def check_batch(self, fields, ready, replay) -> None:
-        from astraflow.messages import decode_batch
-
-        batch = decode_batch(fields)
+    def check_batch(self, batch, ready, replay) -> None:
         self.batches.append(batch)
         s, opts = self.settings.dataflow, self.opts
         members = {m.decode().split()[0]: (m.decode(), score) for m, score in ready}
@@ -245,6 +243,13 @@ async def scenario(opts: dict, actions: list) -> None:
         assert set(b.replayed_uids) <= trained_before, "replayed a group that was never trained"
         trained_before |= {g.uid for g in b.groups}
     assert ledger.models[MODEL].replayed == sum(len(b.replayed_uids) for b in world.batches)
+    # Nothing leaks: once every batch is acknowledged, only the ready and replay sets hold stored groups.
+    while await world.df.former.step(MODEL) != "wait":  # the last step releases the acknowledged ones
+        await train(world.obs, MODEL)
+    k, r = world.obs.keys, world.obs.redis
+    held = {m.split()[-1] for key in (k.ready(MODEL), k.replay(MODEL)) for m in await r.zrange(key, 0, -1)}
+    assert set(await r.hkeys(k.samples(MODEL))) == held
+    assert set(await r.hkeys(k.refs(MODEL))) == held
     event(f"restarts: {min(world.restarts, 3)}+")
     event(f"batches: {min(len(world.batches), 5)}+")
     event(f"dead: {min(ledger.dead, 1)}+")

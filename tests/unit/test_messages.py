@@ -20,6 +20,7 @@ from astraflow.messages import (
     VersionNotice,
     VersionPublished,
     WeightManifest,
+    batch_refs,
     decode,
     decode_batch,
     encode,
@@ -190,8 +191,10 @@ def test_round_trip(msg):
 @settings(max_examples=200, deadline=None)
 @given(batches())
 def test_batch_round_trip(batch):
-    fields = encode_batch(batch)
-    decoded = decode_batch(fields)
+    refs = [f"ref-{g.uid}" for g in batch.groups]
+    fields = encode_batch(batch, refs)
+    assert batch_refs(fields) == refs
+    decoded = decode_batch(fields, [pack(g) for g in batch.groups])
     assert same(decoded, batch)
     for got, sent in zip(decoded.groups, batch.groups, strict=True):
         assert same(got.trajectories, sent.trajectories)  # the rollout's arrays, as published
@@ -200,11 +203,11 @@ def test_batch_round_trip(batch):
 
 def test_batch_with_a_bad_group_names_it():
     batch = Batch(uid="b", model="m", version=1, groups=[], replayed_uids=[])
-    fields = {**encode_batch(batch), "groups": b"g1"}
-    with pytest.raises(DecodeError, match="g:g1: missing"):
-        decode_batch(fields)
-    with pytest.raises(DecodeError, match="g:g1: not valid msgpack"):
-        decode_batch({**fields, "g:g1": b"\xc1"})
+    fields = {**encode_batch(batch, []), "groups": b"g1", "refs": b"r1"}
+    with pytest.raises(DecodeError, match="group g1: missing"):
+        decode_batch(fields, [None])  # the reference points at nothing
+    with pytest.raises(DecodeError, match="group g1: not valid msgpack"):
+        decode_batch(fields, [b"\xc1"])
 
 
 @settings(max_examples=300, deadline=None)
@@ -267,6 +270,6 @@ def test_headers_are_checked():
     with pytest.raises(DecodeError, match="kind: expected 'heartbeat'"):
         decode(fields, Heartbeat)
     with pytest.raises(DecodeError, match="kind: expected 'batch'"):
-        decode_batch(fields)
+        decode_batch(fields, [])
     with pytest.raises(DecodeError, match="exceeds the limit"):
         decode(fields, max_bytes=3)

@@ -1,13 +1,16 @@
--- Collector: settle rollout groups, atomically with their XACK. Per group and model the part is stored
--- in the ready set or dropped with its reason, and counted in the ledger; the prompt's curator state
+-- Collector: settle rollout groups, atomically with their XACK. Per group and model the part is put in
+-- the ready set or dropped with its reason, and counted in the ledger; the prompt's curator state
 -- (success EWMA, zero-variance streak) is updated when a curator reads it. The staleness check runs
 -- here, against the trainer version at this instant, so no version bump slips between check and store.
+-- The caller runs it in one MULTI after writing each accepted part's bytes to the samples hash under the
+-- rollout entry's id (large values are slow to pass into Lua); a part that ends up not held by the ready
+-- set (dropped here, or the entry was not ours to settle) has its bytes removed again.
 -- KEYS[1] rollouts, KEYS[2] in-flight set, KEYS[3] ledger, KEYS[4] state, KEYS[5] curator ewma hash,
--- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8..] per model: ready set, samples hash
+-- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8..] per model: ready set, samples hash, refs
 -- ARGV: group, consumer, max_staleness, key_prefix, trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
 --   curator ('' = none reads the state, 'filter_solved', 'greso'), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
---   ready_index, reason ('' = accept), min_version, n_samples, payload
+--   ready_index, reason ('' = accept), min_version, n_samples
 -- Returns per item: {status, outcome per part...}; status 'ok', 'dup' (already settled), 'lost' (another
 -- consumer owns the entry) or 'unknown' (its uid was not in flight: a duplicate rollout, only acked).
 local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -49,7 +52,7 @@ for i = 1, n_items do
   pos = pos + 5 + 2 * n_trace
   local n_parts = tonumber(ARGV[pos])
   local parts_at = pos + 1
-  pos = parts_at + 6 * n_parts
+  pos = parts_at + 5 * n_parts
   local status = ownership(rollouts, group, consumer, id)
   local reply = {status}
   if status == 'ok' then
@@ -62,7 +65,7 @@ for i = 1, n_items do
       trace_pairs[#trace_pairs + 1] = 'collected_at'
       trace_pairs[#trace_pairs + 1] = now
       for j = 0, n_parts - 1 do
-        local p = parts_at + 6 * j
+        local p = parts_at + 5 * j
         local model, index, reason = ARGV[p], tonumber(ARGV[p + 1]), ARGV[p + 2]
         local minv, n = tonumber(ARGV[p + 3]), ARGV[p + 4]
         versions[model] = versions[model] or trainer_version(state, model)
@@ -70,8 +73,9 @@ for i = 1, n_items do
         count(model .. ':collected', 1)
         if reason == '' then
           seq = seq + 1
-          redis.call('ZADD', KEYS[index], order == 'edf' and minv + max_staleness or seq, uid .. ' ' .. minv .. ' ' .. n)
-          redis.call('HSET', KEYS[index + 1], uid, ARGV[p + 5])
+          local member = uid .. ' ' .. minv .. ' ' .. n .. ' ' .. id
+          redis.call('ZADD', KEYS[index], order == 'edf' and minv + max_staleness or seq, member)
+          hold(KEYS[index + 2], id)
           count(model .. ':ready', 1)
           for _, f in ipairs({model, 'ready', model .. ':ready_seq', seq, model .. ':min_version', minv}) do
             trace_pairs[#trace_pairs + 1] = f
@@ -87,6 +91,10 @@ for i = 1, n_items do
       if curator ~= '' then update_curator(uid, mean, zero_var) end
       trace(prefix, uid, ttl, trace_pairs)
     end
+  end
+  for j = 0, n_parts - 1 do  -- bytes written for a part nothing holds
+    local index = tonumber(ARGV[parts_at + 5 * j + 1])
+    if redis.call('HEXISTS', KEYS[index + 2], id) == 0 then redis.call('HDEL', KEYS[index + 1], id) end
   end
   replies[i] = reply
 end

@@ -31,10 +31,24 @@ local function pending(stream, group)
   return tonumber(summary[1])
 end
 
--- A ready/replay member is 'uid min_version n_samples'.
+-- A ready/replay member is 'uid min_version n_samples ref'; `ref` is the field of the samples hash that
+-- holds the group (the id of the rollout entry it came from).
 local function parse_member(member)
-  local uid, minv, n = string.match(member, '^(%S+) (%-?%d+) (%d+)$')
-  return uid, tonumber(minv), tonumber(n)
+  local uid, minv, n, ref = string.match(member, '^(%S+) (%-?%d+) (%d+) (%S+)$')
+  return uid, tonumber(minv), tonumber(n), ref
+end
+
+-- Reference counts of stored groups: the ready set, the replay set and each batch not yet acknowledged
+-- by the trainer hold a reference; the group's bytes go when the last one is released.
+local function hold(refs, ref, n)
+  redis.call('HINCRBY', refs, ref, n or 1)
+end
+
+local function release(samples, refs, ref)
+  if redis.call('HINCRBY', refs, ref, -1) <= 0 then
+    redis.call('HDEL', refs, ref)
+    redis.call('HDEL', samples, ref)
+  end
 end
 
 -- The trainer version of `model` (0 before its trainer published anything).

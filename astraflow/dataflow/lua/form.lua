@@ -1,20 +1,35 @@
 -- Batch former, one model: expire ready groups that went stale while waiting, take the earliest
 -- deadlines (or the oldest arrivals) plus a share of the replay set, write one batch entry, and move the
 -- trained groups into the bounded replay set - one atomic step. Groups are never split.
--- KEYS[1] ready set, KEYS[2] samples hash, KEYS[3] replay set, KEYS[4] batches stream, KEYS[5] ledger,
--- KEYS[6] state, KEYS[7] formed index (ids of batch entries not yet delivered to the trainer)
+-- A batch entry refers to its groups (fields of the samples hash, see `hold`/`release`): the bytes stay
+-- put until the trainer has acknowledged every batch holding them.
+-- KEYS[1] ready set, KEYS[2] samples hash, KEYS[3] refs hash, KEYS[4] replay set, KEYS[5] batches
+-- stream, KEYS[6] ledger, KEYS[7] state, KEYS[8] formed index (batches not yet acknowledged, by id;
+-- member 'sortable_id id ref1 ref2 ...')
 -- ARGV: model, max_staleness, size, unit ('samples'/'groups'), replay_quota (in units), replay_selection
 --   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, key_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
 -- replayed groups, expired groups}.
-local ready, samples, replay, batches, ledger, state, formed = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local ready, samples, refs, replay, batches = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ledger, state, formed = KEYS[6], KEYS[7], KEYS[8]
 local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local replay_quota, selection, capacity, prefetch = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local trainer_group, prefix, ttl, order, now = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 
 local version = trainer_version(state, model)
 local count, flush = counter()
+
+-- Release the groups of batches the trainer has acknowledged (delivered and no longer pending).
+local delivered_to = '[' .. sortable(last_delivered(batches, trainer_group)) .. '~'
+for _, member in ipairs(redis.call('ZRANGEBYLEX', formed, '-', delivered_to)) do
+  local words = {}
+  for w in string.gmatch(member, '%S+') do words[#words + 1] = w end
+  if #redis.call('XPENDING', batches, trainer_group, words[2], words[2], 1) == 0 then
+    for k = 3, #words do release(samples, refs, words[k]) end
+    redis.call('ZREM', formed, member)
+  end
+end
 
 -- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set).
 local expired = {}
@@ -27,18 +42,16 @@ else
   end
 end
 for _, member in ipairs(expired) do
-  local uid = parse_member(member)
+  local uid, _, _, ref = parse_member(member)
   local seq = redis.call('HINCRBY', state, 'seq', 1)
   redis.call('ZREM', ready, member)
-  redis.call('HDEL', samples, uid)
+  release(samples, refs, ref)
   count(model .. ':ready', -1)
   count(model .. ':dropped:stale_wait', 1)
   trace(prefix, uid, ttl, {model, 'dropped: stale_wait', model .. ':expired_seq', seq})
 end
 
--- Batches are large: count the undelivered ones in the index of formed ids, not by reading entries.
-redis.call('ZREMRANGEBYLEX', formed, '-', '[' .. sortable(last_delivered(batches, trainer_group)))
-if redis.call('ZCARD', formed) >= prefetch then
+if redis.call('ZLEXCOUNT', formed, '(' .. string.sub(delivered_to, 2), '+') >= prefetch then
   flush(ledger)
   return {'full', '', 0, 0, #expired}
 end
@@ -83,36 +96,35 @@ end
 
 local seq = redis.call('HINCRBY', state, 'seq', 1)
 local batch_uid = model .. ':' .. redis.call('HINCRBY', state, 'batches:' .. model, 1)
-local uids, replayed_uids, parts = {}, {}, {}
+local uids, replayed_uids, batch_refs = {}, {}, {}
 for _, member in ipairs(fresh) do
-  local uid = parse_member(member)
+  local uid, _, _, ref = parse_member(member)
   uids[#uids + 1] = uid
-  parts[#parts + 1] = 'g:' .. uid
-  parts[#parts + 1] = redis.call('HGET', samples, uid)
+  batch_refs[#batch_refs + 1] = ref
 end
 for _, member in ipairs(replayed) do
-  local uid = parse_member(member)
+  local uid, _, _, ref = parse_member(member)
   uids[#uids + 1] = uid
   replayed_uids[#replayed_uids + 1] = uid
-  parts[#parts + 1] = 'g:' .. uid
-  parts[#parts + 1] = redis.call('HGET', samples, uid)
+  batch_refs[#batch_refs + 1] = ref
+  hold(refs, ref)  -- held by the batch too
 end
-local batch_id = redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1', 'uid', batch_uid, 'model', model,
-  'version', version, 'seq', seq, 'groups', table.concat(uids, ' '), 'replayed', table.concat(replayed_uids, ' '),
-  unpack(parts))
-redis.call('ZADD', formed, 0, sortable(batch_id))
+local refs_text = table.concat(batch_refs, ' ')
+local batch_id = redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1', 'uid', batch_uid,
+  'model', model, 'version', version, 'seq', seq, 'groups', table.concat(uids, ' '),
+  'replayed', table.concat(replayed_uids, ' '), 'refs', refs_text)
+redis.call('ZADD', formed, 0, sortable(batch_id) .. ' ' .. batch_id .. ' ' .. refs_text)
 
 for _, member in ipairs(fresh) do
-  local uid = parse_member(member)
-  redis.call('ZREM', ready, member)
+  local uid, _, _, ref = parse_member(member)
+  redis.call('ZREM', ready, member)  -- the ready set's reference passes to the batch
   count(model .. ':ready', -1)
   count(model .. ':trained', 1)
   trace(prefix, uid, ttl, {model, 'trained', model .. ':batch', batch_uid, model .. ':batch_version', version,
     model .. ':batch_seq', seq, model .. ':batched_at', now})
   if capacity > 0 then
     redis.call('ZADD', replay, seq, member)
-  else
-    redis.call('HDEL', samples, uid)
+    hold(refs, ref)
   end
 end
 count(model .. ':replayed', #replayed)
@@ -121,8 +133,9 @@ flush(ledger)
 local excess = redis.call('ZCARD', replay) - capacity
 if excess > 0 then
   for _, member in ipairs(redis.call('ZRANGE', replay, 0, excess - 1)) do
+    local _, _, _, ref = parse_member(member)
     redis.call('ZREM', replay, member)
-    redis.call('HDEL', samples, (parse_member(member)))
+    release(samples, refs, ref)
   end
 end
 return {'ok', batch_uid, #fresh, #replayed, #expired}
