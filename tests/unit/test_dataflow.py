@@ -11,7 +11,8 @@ from astraflow.dataflow.ledger import read_ledger, read_trace, render_trace
 from astraflow.dataflow.policies import advantages
 from astraflow.dataflow.service import Dataflow
 from astraflow.messages import RolloutGroup, VersionNotice, decode, encode
-from astraflow.streams import Bus, Keys, Out
+from astraflow.streams import Bus, Consumer, Keys, Out
+from astraflow.streams.keys import GROUP_RAAS
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
@@ -328,3 +329,15 @@ async def test_rollouts_that_do_not_belong_to_the_run_are_dead_lettered(bad):
     await df.collector.step(1)
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
     assert dead[b"reason"].startswith(b"DecodeError: ")
+
+
+async def test_a_prompt_group_dead_lettered_by_a_raas_is_settled_in_the_ledger():
+    bus, df = make("dataflow.feeder.min_backlog=2")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    consumer = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas-1")
+    first, second = await consumer.read(2, None)
+    await consumer.dead_letter(first, "DecodeError: sample: bad")
+    await consumer.dead_letter(first, "DecodeError: sample: bad")  # a retry counts nothing twice
+    ledger = await ledger_of(bus, df)
+    assert (ledger.submitted, ledger.dead, ledger.in_flight) == (2, 1, 1)
