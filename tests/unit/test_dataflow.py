@@ -336,7 +336,7 @@ async def test_a_prompt_group_dead_lettered_by_a_raas_is_settled_in_the_ledger()
     await bus.bootstrap(["policy"])
     await df.feeder.step()
     consumer = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas-1")
-    first, second = await consumer.read(2, None)
+    first, _ = await consumer.read(2, None)
     await consumer.dead_letter(first, "DecodeError: sample: bad")
     await consumer.dead_letter(first, "DecodeError: sample: bad")  # a retry counts nothing twice
     ledger = await ledger_of(bus, df)
