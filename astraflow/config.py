@@ -23,6 +23,7 @@ from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
+from astraflow.weights.settings import WeightsSettings
 
 ENV_PREFIX = "ASTRAFLOW_"
 
@@ -48,13 +49,6 @@ class TrainerSettings(BaseModel):
 
     mode: Literal["async", "sync"] = "async"
     """`sync` runs generation, training and weight sync in lockstep (staleness 0): the baseline."""
-
-
-class WeightsSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    secret: SecretStr | None = None
-    """Shared secret that authenticates weight transfers between peers; never printed."""
 
 
 class DemoSettings(BaseModel):

@@ -202,14 +202,21 @@ class WeightManifest(Message):
     model: str
     version: int
     kind: str
-    """`full` or `delta`."""
+    """`full`: receivers pull the whole buffer (a periodic full sync); `delta`: those holding
+    `base_version` of the same incarnation may pull the delta instead."""
     base_version: int | None
     endpoints: list[str]
     nbytes: int
+    """Size of the weight data (the safetensors data section)."""
     digest: str
+    """blake2b of the weight data (see `weights.layout.digests`)."""
     chunk_digests: list[str]
     tensors: list[TensorSpec]
     incarnation: str
+    chunk_bytes: int = 4 << 20
+    delta_nbytes: int = 0
+    delta_digest: str = ""
+    """blake2b of the delta bytes ('' = no delta from `base_version`)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -117,7 +117,13 @@ class Keys:
         return self._k(f"weights:{model}:{version}")
 
     def weight_peers(self, model: str, version: int) -> str:
+        """Sorted set (score: when it joined): `region|endpoint` of processes serving that version."""
         return self._k(f"weights:{model}:{version}:peers")
+
+    @property
+    def weights_secret(self) -> str:
+        """String: the run's secret for weight transfers (when `weights.secret` is not set)."""
+        return self._k("weights:secret")
 
     def raas(self, worker_id: str) -> str:
         return self._k(f"raas:{worker_id}")

@@ -1,0 +1,112 @@
+"""A double buffer of served weights: two safetensors files, one served, one being written.
+
+Writers fill the idle half and flip. A half that a transfer (or an engine load) is reading is never
+written: readers hold it with `reading`, and `writing` waits until the half it is about to overwrite has
+no readers left. Each half lives in its own directory, so a served half is a loadable checkpoint
+directory (the caller adds the model's config files with `add_files`).
+"""
+
+from __future__ import annotations
+
+import mmap
+import shutil
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from astraflow.messages import TensorSpec
+from astraflow.weights import layout
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+class Half:
+    def __init__(self, directory: Path, specs: list[TensorSpec]) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = directory / WEIGHTS_FILE
+        head = layout.header(specs)
+        self.data_offset = len(head)
+        size = len(head) + layout.data_bytes(specs)
+        with open(self.path, "wb") as f:
+            f.write(head)
+            f.truncate(size)
+        self._file = open(self.path, "r+b")  # kept open as long as the mapping
+        self._map = mmap.mmap(self._file.fileno(), size)
+        self.data = memoryview(self._map)[self.data_offset :]
+        self.version: int | None = None
+        self.readers = 0
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def close(self) -> None:
+        self.data.release()
+        self._map.close()
+        self._file.close()
+
+
+class DoubleBuffer:
+    def __init__(self, root: Path, specs: list[TensorSpec]) -> None:
+        self.root, self.specs = Path(root), specs
+        self.itemsize = layout.itemsize(specs)
+        self._halves = [Half(self.root / "a", specs), Half(self.root / "b", specs)]
+        self.served: Half | None = None
+        self._cond = threading.Condition()
+
+    @property
+    def idle(self) -> Half:
+        return self._halves[1] if self.served is self._halves[0] else self._halves[0]
+
+    def add_files(self, files: Mapping[str, Path]) -> None:
+        """Copy files (config.json, tokenizer, ...) next to the weights in both halves."""
+        for half in self._halves:
+            for name, src in files.items():
+                shutil.copyfile(src, half.dir / name)
+
+    @contextmanager
+    def reading(self, half: Half) -> Iterator[Half]:
+        """Hold `half` for reading: it is not written until released."""
+        with self._cond:
+            half.readers += 1
+        try:
+            yield half
+        finally:
+            with self._cond:
+                half.readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[Half]:
+        """The idle half, once nobody reads it; its version is unknown until `flip`."""
+        half = self.idle
+        with self._cond:
+            self._cond.wait_for(lambda: half.readers == 0)
+            half.version = None
+        yield half
+
+    def flip(self, version: int) -> Half:
+        """Serve the idle half as `version`; the previously served half becomes idle."""
+        with self._cond:
+            half = self.idle
+            half.version = version
+            self.served = half
+            return half
+
+    def write_state(self, state: Mapping) -> Half:
+        """Cast and copy a torch state dict into the idle half (call `flip` to serve it)."""
+        import torch
+
+        dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+        with self.writing() as half:
+            for spec in self.specs:
+                dtype = dtypes[spec.dtype]
+                count = spec.nbytes // dtype.itemsize
+                target = torch.frombuffer(half.data, dtype=dtype, count=count, offset=spec.offset)
+                target.view(spec.shape).copy_(state[spec.name].detach())
+        return half
+
+    def close(self) -> None:
+        for half in self._halves:
+            half.close()

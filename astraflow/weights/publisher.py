@@ -1,0 +1,157 @@
+"""The trainer's side of the weight manager: offload, delta, digest, serve, manifest, `versions`.
+
+`publish` copies the new weights into the idle half of the double buffer - the only part on the
+trainer's critical path - and returns. A background task then digests the half, encodes the delta from
+the served one, flips, serves both over TCP, writes the manifest `weights:<model>:<version>` and adds
+the entry to `versions`. The next `publish` first waits for that task, so the halves stay consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import structlog
+
+from astraflow.messages import VersionPublished, WeightManifest, encode
+from astraflow.streams import Bus, Out
+from astraflow.weights import codec, layout
+from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.settings import WeightsSettings
+from astraflow.weights.transport import Source, WeightServer
+
+log = structlog.get_logger(__name__)
+
+
+async def run_secret(bus: Bus, settings: WeightsSettings) -> bytes:
+    """The secret that authenticates weight transfers: configured, else one per run kept in Redis."""
+    if settings.secret is not None:
+        return settings.secret.get_secret_value().encode()
+    key = bus.keys.weights_secret
+    await bus.call(lambda: bus.redis.set(key, secrets.token_hex(32), nx=True))
+    return await bus.call(lambda: bus.redis.get(key))
+
+
+def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
+    """Where a process keeps its weight buffers: `weights.dir`, else shared memory, else the temp dir."""
+    if settings.dir is not None:
+        base = settings.dir
+    else:
+        shm = Path("/dev/shm")
+        base = (
+            shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        ) / "astraflow"
+    return base / run / role
+
+
+class WeightPublisher:
+    def __init__(
+        self, bus: Bus, settings: WeightsSettings, model: str, specs, root: Path, secret: bytes
+    ) -> None:
+        self.bus, self.settings, self.model, self.specs = bus, settings, model, specs
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.buffer = DoubleBuffer(root / model, specs)
+        self.deltas = root / model / "deltas"
+        self.deltas.mkdir(parents=True, exist_ok=True)
+        self.server = WeightServer(secret, settings.host, settings.port, settings.egress_bps)
+        self._finishing: asyncio.Task | None = None
+        self._delta_files: dict[int, object] = {}
+
+    async def publish(self, state: Mapping, version: int, step: int, eval_: bool = False) -> None:
+        """Offload `state` as `version`; the rest happens in the background (see `wait`)."""
+        await self.wait()
+        half = await asyncio.to_thread(self.buffer.write_state, state)
+        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_))
+
+    async def wait(self) -> None:
+        """Until the last published version is announced (its manifest and `versions` entry written)."""
+        if self._finishing is not None:
+            task, self._finishing = self._finishing, None
+            await task
+
+    async def _finish(self, half: Half, version: int, step: int, eval_: bool) -> None:
+        base = self.buffer.served
+        whole, chunks = await asyncio.to_thread(layout.digests, half.data)
+        delta_nbytes, delta_digest = 0, ""
+        if base is not None and base.version is not None:
+            delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
+            delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
+            self._serve_delta(version, delta)
+        old = base.version if base is not None else None
+        self.buffer.flip(version)
+        source = Source(
+            half.fileno(), half.data_offset, len(half.data), hold=lambda: self.buffer.reading(half)
+        )
+        self.server.register(self.model, version, "full", source)
+        if old is not None:
+            self.server.unregister(self.model, old, "full")  # its half is written next
+        full = base is None or base.version is None or version % self.settings.full_every == 0
+        manifest = WeightManifest(
+            uid=f"{self.model}:{version}:{self.incarnation}",
+            model=self.model,
+            version=version,
+            kind="full" if full else "delta",
+            base_version=old,
+            endpoints=[self.server.endpoint],
+            nbytes=len(half.data),
+            digest=whole,
+            chunk_digests=chunks,
+            tensors=self.specs,
+            incarnation=self.incarnation,
+            chunk_bytes=layout.CHUNK_BYTES,
+            delta_nbytes=delta_nbytes,
+            delta_digest=delta_digest,
+        )
+        await self._announce(manifest, step, eval_)
+
+    def _serve_delta(self, version: int, delta: bytes) -> None:
+        path = self.deltas / f"{version}.bin"
+        path.write_bytes(delta)
+        f = open(path, "rb")  # served until the delta is dropped
+        self._delta_files[version] = f
+        self.server.register(self.model, version, "delta", Source(f.fileno(), 0, len(delta)))
+        for old in sorted(self._delta_files)[: -self.settings.keep_deltas]:
+            self.server.unregister(self.model, old, "delta")
+            self._delta_files.pop(old).close()  # type: ignore[attr-defined]
+            (self.deltas / f"{old}.bin").unlink(missing_ok=True)
+
+    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool) -> None:
+        key = self.bus.keys.weights(self.model, manifest.version)
+        redis, ttl = self.bus.redis, self.settings.manifest_ttl_s
+
+        async def write():
+            async with redis.pipeline(transaction=True) as pipe:
+                await pipe.delete(key).hset(key, mapping=encode(manifest)).expire(key, ttl).execute()
+
+        await self.bus.call(write)
+        msg = VersionPublished(
+            uid=manifest.uid,
+            model=self.model,
+            version=manifest.version,
+            manifest_key=key,
+            step=step,
+            incarnation=self.incarnation,
+            eval=eval_,
+        )
+        await self.bus.publish(Out(self.bus.keys.versions, encode(msg), f"version:{manifest.uid}"))
+        log.info(
+            "weights_published",
+            model=self.model,
+            version=manifest.version,
+            kind=manifest.kind,
+            delta_bytes=manifest.delta_nbytes,
+            full_bytes=manifest.nbytes,
+        )
+
+    async def close(self) -> None:
+        await self.wait()
+        self.server.close()
+        for f in self._delta_files.values():
+            f.close()  # type: ignore[attr-defined]
+        self.buffer.close()

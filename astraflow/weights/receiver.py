@@ -1,0 +1,192 @@
+"""The RaaS's side of the weight manager: pull, patch, verify, hand over, relay.
+
+For each announced version: read the manifest; pull the delta (from the trainer) when this process holds
+the base version of the same trainer incarnation, else the full buffer (from the newest peer in its
+region that holds or is receiving the version, else the trainer); verify the whole digest before anyone
+sees the bytes. A mismatch raises WeightIntegrityError inside, is logged and counted, and the version is
+pulled again in full from the trainer. While a full pull runs, this process already serves the bytes it
+has to later peers (a pipelined relay chain); once verified it serves the version until it is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import Counter
+from pathlib import Path
+
+import structlog
+
+from astraflow.errors import WeightIntegrityError
+from astraflow.messages import WeightManifest, decode
+from astraflow.streams import Bus
+from astraflow.weights import codec, layout
+from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.settings import WeightsSettings
+from astraflow.weights.transport import Source, TransferError, WeightServer, pull
+
+log = structlog.get_logger(__name__)
+CONFIG_SUFFIXES = (".json", ".txt", ".model", ".jinja")
+"""Files copied from the model directory so that a half is a loadable checkpoint directory."""
+
+
+class WeightReceiver:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: WeightsSettings,
+        model: str,
+        root: Path,
+        secret: bytes,
+        server: WeightServer,
+        region: str = "local",
+        model_dir: Path | None = None,
+    ) -> None:
+        self.bus, self.settings, self.model, self.root = bus, settings, model, root / model
+        self.secret, self.server, self.region, self.model_dir = secret, server, region, model_dir
+        self.buffer: DoubleBuffer | None = None
+        self.held: tuple[int, str] | None = None
+        """(version, trainer incarnation) of the verified served half."""
+        self.stats: Counter[str] = Counter()
+        self._last_delta: tuple[int, int, bytes] | None = None
+        """(from, to, bytes) of the delta that made the served version: replayed on the idle half."""
+
+    async def sync(self, manifest_key: str, version: int) -> Half:
+        """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
+        fields = await self.bus.call(lambda: self.bus.redis.hgetall(manifest_key))
+        if not fields:
+            raise TransferError(f"manifest {manifest_key} is gone")
+        manifest = decode(fields, WeightManifest)
+        if self.held == (manifest.version, manifest.incarnation):
+            return self.buffer.served  # type: ignore[union-attr]
+        self._ensure_buffer(manifest)
+        try:
+            half = await self._pull(manifest, first_try=True)
+        except (WeightIntegrityError, TransferError) as e:
+            self.stats["integrity_errors" if isinstance(e, WeightIntegrityError) else "transfer_errors"] += 1
+            log.error("weights_refused", model=self.model, version=version, error=str(e))
+            half = await self._pull(manifest, first_try=False)
+        await self._join_peers(manifest.version)
+        return half
+
+    def _ensure_buffer(self, manifest: WeightManifest) -> None:
+        if self.buffer is not None and layout.header(self.buffer.specs) == layout.header(manifest.tensors):
+            return
+        if self.buffer is not None:
+            self.buffer.close()
+        self.buffer = DoubleBuffer(self.root, manifest.tensors)
+        if self.model_dir is not None:
+            files = {p.name: p for p in self.model_dir.iterdir() if p.suffix in CONFIG_SUFFIXES}
+            self.buffer.add_files(files)
+        self.held, self._last_delta = None, None
+
+    async def _pull(self, manifest: WeightManifest, first_try: bool) -> Half:
+        buffer = self.buffer
+        assert buffer is not None
+        idle_version = buffer.idle.version
+        if idle_version is not None:
+            self.server.unregister(self.model, idle_version, "full")  # no new readers of what we overwrite
+        base = (manifest.base_version, manifest.incarnation)
+        use_delta = first_try and manifest.delta_digest and self.held == base and manifest.kind == "delta"
+        with buffer.writing() as half:
+            if use_delta:
+                delta = await asyncio.to_thread(self._pull_delta, manifest)
+                await asyncio.to_thread(self._to_base, half, idle_version)
+                await asyncio.to_thread(codec.apply, half.data, delta)
+                self.stats["delta_pulls"] += 1
+            else:
+                await self._pull_full(manifest, half, peers=first_try)
+                delta = None
+            whole, _ = await asyncio.to_thread(layout.digests, half.data, manifest.chunk_bytes)
+            if whole != manifest.digest:
+                self.server.unregister(self.model, manifest.version, "full")
+                raise WeightIntegrityError(
+                    f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
+                )
+        buffer.flip(manifest.version)
+        self.held = (manifest.version, manifest.incarnation)
+        self._last_delta = (base[0], manifest.version, delta) if delta is not None else None  # type: ignore[assignment]
+        source = Source(half.fileno(), half.data_offset, len(half.data), hold=lambda: buffer.reading(half))
+        self.server.register(self.model, manifest.version, "full", source)
+        return half
+
+    def _pull_delta(self, manifest: WeightManifest) -> bytes:
+        delta = bytearray(manifest.delta_nbytes)
+        self._from_any(manifest.endpoints, manifest.version, "delta", memoryview(delta))
+        if hashlib.blake2b(delta, digest_size=16).hexdigest() != manifest.delta_digest:
+            raise WeightIntegrityError(f"{self.model} v{manifest.version}: delta digest mismatch")
+        return bytes(delta)
+
+    def _to_base(self, half: Half, idle_version: int | None) -> None:
+        """Bring the half being written to the served (base) version: patch it in place with the delta
+        that made the served version when it holds that delta's base, else copy the served half."""
+        served = self.buffer.served  # type: ignore[union-attr]
+        last = self._last_delta
+        if (
+            last is not None
+            and idle_version is not None
+            and last[0] == idle_version
+            and last[1] == served.version
+        ):
+            codec.apply(half.data, last[2])
+        else:
+            half.data[:] = served.data
+
+    async def _pull_full(self, manifest: WeightManifest, half: Half, peers: bool) -> None:
+        """Pull the full buffer into `half`, serving what has arrived to peers meanwhile (relay)."""
+        relay = Source(half.fileno(), half.data_offset, len(half.data), complete=False)
+        self.server.register(self.model, manifest.version, "full", relay)
+        endpoints = list(manifest.endpoints)
+        if peers:
+            endpoints = await self._peers(manifest.version) + endpoints
+            await self._join_peers(manifest.version)
+        try:
+            await asyncio.to_thread(
+                self._from_any, endpoints, manifest.version, "full", half.data, relay.arrived
+            )
+        except BaseException:
+            relay.fail()
+            raise
+        self.stats["full_pulls"] += 1
+
+    def _from_any(self, endpoints: list[str], version: int, what: str, into, on_bytes=None) -> None:
+        errors = []
+        for endpoint in endpoints:
+            if endpoint == self.server.endpoint:
+                continue
+            try:
+                parallel = self.settings.parallel
+                pull(endpoint, self.secret, self.model, version, what, into, parallel, on_bytes)
+                self.stats["bytes"] += len(into)
+                return
+            except TransferError as e:
+                errors.append(f"{endpoint}: {e}")
+        raise TransferError(f"{self.model} v{version} {what}: no source worked ({'; '.join(errors)})")
+
+    async def _peers(self, version: int) -> list[str]:
+        """Endpoints of peers in this region that hold or receive `version`, newest first."""
+        members = await self.bus.call(
+            lambda: self.bus.redis.zrevrange(self.bus.keys.weight_peers(self.model, version), 0, -1)
+        )
+        out = []
+        for m in members:
+            region, _, endpoint = m.decode().partition("|")
+            if region == self.region:
+                out.append(endpoint)
+        return out
+
+    async def _join_peers(self, version: int) -> None:
+        key = self.bus.keys.weight_peers(self.model, version)
+        member = f"{self.region}|{self.server.endpoint}"
+        ttl = self.settings.manifest_ttl_s
+
+        async def add():
+            async with self.bus.redis.pipeline(transaction=True) as pipe:
+                await pipe.zadd(key, {member: time.time()}).expire(key, ttl).execute()
+
+        await self.bus.call(add)
+
+    def close(self) -> None:
+        if self.buffer is not None:
+            self.buffer.close()
