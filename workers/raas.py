@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
+from pathlib import Path
 
 from astraflow import logs
 from astraflow.config import Settings, load_settings
 from astraflow.engines import make_engine, resolve_type
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Bus
+from astraflow.weights.publisher import buffer_root, run_secret
+from astraflow.weights.receiver import WeightReceiver
+from astraflow.weights.transport import WeightServer
 
 
 def worker_id(settings: Settings) -> str:
@@ -40,13 +45,26 @@ async def serve(settings: Settings, url: str) -> None:
 
         tokenizers = {m: AutoTokenizer.from_pretrained(settings.engine.model) for m in settings.run.models}
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
+    w = settings.weights
+    secret = await run_secret(bus, w)
+    server = WeightServer(secret, w.host, w.port, w.egress_bps)
+    root = buffer_root(w, settings.run.name, wid)
+    model_dir = Path(settings.engine.model) if settings.engine.model else None
+    receivers = {
+        m: WeightReceiver(bus, w, m, root, secret, server, settings.raas.region, model_dir)
+        for m in settings.run.models
+    }
     try:
         for engine in engines.values():
             await engine.start()
-        await RaasWorker(settings, bus, engines, wid, tokenizers).run(stop)
+        await RaasWorker(settings, bus, engines, wid, tokenizers, receivers).run(stop)
     finally:
         for engine in engines.values():
             await engine.close()
+        for receiver in receivers.values():
+            receiver.close()
+        server.close()
+        shutil.rmtree(root, ignore_errors=True)
         await bus.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 
 import structlog
 
@@ -20,6 +21,7 @@ from astraflow.raas.metrics import Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
+from astraflow.weights.receiver import WeightReceiver
 from astraflow.workflows.api import RolloutWorkflow, WorkflowContext, resolve_workflow
 from astraflow.workflows.rewards import RewardRunner
 
@@ -34,8 +36,10 @@ class RaasWorker:
         engines: Mapping[str, Engine],
         worker_id: str,
         tokenizers: Mapping[str, object],
+        receivers: Mapping[str, WeightReceiver] | None = None,
     ) -> None:
         self.settings, self.bus, self.engines, self.id = settings, bus, engines, worker_id
+        self.receivers = dict(receivers or {})
         r = settings.raas
         s = r.sampling
         self.ctx = WorkflowContext(
@@ -110,7 +114,7 @@ class RaasWorker:
                 capacity=self.settings.raas.slots,
                 in_flight=self.runner.held,
                 versions={m: e.version for m, e in self.engines.items()},
-                endpoint=None,
+                endpoint=next(iter(self.receivers.values())).server.endpoint if self.receivers else None,
                 started_at=self.started_at,
                 updated_at=time.time(),
                 engine=f"{resolve_type(self.settings.engine)}:{self.settings.engine.model}",
@@ -147,6 +151,34 @@ class RaasWorker:
             if entries:
                 await self._apply(entries[-1][1])
 
+    async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> None:
+        """Get the version's weights (pulled and verified while generation goes on), then pause, load,
+        resume. A shared checkpoint directory in the notice is loaded as it is."""
+        started = time.perf_counter()
+        receiver, manifest = self.receivers.get(model), notice.manifests.get(model)
+        if receiver is not None and manifest:
+            half = await receiver.sync(manifest, version)
+            hold, path = receiver.buffer.reading(half), str(half.dir)  # type: ignore[union-attr]
+        elif model in notice.checkpoints:
+            hold, path = nullcontext(), notice.checkpoints[model]
+        else:
+            return
+        pulled = time.perf_counter()
+        with hold:
+            try:
+                await engine.pause()
+                await engine.load_weights(path, version)
+            finally:
+                await engine.resume()
+        self.metrics.loaded(time.perf_counter() - started)
+        log.info(
+            "weights_loaded",
+            model=model,
+            version=version,
+            pull_s=pulled - started,
+            load_s=time.perf_counter() - pulled,
+        )
+
     async def _apply(self, fields: dict) -> None:
         try:
             notice = decode(fields, VersionNotice)
@@ -158,19 +190,10 @@ class RaasWorker:
                 self._synced.clear()
             try:
                 for model, version in notice.models.items():
-                    engine, path = self.engines.get(model), notice.checkpoints.get(model)
-                    if engine is None or path is None or version <= engine.version:
+                    engine = self.engines.get(model)
+                    if engine is None or version <= engine.version:
                         continue
-                    started = time.perf_counter()
-                    try:
-                        await engine.pause()
-                        await engine.load_weights(path, version)
-                    finally:
-                        await engine.resume()
-                    self.metrics.loaded(time.perf_counter() - started)
-                    log.info(
-                        "weights_loaded", model=model, version=version, seconds=time.perf_counter() - started
-                    )
+                    await self._load(model, engine, version, notice)
             except Exception as e:
                 log.error("weights_load_failed", version=notice.version, error=repr(e))
             finally:
