@@ -11,7 +11,7 @@ import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import yaml
@@ -23,6 +23,7 @@ from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
+from astraflow.trainer.settings import TrainerSettings
 from astraflow.weights.settings import WeightsSettings
 
 ENV_PREFIX = "ASTRAFLOW_"
@@ -42,13 +43,6 @@ class RunSettings(BaseModel):
     @property
     def path(self) -> Path:
         return self.dir if self.dir is not None else Path("runs") / self.name
-
-
-class TrainerSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["async", "sync"] = "async"
-    """`sync` runs generation, training and weight sync in lockstep (staleness 0): the baseline."""
 
 
 class DemoSettings(BaseModel):

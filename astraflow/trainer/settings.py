@@ -1,0 +1,67 @@
+"""Settings of a trainer: the loss family, the optimizer and schedule, batching, checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LossSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    clip_low: float = Field(0.2, ge=0)
+    """PPO clip below 1: ratio >= 1 - clip_low."""
+    clip_high: float = Field(0.2, ge=0)
+    """PPO clip above 1 (clip-higher: a larger value lets rare tokens grow)."""
+    dual_clip: float | None = Field(None, gt=1)
+    """Dual clip c: for negative advantages the loss is capped at c x |advantage|."""
+    decoupled: bool = False
+    """Decoupled PPO: clip around proximal logprobs the trainer recomputes before the update, and weight
+    each token by the behaviour->proximal importance weight truncated at `is_cap`."""
+    correction: Literal["none", "tis", "icepop"] = "none"
+    """Engine/trainer mismatch: truncated importance sampling (weight min(w, is_cap)) or IcePop (drop
+    tokens whose w = p_trainer / p_engine is outside [icepop_low, icepop_high])."""
+    is_cap: float = Field(2.0, gt=0)
+    icepop_low: float = Field(0.5, gt=0)
+    icepop_high: float = Field(2.0, gt=0)
+    m2po_threshold: float | None = Field(None, gt=0)
+    """M2PO: drop the tokens with the largest squared log(p_trainer / p_engine) until their mean is
+    below this; None = off."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL penalty to the frozen reference (the starting weights)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token, or one per sequence (geometric mean of its tokens' ratios)."""
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+
+
+class TrainerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["async", "sync"] = "async"
+    """`sync` runs generation, training and weight sync in lockstep (staleness 0): the baseline."""
+    model: str = ""
+    """The starting weights (a Hugging Face directory); default `engine.model`."""
+    loss: LossSettings = Field(default_factory=LossSettings)
+    lr: float = Field(2e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up from 0 over this many optimizer steps, then constant."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the gradient norm to this; None = no clipping."""
+    minibatches: int = Field(1, ge=1)
+    """Optimizer steps per batch (the batch split in this many parts); one new version per batch."""
+    micro_batch_tokens: int = Field(8192, ge=1)
+    """Padded tokens per forward/backward (sequences bucketed by length; gradients accumulate)."""
+    checkpoint_every: int = Field(1, ge=1)
+    """Versions between checkpoints; a version is published only once a checkpoint holds it."""
+    keep_checkpoints: int = Field(2, ge=1)
+    checkpoint_dir: Path | None = None
+    """Default `<run dir>/checkpoints/<model>`."""
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many versions; None = run until stopped."""
+    threads: int = Field(0, ge=0)
+    """torch threads; 0 = torch's default."""
