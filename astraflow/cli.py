@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
     redis.add_argument("action", choices=["start", "stop", "status"])
     command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
+    trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
+    trainer.add_argument("--model", help="the policy to train (default: the run's first model)")
     command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches, version barrier")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
@@ -160,6 +162,14 @@ def _cmd_raas(args) -> int:
 
     settings = _settings(args)
     raas.main(settings, _redis_url(settings))
+    return 0
+
+
+def _cmd_trainer(args) -> int:
+    from workers import trainer
+
+    settings = _settings(args)
+    trainer.main(settings, _redis_url(settings), args.model)
     return 0
 
 

@@ -217,6 +217,9 @@ class WeightManifest(Message):
     delta_nbytes: int = 0
     delta_digest: str = ""
     """blake2b of the delta bytes ('' = no delta from `base_version`)."""
+    base_digest: str = ""
+    """Digest of the base version's weights: a receiver holding exactly those bytes may apply the delta
+    (whichever trainer incarnation produced them)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -61,13 +61,18 @@ class WeightPublisher:
         self.deltas.mkdir(parents=True, exist_ok=True)
         self.server = WeightServer(secret, settings.host, settings.port, settings.egress_bps)
         self._finishing: asyncio.Task | None = None
+        self._digest = ""  # of the served version
         self._delta_files: dict[int, object] = {}
 
-    async def publish(self, state: Mapping, version: int, step: int, eval_: bool = False) -> None:
-        """Offload `state` as `version`; the rest happens in the background (see `wait`)."""
+    async def publish(
+        self, state: Mapping, version: int, step: int, eval_: bool = False, announce: bool = True
+    ) -> None:
+        """Offload `state` as `version`; the rest happens in the background (see `wait`). With
+        `announce=False` only the manifest is (re)written: a restarted trainer serving a version that was
+        announced before its crash."""
         await self.wait()
         half = await asyncio.to_thread(self.buffer.write_state, state)
-        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_))
+        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, announce))
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""
@@ -75,9 +80,10 @@ class WeightPublisher:
             task, self._finishing = self._finishing, None
             await task
 
-    async def _finish(self, half: Half, version: int, step: int, eval_: bool) -> None:
+    async def _finish(self, half: Half, version: int, step: int, eval_: bool, announce: bool) -> None:
         base = self.buffer.served
         whole, chunks = await asyncio.to_thread(layout.digests, half.data)
+        base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
         if base is not None and base.version is not None:
             delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
@@ -107,8 +113,9 @@ class WeightPublisher:
             chunk_bytes=layout.CHUNK_BYTES,
             delta_nbytes=delta_nbytes,
             delta_digest=delta_digest,
+            base_digest=base_digest,
         )
-        await self._announce(manifest, step, eval_)
+        await self._announce(manifest, step, eval_, announce)
 
     def _serve_delta(self, version: int, delta: bytes) -> None:
         path = self.deltas / f"{version}.bin"
@@ -121,7 +128,7 @@ class WeightPublisher:
             self._delta_files.pop(old).close()  # type: ignore[attr-defined]
             (self.deltas / f"{old}.bin").unlink(missing_ok=True)
 
-    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool) -> None:
+    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, announce: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
         redis, ttl = self.bus.redis, self.settings.manifest_ttl_s
 
@@ -130,6 +137,8 @@ class WeightPublisher:
                 await pipe.delete(key).hset(key, mapping=encode(manifest)).expire(key, ttl).execute()
 
         await self.bus.call(write)
+        if not announce:
+            return
         msg = VersionPublished(
             uid=manifest.uid,
             model=self.model,

@@ -1,7 +1,7 @@
 """The RaaS's side of the weight manager: pull, patch, verify, hand over, relay.
 
 For each announced version: read the manifest; pull the delta (from the trainer) when this process holds
-the base version of the same trainer incarnation, else the full buffer (from the newest peer in its
+exactly the base version's bytes (same digest), else the full buffer (from the newest peer in its
 region that holds or is receiving the version, else the trainer); verify the whole digest before anyone
 sees the bytes. A mismatch raises WeightIntegrityError inside, is logged and counted, and the version is
 pulled again in full from the trainer. While a full pull runs, this process already serves the bytes it
@@ -47,7 +47,7 @@ class WeightReceiver:
         self.secret, self.server, self.region, self.model_dir = secret, server, region, model_dir
         self.buffer: DoubleBuffer | None = None
         self.held: tuple[int, str] | None = None
-        """(version, trainer incarnation) of the verified served half."""
+        """(version, digest) of the verified served half."""
         self.stats: Counter[str] = Counter()
         self._last_delta: tuple[int, int, bytes] | None = None
         """(from, to, bytes) of the delta that made the served version: replayed on the idle half."""
@@ -58,7 +58,7 @@ class WeightReceiver:
         if not fields:
             raise TransferError(f"manifest {manifest_key} is gone")
         manifest = decode(fields, WeightManifest)
-        if self.held == (manifest.version, manifest.incarnation):
+        if self.held == (manifest.version, manifest.digest):
             return self.buffer.served  # type: ignore[union-attr]
         self._ensure_buffer(manifest)
         try:
@@ -87,7 +87,7 @@ class WeightReceiver:
         idle_version = buffer.idle.version
         if idle_version is not None:
             self.server.unregister(self.model, idle_version, "full")  # no new readers of what we overwrite
-        base = (manifest.base_version, manifest.incarnation)
+        base = (manifest.base_version, manifest.base_digest)
         use_delta = first_try and manifest.delta_digest and self.held == base and manifest.kind == "delta"
         with buffer.writing() as half:
             if use_delta:
@@ -105,7 +105,7 @@ class WeightReceiver:
                     f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
                 )
         buffer.flip(manifest.version)
-        self.held = (manifest.version, manifest.incarnation)
+        self.held = (manifest.version, manifest.digest)
         self._last_delta = (base[0], manifest.version, delta) if delta is not None else None  # type: ignore[assignment]
         source = Source(half.fileno(), half.data_offset, len(half.data), hold=lambda: buffer.reading(half))
         self.server.register(self.model, manifest.version, "full", source)

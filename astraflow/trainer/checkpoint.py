@@ -1,0 +1,73 @@
+"""Checkpoints that a restart can trust: model, optimizer, scheduler, RNG, version, consumed batches.
+
+A checkpoint is written into a temporary directory, every file fsynced, `meta.json` last, then renamed
+into place and the parent directory fsynced: a directory named `v<version>` is complete and durable. The
+trainer acknowledges a batch and publishes a version only after the checkpoint holding it is durable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+META = "meta.json"
+MAX_CONSUMED = 100_000
+"""Batch uids remembered (the newest): enough to recognise any batch still pending after a crash."""
+
+
+@dataclass
+class State:
+    version: int = 0
+    step: int = 0
+    """Optimizer steps taken."""
+    consumed: list[str] = field(default_factory=list)
+    """Uids of the batches trained into this version."""
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(root: Path, state: State, model, optimizer, scheduler, keep: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"v{state.version:08d}"
+    tmp = root / f".tmp-v{state.version:08d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(model.state_dict(), tmp / "model.pt")
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    meta = {"version": state.version, "step": state.step, "consumed": state.consumed[-MAX_CONSUMED:]}
+    (tmp / META).write_text(json.dumps(meta))
+    for f in tmp.iterdir():
+        _fsync(f)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    _fsync(root)
+    for old in sorted(p for p in root.glob("v*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(root: Path) -> Path | None:
+    done = sorted(p for p in root.glob("v*") if (p / META).exists()) if root.exists() else []
+    return done[-1] if done else None
+
+
+def load(path: Path, model, optimizer, scheduler) -> State:
+    model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
+    optim = torch.load(path / "optim.pt", weights_only=False)
+    optimizer.load_state_dict(optim["optimizer"])
+    scheduler.load_state_dict(optim["scheduler"])
+    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=False)["torch"])
+    meta = json.loads((path / META).read_text())
+    return State(version=meta["version"], step=meta["step"], consumed=list(meta["consumed"]))

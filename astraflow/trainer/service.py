@@ -1,0 +1,152 @@
+"""A trainer process for one policy: batches in, versions out, exactly once across crashes.
+
+Loop: read a batch of `batches:<model>` (own pending ones first, after a restart); skip and acknowledge
+one whose uid the restored checkpoint already trained; otherwise train on it. Every `checkpoint_every`
+versions: write a durable checkpoint, then acknowledge the batches it holds, then publish the version's
+weights. So a batch is acknowledged only once its update is durable, and every version any RaaS holds
+is one the trainer can restore: after a `kill -9` the restarted trainer resumes from its last checkpoint,
+retrains the batches it had not acknowledged, and publishes the same version numbers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import structlog
+
+from astraflow.config import Settings
+from astraflow.dataflow.store import fetch_batch
+from astraflow.errors import DecodeError
+from astraflow.streams import Bus, Consumer, Entry
+from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.streams.keys import GROUP_TRAINER
+from astraflow.trainer import checkpoint
+from astraflow.trainer.step import PolicyTrainer
+from astraflow.weights import layout
+from astraflow.weights.publisher import WeightPublisher, buffer_root, run_secret
+
+log = structlog.get_logger(__name__)
+
+
+class TrainerService:
+    def __init__(self, settings: Settings, bus: Bus, model_name: str) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.settings, self.bus, self.model_name = settings, bus, model_name
+        t = settings.trainer
+        path = t.model or settings.engine.model
+        if not path:
+            raise ValueError("no starting weights: set trainer.model or engine.model")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+        pad = AutoTokenizer.from_pretrained(path).pad_token_id
+        self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
+        self.ckpt_root = t.checkpoint_dir or settings.run.path / "checkpoints" / model_name
+        self.consumer = Consumer(bus, bus.keys.batches(model_name), GROUP_TRAINER, f"trainer-{model_name}")
+        self.state = checkpoint.State()
+        self.publisher: WeightPublisher | None = None
+        self._unacked: list[Entry] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.bus.bootstrap(self.settings.run.models)
+        latest = checkpoint.latest(self.ckpt_root)
+        p = self.policy
+        if latest is not None:
+            self.state = await asyncio.to_thread(checkpoint.load, latest, p.model, p.optimizer, p.scheduler)
+            log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
+        secret = await run_secret(self.bus, self.settings.weights)
+        state = p.model.state_dict()
+        root = buffer_root(self.settings.weights, self.settings.run.name, f"trainer-{self.model_name}")
+        specs = layout.layout(state, self.settings.weights.dtype)
+        self.publisher = WeightPublisher(
+            self.bus, self.settings.weights, self.model_name, specs, root, secret
+        )
+        # Serve the restored (or initial) version; announce it unless that happened before a crash.
+        key = self.bus.keys.weights(self.model_name, self.state.version)
+        announced = await self.bus.call(lambda: self.bus.redis.exists(key))
+        await self.publisher.publish(state, self.state.version, self.state.step, announce=not announced)
+        renew = asyncio.create_task(self._renew_loop())
+        try:
+            while not stop.is_set() and not self._done():
+                for entry in await self.consumer.read(1, self.bus.settings.block_ms):
+                    await self._handle(entry)
+        finally:
+            await cancel_and_wait([renew])
+            await self.publisher.close()
+
+    def _done(self) -> bool:
+        limit = self.settings.trainer.max_steps
+        return limit is not None and self.state.version >= limit
+
+    async def _handle(self, entry: Entry) -> None:
+        try:
+            batch = await fetch_batch(self.bus, entry.fields, self.bus.settings.max_entry_bytes)
+        except DecodeError as e:
+            log.error("batch_dead_lettered", id=entry.id, error=str(e))
+            await self.consumer.dead_letter(entry, f"DecodeError: {e}")
+            return
+        if batch.uid in self.state.consumed:  # trained before the crash, its ack was lost
+            await self._ack([entry])
+            log.info("batch_already_trained", batch=batch.uid)
+            return
+        stats = await asyncio.to_thread(self.policy.step, batch)
+        self.state.version += 1
+        self.state.step += self.settings.trainer.minibatches
+        self.state.consumed.append(batch.uid)
+        self._unacked.append(entry)
+        log.info(
+            "trained",
+            model=self.model_name,
+            version=self.state.version,
+            batch=batch.uid,
+            loss=round(stats["loss"], 4),
+            reward=round(stats["reward_mean"], 3),
+        )
+        await self._metrics(batch.uid, stats)
+        if self.state.version % self.settings.trainer.checkpoint_every == 0:
+            await self._commit()
+
+    async def _commit(self) -> None:
+        """Checkpoint (durable), then acknowledge what it holds, then publish its version."""
+        p, t = self.policy, self.settings.trainer
+        await self.publisher.wait()  # the last publication's background work reads the weights too
+        await asyncio.to_thread(
+            checkpoint.save, self.ckpt_root, self.state, p.model, p.optimizer, p.scheduler, t.keep_checkpoints
+        )
+        await self._ack(self._unacked)
+        self._unacked = []
+        await self.publisher.publish(p.model.state_dict(), self.state.version, self.state.step)
+
+    async def _ack(self, entries: list[Entry]) -> None:
+        stream = self.bus.keys.batches(self.model_name)
+        ids = [e.id for e in entries]
+        await self.bus.call(lambda: self.bus.redis.xack(stream, GROUP_TRAINER, *ids))
+        self.consumer.settled(ids)
+
+    async def _metrics(self, batch_uid: str, stats: dict[str, float]) -> None:
+        fields = {
+            "kind": "trainer",
+            "model": self.model_name,
+            "version": str(self.state.version),
+            "batch": batch_uid,
+            "time": f"{time.time():.3f}",
+            "data": json.dumps(stats),
+        }
+        maxlen = self.bus.settings.capped_maxlen
+        await self.bus.call(
+            lambda: self.bus.redis.xadd(self.bus.keys.metrics, fields, maxlen=maxlen, approximate=True)
+        )
+
+    async def _renew_loop(self) -> None:
+        """Keep the leases of held batches (held until a checkpoint covers them)."""
+        while True:
+            await asyncio.sleep(self.bus.settings.lease_ms / 3000)
+            try:
+                lost = await self.consumer.renew()
+            except Exception as e:
+                raise_if_cancelled()
+                log.warning("lease_renewal_failed", error=repr(e))
+                continue
+            for entry in lost:
+                log.error("batch_lease_lost", id=entry.id)

@@ -1,0 +1,88 @@
+"""One policy and its optimizer: a training step on one Batch (torch only, no Redis)."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+
+from astraflow.messages import Batch
+from astraflow.trainer.batching import micro_batches, samples, split, token_logprobs
+from astraflow.trainer.losses import policy_loss
+from astraflow.trainer.settings import TrainerSettings
+
+
+class PolicyTrainer:
+    def __init__(self, model, settings: TrainerSettings, pad_id: int = 0) -> None:
+        self.model, self.settings, self.pad_id = model, settings, pad_id
+        self.ref = None
+        if settings.loss.kl_coef > 0:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+        )
+        warmup = settings.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        cfg = settings.loss
+        self.needs_prox = cfg.decoupled or cfg.correction != "none" or cfg.m2po_threshold is not None
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics."""
+        started = time.perf_counter()
+        items = samples(batch)
+        stats: dict[str, list[float]] = {}
+        tokens = 0
+        for part in split(items, self.settings.minibatches):
+            mbs = micro_batches(part, self.settings.micro_batch_tokens, self.pad_id)
+            prox = [self._logprobs(self.model, mb) for mb in mbs] if self.needs_prox else [None] * len(mbs)
+            refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
+            cfg = self.settings.loss
+            denominator = sum(
+                mb.n_tokens if cfg.aggregation == "token_mean" else mb.n_sequences for mb in mbs
+            )
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            for mb, p, r in zip(mbs, prox, refs, strict=True):
+                logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
+                loss, s = policy_loss(logp, mb.behav, mb.adv, mb.mask, cfg, p, r, float(denominator))
+                loss.backward()
+                n = mb.mask.sum().clamp(min=1)
+                s["loss"] = float(loss)
+                s["entropy"] = float((entropy * mb.mask).sum() / n)
+                s["engine_mismatch"] = float(((logp.detach() - mb.behav).abs() * mb.mask).sum() / n)
+                for k, v in s.items():
+                    stats.setdefault(k, []).append(v)
+                tokens += mb.n_tokens
+            if self.settings.grad_clip is not None:
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+            else:
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                norm = torch.nn.utils.get_total_norm(grads)
+            stats.setdefault("grad_norm", []).append(float(norm))
+            self.optimizer.step()
+            self.scheduler.step()
+        self.model.eval()
+        lags = [s.version_lag for s in items]
+        elapsed = time.perf_counter() - started
+        out = {k: float(np.mean(v)) for k, v in stats.items()}
+        out["loss"] = float(np.sum(stats["loss"])) / self.settings.minibatches  # micro-batch parts add up
+        rewards = [float(t.reward) for g in batch.groups for t in g.trajectories]
+        out.update(
+            reward_mean=float(np.mean(rewards)) if rewards else 0.0,
+            staleness_mean=float(np.mean(lags)),
+            staleness_max=float(np.max(lags)),
+            tokens=float(tokens),
+            tokens_per_s=tokens / elapsed if elapsed else 0.0,
+            step_s=elapsed,
+            lr=float(self.scheduler.get_last_lr()[0]),
+        )
+        return out
+
+    @torch.no_grad()
+    def _logprobs(self, model, mb) -> torch.Tensor:
+        model.eval()
+        return token_logprobs(model, mb)[0]

@@ -1,0 +1,111 @@
+"""The trainer under `kill -9` between publishing a version and checkpointing the next: it resumes from
+the right version, trains every batch exactly once in the surviving lineage (checked by batch uid),
+publishes each version once, and never announces a version its checkpoints do not hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from astraflow.config import Settings, to_env
+from astraflow.dataflow.service import Dataflow
+from astraflow.messages import VersionPublished, decode
+from astraflow.streams.keys import GROUP_TRAINER
+from astraflow.trainer import checkpoint
+from tests.dataflow_helpers import heartbeat, roll_out
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TARGET = 12
+
+
+def settings_for(url: str, model: str, tmp_path) -> Settings:
+    s = Settings()
+    s.run.name, s.run.dir, s.redis.url = "it", tmp_path, url
+    s.engine.model = model
+    s.streams.lease_ms, s.streams.block_ms = 1000, 100
+    s.dataflow.feeder.n_samples = 4
+    s.dataflow.batch.size = 8
+    s.dataflow.max_staleness_steps = 100
+    s.trainer.micro_batch_tokens = 256
+    s.trainer.max_steps = TARGET
+    s.trainer.threads = 1
+    s.weights.dir = tmp_path / "weights"
+    return s
+
+
+def spawn(settings: Settings) -> subprocess.Popen:
+    env = {**os.environ, **to_env(settings)}
+    log = open(settings.run.path / "trainer.log", "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.trainer"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+
+
+async def published(bus) -> list[VersionPublished]:
+    return [decode(f, VersionPublished) for _, f in await bus.redis.xrange(bus.keys.versions)]
+
+
+async def test_trainer_survives_kill_9_between_publish_and_checkpoint(bus, redis_url, tiny_model, tmp_path):
+    s = settings_for(redis_url, tiny_model, tmp_path)
+    bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10**9})  # keep `versions` to check
+    await heartbeat(bus, "sim", 8)
+    dataflow = Dataflow(s, bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}] * 50)
+    stop = asyncio.Event()
+    df_task = asyncio.create_task(dataflow.run(stop))
+    rng = random.Random(0)
+    trainer = spawn(s)
+    kills = 0
+    try:
+        deadline = time.monotonic() + 240
+        seen = 0
+        while time.monotonic() < deadline:
+            await roll_out(bus, 4, lambda g, i: float(rng.random() < 0.5), 0, tokens=12)
+            versions = await published(bus)
+            if kills < 3 and len(versions) > seen and versions[-1].version >= 2 + 3 * kills:
+                await asyncio.sleep(rng.uniform(0.0, 0.3))  # inside the next step, before its checkpoint
+                os.killpg(trainer.pid, signal.SIGKILL)
+                trainer.wait()
+                kills += 1
+                trainer = spawn(s)
+            seen = len(versions)
+            if trainer.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert trainer.wait(timeout=60) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+        stop.set()
+        await df_task
+    assert kills == 3
+
+    versions = [v.version for v in await published(bus)]
+    assert versions == list(range(TARGET + 1)), versions  # each version announced once, none skipped
+    latest = checkpoint.latest(s.run.path / "checkpoints" / "policy")
+    meta = json.loads((latest / "meta.json").read_text())
+    assert meta["version"] == TARGET
+    consumed = meta["consumed"]
+    assert len(consumed) == len(set(consumed)) == TARGET  # no batch trained twice in the lineage
+    stream = bus.keys.batches("policy")
+    formed = [f[b"uid"].decode() for _, f in await bus.redis.xrange(stream)]
+    pending = {p["message_id"] for p in await bus.redis.xpending_range(stream, GROUP_TRAINER, "-", "+", 100)}
+    [group] = [g for g in await bus.redis.xinfo_groups(stream) if g["name"] == GROUP_TRAINER.encode()]
+    delivered = await bus.redis.xrange(stream, "-", group["last-delivered-id"])
+    acked = [f[b"uid"].decode() for i, f in delivered if i not in pending]
+    assert set(consumed) <= set(formed)
+    assert set(acked) <= set(consumed)  # acknowledged only once trained and checkpointed
+    assert consumed == formed[: len(consumed)]  # in order, none skipped

@@ -1,0 +1,105 @@
+"""A training step on a tiny model: it moves probability toward positive advantages, and splitting the
+batch into micro-batches (gradient accumulation) gives the same update as one big micro-batch."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from astraflow.messages import Batch, RolloutGroup, SampleGroup, Trajectory, pack
+from astraflow.trainer.batching import micro_batches, samples, token_logprobs
+from astraflow.trainer.settings import TrainerSettings
+
+torch = pytest.importorskip("torch")
+
+
+def behaviour(model, seq: list[int]) -> np.ndarray:
+    """The model's own logprob of each token (what an engine sampling from it would report)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([seq])).logits[0, :-1]
+        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(seq[1:]).unsqueeze(-1)).squeeze(-1)
+    return np.concatenate([[0.0], logp.numpy()]).astype(np.float32)
+
+
+def make_batch(model, seqs: list[list[int]], rewards: list[float]) -> Batch:
+    trajs = []
+    for s, r in zip(seqs, rewards, strict=True):
+        n = len(s)
+        mask = np.zeros(n, np.uint8)
+        mask[2:] = 1  # two prompt tokens
+        trajs.append(
+            Trajectory(
+                model="policy",
+                token_ids=np.array(s, np.int32),
+                logprobs=behaviour(model, s) * mask,
+                loss_mask=mask,
+                versions=np.where(mask == 1, 0, -1).astype(np.int32),
+                reward=r,
+            )
+        )
+    r = np.array(rewards)
+    adv = ((r - r.mean()) / (r.std() + 1e-6)).astype(np.float32)
+    rollout = RolloutGroup(uid="g", raas="r", version=0, trajectories=trajs)
+    group = SampleGroup(
+        uid="g",
+        model="policy",
+        min_version=0,
+        max_version=0,
+        rollout=pack(rollout),
+        indices=list(range(len(trajs))),
+        advantages=adv,
+    )
+    return Batch(uid="policy:1", model="policy", version=0, groups=[group])
+
+
+@pytest.fixture
+def model(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+
+
+def seq_logprob(model, batch, i):
+    mb = micro_batches(samples(batch), 10_000)[0]
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, mb)
+    order = sorted(range(len(samples(batch))), key=lambda k: -len(samples(batch)[k].tokens))
+    row = order.index(i)
+    return float((logp[row] * mb.mask[row]).sum())
+
+
+def test_a_step_moves_probability_toward_positive_advantages(model):
+    from astraflow.trainer.step import PolicyTrainer
+
+    seqs = [[5, 6, 7, 8, 9], [5, 6, 10, 11, 12], [5, 6, 13, 14], [5, 6, 15, 16, 17, 18]]
+    batch = make_batch(model, seqs, [1, 0, 1, 0])
+    before = [seq_logprob(model, batch, i) for i in range(4)]
+    trainer = PolicyTrainer(model, TrainerSettings(lr=1e-3, grad_clip=None))
+    for _ in range(3):
+        stats = trainer.step(batch)
+    after = [seq_logprob(model, batch, i) for i in range(4)]
+    assert after[0] > before[0] and after[2] > before[2]  # rewarded
+    assert after[1] < before[1] and after[3] < before[3]  # not rewarded
+    assert stats["tokens"] == 3 + 3 + 2 + 4  # the completion tokens
+    assert {"loss", "clip_frac", "entropy", "grad_norm", "staleness_mean", "tokens_per_s"} <= set(stats)
+
+
+def test_micro_batches_accumulate_to_the_same_update(model):
+    from astraflow.trainer.step import PolicyTrainer
+
+    batch = make_batch(
+        model, [[5, 6, 7, 8, 9], [5, 6, 10], [5, 6, 13, 14], [5, 6, 15, 16, 17, 18]], [1, 0, 0.5, 0]
+    )
+    results = []
+    for tokens in (10_000, 6):  # one micro-batch, or one sequence each
+        m = copy.deepcopy(model)
+        trainer = PolicyTrainer(m, TrainerSettings(micro_batch_tokens=tokens, grad_clip=None))
+        trainer.optimizer = torch.optim.SGD(m.parameters(), lr=1.0)  # the update is the gradient itself
+        trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda s: 1.0)
+        trainer.step(batch)
+        results.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert len(micro_batches(samples(batch), 6)) == 4
+    assert torch.allclose(results[0], results[1], atol=1e-5)
