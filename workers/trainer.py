@@ -1,6 +1,6 @@
 """A trainer process for one policy: `astraflow trainer [RECIPE] --model NAME` or `python -m workers.trainer`.
 
-Single process on CPU (one policy per process; run one per model).
+One process, or several under `torchrun` (FSDP2; gloo on CPU): rank 0 alone talks to Redis.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from workers.process import run_until_signalled
 def main(settings: Settings, url: str, model: str | None = None) -> None:
     import torch
 
+    from astraflow.streams import Bus
+    from astraflow.trainer import distributed
     from astraflow.trainer.service import TrainerService
 
     name = model or settings.run.models[0]
@@ -21,8 +23,16 @@ def main(settings: Settings, url: str, model: str | None = None) -> None:
         raise ValueError(f"model {name!r} is not trained in this run ({settings.run.models})")
     if settings.trainer.threads:
         torch.set_num_threads(settings.trainer.threads)
-    body = lambda bus, stop: TrainerService(settings, bus, name).run(stop)  # noqa: E731
-    asyncio.run(run_until_signalled(settings, url, f"trainer-{name}", body))
+    rank, _ = distributed.setup()
+    try:
+        if rank > 0:  # under torchrun: rank 0 alone talks to Redis, the others follow its commands
+            bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)  # never used
+            TrainerService(settings, bus, name).follow()
+            return
+        body = lambda bus, stop: TrainerService(settings, bus, name).run(stop)  # noqa: E731
+        asyncio.run(run_until_signalled(settings, url, f"trainer-{name}", body))
+    finally:
+        distributed.teardown()
 
 
 if __name__ == "__main__":

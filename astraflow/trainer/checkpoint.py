@@ -37,14 +37,16 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save(root: Path, state: State, model, optimizer, scheduler, keep: int) -> Path:
+def save(
+    root: Path, state: State, model_state: dict, optim_state: dict, scheduler_state: dict, keep: int
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{state.version:08d}"
     tmp = root / f".tmp-v{state.version:08d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save(model.state_dict(), tmp / "model.pt")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    torch.save(model_state, tmp / "model.pt")
+    torch.save({"optimizer": optim_state, "scheduler": scheduler_state}, tmp / "optim.pt")
     torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
     meta = {"version": state.version, "step": state.step, "consumed": state.consumed[-MAX_CONSUMED:]}
     (tmp / META).write_text(json.dumps(meta))
@@ -63,11 +65,11 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path, model, optimizer, scheduler) -> State:
-    model.load_state_dict(torch.load(path / "model.pt", weights_only=True))
+def load(path: Path) -> tuple[State, dict, dict, dict]:
+    """(state, model state dict, optimizer state dict, scheduler state dict); restores the RNG."""
+    model_state = torch.load(path / "model.pt", weights_only=True)
     optim = torch.load(path / "optim.pt", weights_only=False)
-    optimizer.load_state_dict(optim["optimizer"])
-    scheduler.load_state_dict(optim["scheduler"])
     torch.set_rng_state(torch.load(path / "rng.pt", weights_only=False)["torch"])
     meta = json.loads((path / META).read_text())
-    return State(version=meta["version"], step=meta["step"], consumed=list(meta["consumed"]))
+    state = State(version=meta["version"], step=meta["step"], consumed=list(meta["consumed"]))
+    return state, model_state, optim["optimizer"], optim["scheduler"]

@@ -22,7 +22,7 @@ from astraflow.errors import DecodeError
 from astraflow.streams import Bus, Consumer, Entry
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_TRAINER
-from astraflow.trainer import checkpoint
+from astraflow.trainer import checkpoint, distributed
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
 from astraflow.weights.publisher import WeightPublisher, buffer_root, run_secret
@@ -41,6 +41,9 @@ class TrainerService:
             raise ValueError("no starting weights: set trainer.model or engine.model")
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
+        self.rank, self.size = distributed.world()
+        if self.size > 1:
+            distributed.shard(model)  # before the optimizer: it holds the shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run.path / "checkpoints" / model_name
         self.consumer = Consumer(bus, bus.keys.batches(model_name), GROUP_TRAINER, f"trainer-{model_name}")
@@ -48,24 +51,70 @@ class TrainerService:
         self.publisher: WeightPublisher | None = None
         self._unacked: list[Entry] = []
 
+    # -- every rank -----------------------------------------------------------------------------------
+    # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
+
+    def _execute(self, cmd: str, arg=None):
+        p = self.policy
+        if cmd == "restore":
+            state, model_state, optim_state, sched_state = arg if arg is not None else (None, {}, {}, {})
+            distributed.load_full_state(p.model, p.optimizer, model_state, optim_state)
+            if sched_state:
+                p.scheduler.load_state_dict(sched_state)
+            return state
+        if cmd == "train":
+            return p.step(arg)
+        if cmd == "model_state":
+            return distributed.full_model_state(p.model)
+        if cmd == "full_state":
+            return distributed.full_model_state(p.model), distributed.full_optimizer_state(
+                p.model, p.optimizer
+            )
+        raise ValueError(f"unknown trainer command {cmd!r}")
+
+    def _all(self, cmd: str, arg=None):
+        """Run a command on every rank (rank 0 only; blocking)."""
+        if self.size > 1:
+            # Followers get the batch; of a checkpoint, only the scheduler (rank 0 sends the shards).
+            shared = arg if cmd == "train" else (None, {}, {}, arg[3]) if cmd == "restore" else None
+            distributed.broadcast((cmd, shared))
+        return self._execute(cmd, arg)
+
+    def follow(self) -> None:
+        """Ranks > 0: execute rank 0's commands until it says stop."""
+        while True:
+            cmd, arg = distributed.broadcast(None)
+            if cmd == "stop":
+                return
+            self._execute(cmd, arg)
+
+    # -- rank 0 -----------------------------------------------------------------------------------------
+
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._run(stop)
+        finally:
+            if self.size > 1:
+                distributed.broadcast(("stop", None))
+
+    async def _run(self, stop: asyncio.Event) -> None:
         await self.bus.bootstrap(self.settings.run.models)
         latest = checkpoint.latest(self.ckpt_root)
-        p = self.policy
         if latest is not None:
-            self.state = await asyncio.to_thread(checkpoint.load, latest, p.model, p.optimizer, p.scheduler)
+            restored = await asyncio.to_thread(checkpoint.load, latest)
+            self.state = restored[0]
+            await asyncio.to_thread(self._all, "restore", restored)
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
-        state = p.model.state_dict()
+        state = await asyncio.to_thread(self._all, "model_state")
         root = buffer_root(self.settings.weights, self.settings.run.name, f"trainer-{self.model_name}")
         specs = layout.layout(state, self.settings.weights.dtype)
         self.publisher = WeightPublisher(
             self.bus, self.settings.weights, self.model_name, specs, root, secret
         )
-        # Serve the restored (or initial) version; announce it unless that happened before a crash.
-        key = self.bus.keys.weights(self.model_name, self.state.version)
-        announced = await self.bus.call(lambda: self.bus.redis.exists(key))
-        await self.publisher.publish(state, self.state.version, self.state.step, announce=not announced)
+        # Serve the restored (or initial) version; announced at most once per version (dedup key), so
+        # after a crash it is announced only if the crash came before that.
+        await self.publisher.publish(state, self.state.version, self.state.step)
         renew = asyncio.create_task(self._renew_loop())
         try:
             while not stop.is_set() and not self._done():
@@ -90,7 +139,7 @@ class TrainerService:
             await self._ack([entry])
             log.info("batch_already_trained", batch=batch.uid)
             return
-        stats = await asyncio.to_thread(self.policy.step, batch)
+        stats = await asyncio.to_thread(self._all, "train", batch)
         self.state.version += 1
         self.state.step += self.settings.trainer.minibatches
         self.state.consumed.append(batch.uid)
@@ -109,14 +158,22 @@ class TrainerService:
 
     async def _commit(self) -> None:
         """Checkpoint (durable), then acknowledge what it holds, then publish its version."""
-        p, t = self.policy, self.settings.trainer
+        t = self.settings.trainer
         await self.publisher.wait()  # the last publication's background work reads the weights too
+        model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
+        sched_state = self.policy.scheduler.state_dict()
         await asyncio.to_thread(
-            checkpoint.save, self.ckpt_root, self.state, p.model, p.optimizer, p.scheduler, t.keep_checkpoints
+            checkpoint.save,
+            self.ckpt_root,
+            self.state,
+            model_state,
+            optim_state,
+            sched_state,
+            t.keep_checkpoints,
         )
         await self._ack(self._unacked)
         self._unacked = []
-        await self.publisher.publish(p.model.state_dict(), self.state.version, self.state.step)
+        await self.publisher.publish(model_state, self.state.version, self.state.step)
 
     async def _ack(self, entries: list[Entry]) -> None:
         stream = self.bus.keys.batches(self.model_name)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from astraflow.messages import Batch
-from astraflow.trainer.batching import micro_batches, samples, split, token_logprobs
+from astraflow.trainer.batching import MicroBatch, Sample, micro_batches, samples, split, token_logprobs
+from astraflow.trainer.distributed import sync_max, world
 from astraflow.trainer.losses import policy_loss
 from astraflow.trainer.settings import TrainerSettings
 
@@ -36,14 +38,21 @@ class PolicyTrainer:
         items = samples(batch)
         stats: dict[str, list[float]] = {}
         tokens = 0
+        rank, size = world()
+        cfg = self.settings.loss
         for part in split(items, self.settings.minibatches):
-            mbs = micro_batches(part, self.settings.micro_batch_tokens, self.pad_id)
+            # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
+            # ranks, so each rank's share of the mean is scaled by the world size.
+            denominator = (
+                sum(
+                    int(s.mask[1:].sum()) if cfg.aggregation == "token_mean" else int(s.mask[1:].any())
+                    for s in part
+                )
+                / size
+            )
+            mbs = self._micro_batches(part[rank::size], part[0])
             prox = [self._logprobs(self.model, mb) for mb in mbs] if self.needs_prox else [None] * len(mbs)
             refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
-            cfg = self.settings.loss
-            denominator = sum(
-                mb.n_tokens if cfg.aggregation == "token_mean" else mb.n_sequences for mb in mbs
-            )
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             for mb, p, r in zip(mbs, prox, refs, strict=True):
@@ -51,7 +60,7 @@ class PolicyTrainer:
                 loss, s = policy_loss(logp, mb.behav, mb.adv, mb.mask, cfg, p, r, float(denominator))
                 loss.backward()
                 n = mb.mask.sum().clamp(min=1)
-                s["loss"] = float(loss)
+                s["loss"] = float(loss.detach())
                 s["entropy"] = float((entropy * mb.mask).sum() / n)
                 s["engine_mismatch"] = float(((logp.detach() - mb.behav).abs() * mb.mask).sum() / n)
                 for k, v in s.items():
@@ -81,6 +90,16 @@ class PolicyTrainer:
             lr=float(self.scheduler.get_last_lr()[0]),
         )
         return out
+
+    def _micro_batches(self, mine: list[Sample], any_sample: Sample) -> list[MicroBatch]:
+        """This rank's micro-batches, as many on every rank: FSDP's collectives run in every forward,
+        so a rank with fewer runs empty ones (a real sample with its mask zeroed: no gradient)."""
+        mbs = micro_batches(mine, self.settings.micro_batch_tokens, self.pad_id) if mine else []
+        count = sync_max(len(mbs))
+        while len(mbs) < count:
+            empty = replace(any_sample, mask=np.zeros_like(any_sample.mask))
+            mbs.append(micro_batches([empty], self.settings.micro_batch_tokens, self.pad_id)[0])
+        return mbs
 
     @torch.no_grad()
     def _logprobs(self, model, mb) -> torch.Tensor:

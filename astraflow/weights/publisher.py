@@ -64,15 +64,13 @@ class WeightPublisher:
         self._digest = ""  # of the served version
         self._delta_files: dict[int, object] = {}
 
-    async def publish(
-        self, state: Mapping, version: int, step: int, eval_: bool = False, announce: bool = True
-    ) -> None:
-        """Offload `state` as `version`; the rest happens in the background (see `wait`). With
-        `announce=False` only the manifest is (re)written: a restarted trainer serving a version that was
-        announced before its crash."""
+    async def publish(self, state: Mapping, version: int, step: int, eval_: bool = False) -> None:
+        """Offload `state` as `version`; the rest happens in the background (see `wait`). A version is
+        announced in `versions` at most once (a restarted trainer republishing it rewrites the manifest,
+        so receivers find its new endpoint, and adds no entry)."""
         await self.wait()
         half = await asyncio.to_thread(self.buffer.write_state, state)
-        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, announce))
+        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_))
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""
@@ -80,15 +78,16 @@ class WeightPublisher:
             task, self._finishing = self._finishing, None
             await task
 
-    async def _finish(self, half: Half, version: int, step: int, eval_: bool, announce: bool) -> None:
+    async def _finish(self, half: Half, version: int, step: int, eval_: bool) -> None:
         base = self.buffer.served
         whole, chunks = await asyncio.to_thread(layout.digests, half.data)
         base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
         if base is not None and base.version is not None:
             delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
-            delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
-            self._serve_delta(version, delta)
+            if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
+                delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
+                self._serve_delta(version, delta)
         old = base.version if base is not None else None
         self.buffer.flip(version)
         source = Source(
@@ -97,7 +96,7 @@ class WeightPublisher:
         self.server.register(self.model, version, "full", source)
         if old is not None:
             self.server.unregister(self.model, old, "full")  # its half is written next
-        full = base is None or base.version is None or version % self.settings.full_every == 0
+        full = not delta_digest or version % self.settings.full_every == 0
         manifest = WeightManifest(
             uid=f"{self.model}:{version}:{self.incarnation}",
             model=self.model,
@@ -115,7 +114,7 @@ class WeightPublisher:
             delta_digest=delta_digest,
             base_digest=base_digest,
         )
-        await self._announce(manifest, step, eval_, announce)
+        await self._announce(manifest, step, eval_)
 
     def _serve_delta(self, version: int, delta: bytes) -> None:
         path = self.deltas / f"{version}.bin"
@@ -128,7 +127,7 @@ class WeightPublisher:
             self._delta_files.pop(old).close()  # type: ignore[attr-defined]
             (self.deltas / f"{old}.bin").unlink(missing_ok=True)
 
-    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, announce: bool) -> None:
+    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
         redis, ttl = self.bus.redis, self.settings.manifest_ttl_s
 
@@ -137,8 +136,6 @@ class WeightPublisher:
                 await pipe.delete(key).hset(key, mapping=encode(manifest)).expire(key, ttl).execute()
 
         await self.bus.call(write)
-        if not announce:
-            return
         msg = VersionPublished(
             uid=manifest.uid,
             model=self.model,
@@ -148,7 +145,8 @@ class WeightPublisher:
             incarnation=self.incarnation,
             eval=eval_,
         )
-        await self.bus.publish(Out(self.bus.keys.versions, encode(msg), f"version:{manifest.uid}"))
+        dedup = f"version:{self.model}:{manifest.version}"
+        await self.bus.publish(Out(self.bus.keys.versions, encode(msg), dedup))
         log.info(
             "weights_published",
             model=self.model,

@@ -1,0 +1,97 @@
+"""Several ranks for one policy: FSDP2 (`fully_shard`) under `torchrun`, gloo on CPU, NCCL on GPUs.
+
+Rank 0 alone talks to Redis: it reads each batch and broadcasts it, checkpoints, acknowledges and
+publishes. Every rank trains on its share of the batch's samples; FSDP2 averages the gradients. Why
+rank 0 alone: a batch is one stream entry, so one reader keeps the exactly-once bookkeeping (pending
+list, acknowledgements, checkpointed batch ids) in one place; the other ranks would only add Redis
+round trips for bytes rank 0 already has (a batch is small next to the model's collectives).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) without torchrun."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def setup() -> tuple[int, int]:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return world()
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard(model) -> None:
+    """FSDP2: each decoder layer its own unit, then the rest."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def broadcast(obj=None):
+    """Rank 0's `obj` on every rank (pickled by torch.distributed between our own ranks only)."""
+    if world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sync_max(n: int) -> int:
+    """The largest `n` over the ranks. Collective."""
+    if world()[1] == 1:
+        return n
+    t = torch.tensor([n])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def full_model_state(model) -> dict:
+    """The whole model state dict on rank 0 (on CPU); empty on the others. Collective."""
+    if world()[1] == 1:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(model, optimizer) -> dict:
+    """The whole optimizer state dict on rank 0. Collective."""
+    if world()[1] == 1:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_full_state(model, optimizer, model_state: dict, optim_state: dict) -> None:
+    """Load full state dicts that rank 0 read from a checkpoint into every rank's shards. Collective."""
+    if world()[1] == 1:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optim_state)
+        return
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True)
+    set_model_state_dict(model, model_state, options=options)
+    set_optimizer_state_dict(model, optimizer, optim_state, options=options)

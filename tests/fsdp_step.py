@@ -1,0 +1,32 @@
+"""One training step of the tiny model under torchrun (FSDP2 on gloo): `torchrun --nproc_per_node N -m
+tests.fsdp_step MODEL_DIR OUT.pt` saves the full parameters after the step (rank 0)."""
+
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from astraflow.trainer import distributed
+from astraflow.trainer.settings import TrainerSettings
+from astraflow.trainer.step import PolicyTrainer
+from tests.trainer_helpers import make_batch
+
+SEQS = [[5, 6, 7, 8, 9], [5, 6, 10], [5, 6, 13, 14], [5, 6, 15, 16, 17, 18], [5, 6, 19, 20, 21]]
+REWARDS = [1, 0, 0.5, 0, 1]
+
+
+def main(model_dir: str, out: str) -> None:
+    rank, size = distributed.setup()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    batch = make_batch(model, SEQS, REWARDS)  # behaviour logprobs from the unsharded starting model
+    if size > 1:
+        distributed.shard(model)
+    trainer = PolicyTrainer(model, TrainerSettings(lr=1e-3, micro_batch_tokens=12, minibatches=2))
+    trainer.step(batch)
+    state = distributed.full_model_state(model)
+    if rank == 0:
+        torch.save({k: v.detach().clone() for k, v in state.items()}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
