@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
+    run.add_argument("--resume", action="store_true", help="continue the stopped run in the run directory")
     command("inspect", _cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
     redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
@@ -232,11 +233,16 @@ def _cmd_model_tiny(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from workers import demo
-
     if args.recipe is None:
         args.recipe = DEFAULT_RECIPE
-    return demo.main(_settings(args), keep_redis=args.keep_redis)
+    settings = _settings(args)
+    if settings.run.kind == "demo":
+        from workers import demo
+
+        return demo.main(settings, keep_redis=args.keep_redis)
+    from workers import launcher
+
+    return launcher.main(settings, keep_redis=args.keep_redis, resume=args.resume)
 
 
 if __name__ == "__main__":

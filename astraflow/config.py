@@ -11,7 +11,7 @@ import json
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import yaml
@@ -29,6 +29,20 @@ from astraflow.weights.settings import WeightsSettings
 ENV_PREFIX = "ASTRAFLOW_"
 
 
+class TinyModelSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: Literal["char", "bpe"] = "char"
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 4
+    intermediate: int = 512
+    warm_start_task: str | None = "addition"
+    warm_start_steps: int = Field(300, ge=0)
+    seed: int = 0
+
+
 class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -39,6 +53,22 @@ class RunSettings(BaseModel):
     seed: int = 0
     models: list[str] = Field(default_factory=lambda: ["policy"], min_length=1)
     """Policies trained in this run; each has its own `batches:<model>` stream and trainer."""
+    kind: Literal["train", "demo"] = "train"
+    """What `astraflow run` runs: the training loop, or the bus demo."""
+    raas_workers: int = Field(1, ge=1)
+    """RaaS worker processes `astraflow run` starts."""
+    target_reward: float | None = 0.8
+    """`astraflow run` stops once every model's moving-average reward reaches this."""
+    reward_window: int = Field(10, ge=1)
+    """Trainer steps in the moving average."""
+    max_steps: int | None = Field(None, ge=1)
+    """`astraflow run` stops after this many versions of every model."""
+    max_time_s: float | None = Field(None, gt=0)
+    """`astraflow run` stops after this long."""
+    eval_every_s: float = Field(30.0, gt=0)
+    """How often the launcher measures held-out greedy accuracy (built-in tasks)."""
+    tiny: TinyModelSettings | None = None
+    """Build this tiny model (cached) and use it as engine.model and trainer.model."""
 
     @property
     def path(self) -> Path:

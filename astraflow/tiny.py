@@ -47,9 +47,25 @@ def build_tokenizer(vocab_size: int = 512):
     return fast
 
 
+CHAR_VOCAB = ["<pad>", "<eos>", *"0123456789", "+", "="]
+"""The character-level vocabulary of the default addition recipe (14 tokens)."""
+
+
+def build_char_tokenizer():
+    """One token per character of `CHAR_VOCAB`, pad and eos; decoding concatenates characters."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(CHAR_VOCAB)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
 def build(
     out_dir: str | Path,
     *,
+    tokenizer_kind: str = "bpe",
     hidden: int = 256,
     layers: int = 4,
     heads: int = 4,
@@ -64,7 +80,11 @@ def build(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size)
+    if tokenizer_kind == "char":
+        tokenizer = build_char_tokenizer()
+        vocab_size = len(CHAR_VOCAB)
+    else:
+        tokenizer = build_tokenizer(vocab_size)
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -72,7 +92,7 @@ def build(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=512,
+        max_position_embeddings=512 if tokenizer_kind == "bpe" else 64,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,

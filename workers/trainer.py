@@ -39,4 +39,4 @@ if __name__ == "__main__":
     import os
 
     s = load_settings()
-    main(s, s.redis.url or "", os.environ.get("ASTRAFLOW_TRAINER_MODEL"))
+    main(s, s.redis.url or "", os.environ.get("ASTRAFLOW_POLICY"))

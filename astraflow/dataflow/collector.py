@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import structlog
 
@@ -48,11 +49,32 @@ class Collector:
             replies = await self.store.collect(self.consumer.name, items)
         finally:
             self.consumer.settled([it.entry_id for it in items])
+        settled = []
         for item, (status, *outcomes) in zip(items, replies, strict=True):
             if status in ("lost", "unknown"):
                 log.warning("rollout_not_settled", uid=item.uid, status=status)
-            else:
-                log.debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
+                continue
+            log.debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
+            if status == "ok":
+                settled.append(item)
+        await self._metrics(settled)
+
+    async def _metrics(self, items: list[Collected]) -> None:
+        """On-policy reward of what was collected (before any filter): `kind=rollouts` in `metrics`."""
+        scored = [(it.mean_reward, it.parts[0].n_samples) for it in items if it.mean_reward is not None]
+        if not scored:
+            return
+        bus = self.store.bus
+        fields = {
+            "kind": "rollouts",
+            "model": self.store.models[0],
+            "groups": str(len(scored)),
+            "samples": str(sum(n for _, n in scored)),
+            "reward_sum": repr(sum(r * n for r, n in scored)),
+            "time": f"{time.time():.3f}",
+        }
+        maxlen = bus.settings.capped_maxlen
+        await bus.call(lambda: bus.redis.xadd(bus.keys.metrics, fields, maxlen=maxlen, approximate=True))
 
     async def _judge(self, entry: Entry) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released."""

@@ -85,6 +85,7 @@ class PolicyTrainer:
             staleness_mean=float(np.mean(lags)),
             staleness_max=float(np.max(lags)),
             tokens=float(tokens),
+            samples=float(len(items)),
             tokens_per_s=tokens / elapsed if elapsed else 0.0,
             step_s=elapsed,
             lr=float(self.scheduler.get_last_lr()[0]),

@@ -1,0 +1,1 @@
+"""The one-machine launcher: supervised worker processes, live progress, the run directory's report."""

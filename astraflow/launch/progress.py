@@ -1,0 +1,179 @@
+"""What a run is doing, read from Redis alone (so `astraflow top` can show a run started elsewhere).
+
+`Progress.poll` reads the trainers' new `metrics` entries (appending them to `metrics.jsonl` when given a
+path), the ledger, the RaaS heartbeats and the streams' lag; `render` turns a snapshot into a rich table,
+`line` into one plain log line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from astraflow.dataflow.ledger import Ledger, read_ledger
+from astraflow.errors import DecodeError
+from astraflow.messages import Heartbeat, decode
+from astraflow.streams import Bus
+from astraflow.streams.inspect import inspect_run
+
+
+@dataclass
+class ModelProgress:
+    steps: list[tuple[int, float, float]] = field(default_factory=list)
+    """(version, wall seconds since start, on-policy reward): the mean reward of all rollouts collected
+    since the previous step (before dynamic sampling drops groups), else of the step's batch."""
+    last: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Reward sum and samples of rollouts collected since the last step."""
+
+    def moving_reward(self, window: int) -> float | None:
+        tail = [r for _, _, r in self.steps[-window:]]
+        return sum(tail) / len(tail) if tail else None
+
+
+@dataclass
+class Snapshot:
+    elapsed_s: float
+    models: dict[str, ModelProgress]
+    ledger: Ledger | None
+    raas: list[Heartbeat]
+    streams: list
+    eval_accuracy: float | None = None
+
+
+class Progress:
+    def __init__(self, bus: Bus, models: list[str], window: int, metrics_path: Path | None = None) -> None:
+        self.bus, self.window, self.metrics_path = bus, window, metrics_path
+        self.models = {m: ModelProgress() for m in models}
+        self.started = time.time()
+        self._cursor = "0-0"
+        self._recent: deque[tuple[float, int]] = deque(maxlen=50)
+        self.eval_accuracy: float | None = None
+        self.evals: list[tuple[int, float, float]] = []
+        """(trainer version, wall seconds, greedy accuracy)."""
+
+    async def poll(self) -> Snapshot:
+        await self._read_metrics()
+        ledger = await read_ledger(self.bus, list(self.models))
+        raas = []
+        async for key in self.bus.redis.scan_iter(match=self.bus.keys.raas("*"), count=1000):
+            fields = await self.bus.redis.hgetall(key)
+            try:
+                raas.append(decode(fields, Heartbeat))
+            except DecodeError:
+                continue
+        streams = await inspect_run(self.bus)
+        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, self.eval_accuracy)
+
+    async def _read_metrics(self) -> None:
+        reply = await self.bus.redis.xread({self.bus.keys.metrics: self._cursor}, count=10_000)
+        entries = reply[0][1] if reply else []
+        out = self.metrics_path.open("a") if self.metrics_path else None
+        try:
+            for entry_id, fields in entries:
+                self._cursor = entry_id.decode()
+                f = {k.decode(): v.decode() for k, v in fields.items()}
+                if f.get("model") not in self.models:
+                    continue
+                m = self.models[f["model"]]
+                if f.get("kind") == "rollouts":
+                    m.pending[0] += float(f["reward_sum"])
+                    m.pending[1] += int(f["samples"])
+                    continue
+                if f.get("kind") != "trainer":
+                    continue
+                stats = json.loads(f["data"])
+                at = float(f["time"]) - self.started
+                reward = m.pending[0] / m.pending[1] if m.pending[1] else stats.get("reward_mean", 0.0)
+                m.pending = [0.0, 0.0]
+                stats["rollout_reward"] = reward
+                m.steps.append((int(f["version"]), at, reward))
+                m.last = stats
+                m.samples += int(stats.get("samples", 0))
+                if out is not None:
+                    record = {
+                        "model": f["model"],
+                        "version": int(f["version"]),
+                        "wall_s": round(at, 3),
+                        **stats,
+                    }
+                    out.write(json.dumps(record) + "\n")
+        finally:
+            if out is not None:
+                out.close()
+
+
+def samples_per_s(m: ModelProgress) -> float:
+    if len(m.steps) < 2:
+        return 0.0
+    span = m.steps[-1][1] - m.steps[0][1]
+    return m.samples / span if span > 0 else 0.0
+
+
+def line(s: Snapshot, window: int) -> str:
+    """One plain progress line (non-TTY output)."""
+    parts = [f"{s.elapsed_s:7.1f}s"]
+    for name, m in s.models.items():
+        ma = m.moving_reward(window)
+        version = m.steps[-1][0] if m.steps else 0
+        ma_text = f"{ma:.3f}" if ma is not None else "-"
+        parts.append(f"{name} v{version} reward(ma{window}) {ma_text}")
+        if m.last:
+            parts.append(
+                f"tok/s {m.last.get('tokens_per_s', 0):.0f} staleness {m.last.get('staleness_mean', 0):.2f}"
+            )
+    if s.eval_accuracy is not None:
+        parts.append(f"eval {s.eval_accuracy:.3f}")
+    if s.ledger is not None:
+        parts.append(f"ledger sub {s.ledger.submitted} fly {s.ledger.in_flight} dead {s.ledger.dead}")
+    return "  ".join(parts)
+
+
+def render(s: Snapshot, window: int, target: float | None):
+    """A rich renderable of the snapshot (the live view)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    top = Table(title=f"astraflow  {s.elapsed_s:.0f}s", expand=True)
+    for col in ("model", "version", f"reward ma{window}", "eval acc", "samples/s", "tokens/s", "staleness"):
+        top.add_column(col)
+    for name, m in s.models.items():
+        ma = m.moving_reward(window)
+        top.add_row(
+            name,
+            str(m.steps[-1][0] if m.steps else 0),
+            f"{ma:.3f}" + (f" / {target}" if target else "") if ma is not None else "-",
+            f"{s.eval_accuracy:.3f}" if s.eval_accuracy is not None else "-",
+            f"{samples_per_s(m):.0f}",
+            f"{m.last.get('tokens_per_s', 0):.0f}",
+            f"{m.last.get('staleness_mean', 0):.2f} (max {m.last.get('staleness_max', 0):.0f})",
+        )
+    workers = Table(title="RaaS", expand=True)
+    for col in ("worker", "versions", "load", "engine"):
+        workers.add_column(col)
+    for hb in s.raas:
+        workers.add_row(hb.uid, str(hb.versions), f"{hb.in_flight}/{hb.capacity}", hb.engine)
+    streams = Table(title="streams", expand=True)
+    for col in ("stream", "length", "group", "pending", "lag"):
+        streams.add_column(col)
+    for v in s.streams:
+        for g in v.groups or [None]:
+            name = (
+                v.key.rsplit(":", 1)[-1]
+                if ":batches:" not in v.key
+                else "batches:" + v.key.rsplit(":", 1)[-1]
+            )
+            if g is None:
+                streams.add_row(name, str(v.length), "-", "-", "-")
+            else:
+                streams.add_row(
+                    name, str(v.length), g.name, str(g.pending), str(g.lag if g.lag is not None else "-")
+                )
+    parts = [top, workers, streams]
+    if s.ledger is not None:
+        parts.append(s.ledger.render())
+    return Group(*parts)

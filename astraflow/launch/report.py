@@ -1,0 +1,63 @@
+"""What a run leaves: `summary.json` and `reward.png` (reward and eval accuracy against step and time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from astraflow.launch.progress import Progress, samples_per_s
+
+
+def summary(progress: Progress, window: int, extra: dict) -> dict:
+    models = {}
+    for name, m in progress.models.items():
+        rewards = [r for _, _, r in m.steps]
+        models[name] = {
+            "versions": m.steps[-1][0] if m.steps else 0,
+            "reward_first_window": sum(rewards[:window]) / len(rewards[:window]) if rewards else None,
+            "reward_last_window": m.moving_reward(window),
+            "samples_per_s": samples_per_s(m),
+        }
+    return {"models": models, "evals": progress.evals, **extra}
+
+
+def write(run_dir: Path, progress: Progress, window: int, extra: dict) -> dict:
+    data = summary(progress, window, extra)
+    (run_dir / "summary.json").write_text(json.dumps(data, indent=2))
+    plot(run_dir / "reward.png", progress, window)
+    return data
+
+
+def plot(path: Path, progress: Progress, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, m in progress.models.items():
+        steps = [s for s, _, _ in m.steps]
+        times = [t for _, t, _ in m.steps]
+        rewards = [r for _, _, r in m.steps]
+        ma = [
+            sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
+            for i in range(len(rewards))
+        ]
+        by_step.plot(steps, ma, label=f"{name} reward (ma{window})")
+        by_time.plot(times, ma, label=f"{name} reward (ma{window})")
+    if progress.evals:
+        by_step.plot(
+            [v for v, _, _ in progress.evals], [a for _, _, a in progress.evals], "o-", label="eval acc"
+        )
+        by_time.plot(
+            [t for _, t, _ in progress.evals], [a for _, _, a in progress.evals], "o-", label="eval acc"
+        )
+    by_step.set_xlabel("trainer step (version)")
+    by_time.set_xlabel("wall time (s)")
+    for ax in (by_step, by_time):
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,227 @@
+"""`astraflow run RECIPE`: the whole loop on one machine, supervised, until the recipe's target.
+
+Starts an embedded Redis (unless `--redis`), builds the recipe's tiny model once (cached), starts the
+dataflow, the RaaS workers and one trainer per model as separate processes (restarted when they die),
+shows progress, and leaves logs, `metrics.jsonl`, checkpoints, `summary.json` and `reward.png` in the run
+directory. Ctrl-C stops everything cleanly; `--resume` continues a stopped run from its directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+from astraflow import logs, redis_server
+from astraflow.config import Settings, redact_url, to_env
+from astraflow.launch import report
+from astraflow.launch.progress import Progress, line, render
+from astraflow.launch.supervisor import Supervisor, Worker
+from astraflow.streams import Bus
+
+CACHE = Path("runs") / ".cache"
+
+
+def tiny_model(settings: Settings) -> Path:
+    """The recipe's tiny model directory, built (and warm-started) once per configuration."""
+    from astraflow import tiny
+
+    t = settings.run.tiny
+    assert t is not None
+    key = hashlib.sha1(t.model_dump_json().encode()).hexdigest()[:12]
+    path = CACHE / f"tiny-{t.tokenizer}-{key}"
+    if (path / "ready").exists():
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    print(f"building the tiny model in {path} (once)", flush=True)
+    tiny.build(
+        path,
+        tokenizer_kind=t.tokenizer,
+        hidden=t.hidden,
+        layers=t.layers,
+        heads=t.heads,
+        kv_heads=t.kv_heads,
+        intermediate=t.intermediate,
+        seed=t.seed,
+    )
+    if t.warm_start_task and t.warm_start_steps:
+        loss = tiny.warm_start(path, t.warm_start_task, steps=t.warm_start_steps, seed=t.seed)
+        print(
+            f"warm start: {t.warm_start_steps} supervised steps on {t.warm_start_task}, loss {loss:.3f}",
+            flush=True,
+        )
+    (path / "ready").touch()
+    return path
+
+
+def workers(settings: Settings) -> list[Worker]:
+    run_dir = settings.run.path
+    base = to_env(settings)
+
+    def env(**overrides) -> dict[str, str]:
+        s = settings.model_copy(deep=True)
+        for dotted, value in overrides.items():
+            section, key = dotted.split("__")
+            setattr(getattr(s, section), key, value)
+        return {**base, **to_env(s)}
+
+    out = [
+        Worker(
+            "dataflow", "workers.dataflow", env(dataflow__id="dataflow-0"), run_dir / "logs" / "dataflow.log"
+        )
+    ]
+    for i in range(settings.run.raas_workers):
+        out.append(
+            Worker(f"raas-{i}", "workers.raas", env(raas__id=f"raas-{i}"), run_dir / "logs" / f"raas-{i}.log")
+        )
+    for m in settings.run.models:
+        w = Worker(
+            f"trainer-{m}",
+            "workers.trainer",
+            {**base, "ASTRAFLOW_POLICY": m},
+            run_dir / "logs" / f"trainer-{m}.log",
+        )
+        out.append(w)
+    return out
+
+
+def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> int:
+    logs.configure(run=settings.run.name, worker="launcher")
+    run_dir = settings.run.path
+    if run_dir.exists() and not resume:
+        shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if settings.run.tiny is not None:
+        path = str(tiny_model(settings).resolve())
+        settings.engine.model = settings.engine.model or path
+        settings.trainer.model = settings.trainer.model or path
+    server = None
+    if not settings.redis.url:
+        server = redis_server.start(run_dir / "redis")
+        settings.redis.url = server.url
+    print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
+    supervisor = Supervisor()
+    try:
+        for w in workers(settings):
+            supervisor.start(w)
+        return asyncio.run(_watch(settings, supervisor))
+    except KeyboardInterrupt:
+        print("stopping (Ctrl-C)", flush=True)
+        return 130
+    finally:
+        supervisor.stop()
+        if server is not None and not keep_redis:
+            server.stop()
+
+
+async def _watch(settings: Settings, supervisor: Supervisor) -> int:
+    r = settings.run
+    bus = Bus.connect(settings.redis.url or "", r.name, settings.redis, settings.streams)
+    await bus.bootstrap(r.models)
+    progress = Progress(bus, list(r.models), r.reward_window, r.path / "metrics.jsonl")
+    evaluator = _Eval(settings, progress)
+    live = _live() if sys.stdout.isatty() else None
+    reason, last_line = None, 0.0
+    try:
+        while reason is None:
+            await asyncio.sleep(1.0)
+            for name in supervisor.check():
+                print(f"restarted {name}", flush=True)
+            snap = await progress.poll()
+            evaluator.maybe_start()
+            if live is not None:
+                live.update(render(snap, r.reward_window, r.target_reward))
+            elif time.monotonic() - last_line >= 5:
+                print(line(snap, r.reward_window), flush=True)
+                last_line = time.monotonic()
+            reason = _stop_reason(settings, progress)
+    finally:
+        if live is not None:
+            live.stop()
+    supervisor.stop()
+    evaluator.final()
+    extra = {
+        "stopped": reason,
+        "wall_s": round(time.time() - progress.started, 1),
+        "restarts": {n: w.restarts for n, w in supervisor.workers.items()},
+        "ledger": (await progress.poll()).ledger.as_dict(),
+    }
+    data = report.write(r.path, progress, r.reward_window, extra)
+    await bus.close()
+    print(json.dumps(data["models"], indent=2), flush=True)
+    print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
+    return 0
+
+
+def _stop_reason(settings: Settings, progress: Progress) -> str | None:
+    r = settings.run
+    models = progress.models.values()
+    if r.target_reward is not None and all(
+        (m.moving_reward(r.reward_window) or 0) >= r.target_reward and len(m.steps) >= r.reward_window
+        for m in models
+    ):
+        return f"reward target {r.target_reward} reached"
+    if r.max_steps is not None and all(m.steps and m.steps[-1][0] >= r.max_steps for m in models):
+        return f"{r.max_steps} steps"
+    if r.max_time_s is not None and time.time() - progress.started >= r.max_time_s:
+        return f"time limit {r.max_time_s:.0f}s"
+    return None
+
+
+class _Eval:
+    """Held-out greedy accuracy of the latest checkpoint, in a thread, every `run.eval_every_s`."""
+
+    def __init__(self, settings: Settings, progress: Progress) -> None:
+        self.settings, self.progress = settings, progress
+        ds = settings.dataflow.dataset
+        self.task = ds.task if ds.type == "task" else None
+        self._thread: threading.Thread | None = None
+        self._last = 0.0
+        self._evaluator = None
+
+    def _checkpoint(self) -> Path | None:
+        from astraflow.trainer import checkpoint
+
+        model = self.settings.run.models[0]
+        root = self.settings.trainer.checkpoint_dir or self.settings.run.path / "checkpoints" / model
+        return checkpoint.latest(root)
+
+    def _run(self) -> None:
+        from astraflow.launch.evaluate import Evaluator
+
+        path = self._checkpoint()
+        if path is None or self.task is None:
+            return
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.settings.trainer.model or self.settings.engine.model, self.task)
+        accuracy = self._evaluator.accuracy(path)
+        version = int(json.loads((path / "meta.json").read_text())["version"])
+        self.progress.eval_accuracy = accuracy
+        self.progress.evals.append((version, time.time() - self.progress.started, accuracy))
+
+    def maybe_start(self) -> None:
+        busy = self._thread is not None and self._thread.is_alive()
+        if busy or self.task is None or time.monotonic() - self._last < self.settings.run.eval_every_s:
+            return
+        self._last = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def final(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.task is not None:
+            self._run()
+
+
+def _live():
+    from rich.live import Live
+
+    live = Live(refresh_per_second=2)
+    live.start()
+    return live
