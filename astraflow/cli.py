@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
     run.add_argument("--resume", action="store_true", help="continue the stopped run in the run directory")
+    command("top", _cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
     command("inspect", _cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
     redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
@@ -144,6 +145,24 @@ def _cmd_redis(args) -> int:
         )
         return 0 if alive else 3
     return 0
+
+
+def _cmd_top(args) -> int:
+    settings = _settings(args)
+    return asyncio.run(_with_bus(settings, lambda bus: _top(bus, settings)))
+
+
+async def _top(bus, settings) -> int:
+    from rich.live import Live
+
+    from astraflow.launch.progress import Progress, render
+
+    r = settings.run
+    progress = Progress(bus, list(r.models), r.reward_window)
+    with Live(refresh_per_second=2) as live:
+        while True:
+            live.update(render(await progress.poll(), r.reward_window, r.target_reward))
+            await asyncio.sleep(1.0)
 
 
 def _cmd_inspect(args) -> int:

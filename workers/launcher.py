@@ -96,6 +96,8 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if settings.trainer.mode == "sync":
+        settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
     if settings.run.tiny is not None:
         path = str(tiny_model(settings).resolve())
         settings.engine.model = settings.engine.model or path

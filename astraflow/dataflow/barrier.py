@@ -26,8 +26,9 @@ VERSIONED = re.compile(r"(?:eval|manifest:.+|checkpoint:.+):(\d+)")
 
 
 class Barrier:
-    def __init__(self, store: Store, name: str) -> None:
-        self.store = store
+    def __init__(self, store: Store, name: str, synchronous: bool = False) -> None:
+        self.store, self.synchronous = store, synchronous
+        """Every notice synchronous (sync mode): a RaaS loads it before generating anything else."""
         self.consumer = Consumer(store.bus, store.keys.versions, GROUP_DATAFLOW, name)
 
     async def step(self, block_ms: int | None) -> int:
@@ -79,7 +80,7 @@ class Barrier:
             models={m: version for m in models},
             manifests={m: k for m, k in manifests.items() if k},
             checkpoints={m: c for m, c in checkpoints.items() if c},
-            eval=f"eval:{version}" in state,
+            eval=self.synchronous or f"eval:{version}" in state,
         )
         return encode(notice)
 

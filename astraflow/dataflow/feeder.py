@@ -67,16 +67,29 @@ class Feeder:
 
     async def limits(self) -> tuple[int, int]:
         """(backlog limit in prompt groups, ready-set limit in groups)."""
-        f, b = self.feeder, self.settings.dataflow.batch
+        f = self.feeder
         backlog = max(f.min_backlog, math.ceil(f.backlog_factor * await self.pool_slots()))
-        groups_per_batch = b.size if b.unit == "groups" else math.ceil(b.size / f.n_samples)
-        ready = math.ceil(f.max_ready_batches * groups_per_batch) * len(self.settings.run.models)
+        ready = math.ceil(f.max_ready_batches * self._groups_per_batch()) * len(self.settings.run.models)
         return backlog, ready
+
+    def _groups_per_batch(self) -> int:
+        b = self.settings.dataflow.batch
+        return b.size if b.unit == "groups" else math.ceil(b.size / self.feeder.n_samples)
+
+    def _batch_formed(self, state: dict[str, str], version: int) -> bool:
+        """Sync mode: whether every model's batch for `version` exists (or no version is announced yet)."""
+        if "notice" not in state:
+            return True
+        models = self.settings.run.models
+        return all(int(state.get(f"batch_version:{m}", -1)) >= version for m in models)
 
     async def step(self) -> tuple[str, int]:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
         state = await self.store.state()
         cursor, version = int(state.get("cursor", 0)), max(int(state.get("notice", 0)), 0)
+        sync = self.settings.trainer.mode == "sync"
+        if sync and self._batch_formed(state, version):
+            return "full", 0  # lockstep: this version's batch is formed; wait for the next version
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [random.Random(f"{self.settings.run.seed}:curate:{p}").random() for p in positions]
@@ -87,6 +100,8 @@ class Feeder:
             fields = encode(self._group(uid, row, version)) if submit else {}
             items.append(SubmitItem(submit, uid, row, version, fields))
         backlog_limit, ready_limit = await self.limits()
+        if sync:  # no more than one batch's worth in flight
+            backlog_limit = min(backlog_limit, self._groups_per_batch())
         status, _, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
         if submitted:
             log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)

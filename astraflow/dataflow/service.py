@@ -53,7 +53,7 @@ class Dataflow:
             rows = load_rows(settings.dataflow.dataset, settings.run.seed)
         self.feeder = Feeder(settings, self.store, rows)
         self.collector = Collector(self.store, name)
-        self.barrier = Barrier(self.store, name)
+        self.barrier = Barrier(self.store, name, synchronous=settings.trainer.mode == "sync")
         self.former = BatchFormer(self.store)
         self._collected = asyncio.Event()
 

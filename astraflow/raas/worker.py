@@ -52,6 +52,7 @@ class RaasWorker:
         self.started_at = time.time()
         self._workflows: dict[str, RolloutWorkflow] = {}
         self._loads = asyncio.Lock()
+        self._loaded = asyncio.Condition()  # notified after every weight load
         self._synced = asyncio.Event()  # cleared while an eval notice is being loaded
         self._synced.set()
         self.runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, worker_id), self.handle, r.slots)
@@ -72,6 +73,11 @@ class RaasWorker:
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
         await self._synced.wait()
+        if self.settings.trainer.mode == "sync":  # lockstep: the weights of the group's version, no older
+            async with self._loaded:
+                await self._loaded.wait_for(
+                    lambda: all(self.engines[m].version >= group.version for m in group.models)
+                )
         flow = self._workflow(group.workflow)
         engines = {m: self.engines[m] for m in group.models}
         started = time.perf_counter()
@@ -170,6 +176,8 @@ class RaasWorker:
                 await engine.load_weights(path, version)
             finally:
                 await engine.resume()
+        async with self._loaded:
+            self._loaded.notify_all()
         self.metrics.loaded(time.perf_counter() - started)
         log.info(
             "weights_loaded",

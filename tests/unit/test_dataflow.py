@@ -341,3 +341,24 @@ async def test_a_prompt_group_dead_lettered_by_a_raas_is_settled_in_the_ledger()
     await consumer.dead_letter(first, "DecodeError: sample: bad")  # a retry counts nothing twice
     ledger = await ledger_of(bus, df)
     assert (ledger.submitted, ledger.dead, ledger.in_flight) == (2, 1, 1)
+
+
+async def test_sync_mode_submits_one_batch_per_version_and_waits_for_the_next():
+    bus, df = make("trainer.mode=sync", "dataflow.feeder.min_backlog=100", "dataflow.max_staleness_steps=0")
+    await bus.bootstrap(["policy"])
+    assert await df.feeder.step() == ("full", 0)  # no version announced yet
+    await publish_version(bus, "policy", 0)
+    await df.barrier.step(1)
+    notice = decode((await bus.redis.xrange(bus.keys.notices))[-1][1], VersionNotice)
+    assert notice.eval  # lockstep: every RaaS loads it before generating
+    await df.feeder.step()
+    assert await bus.redis.xlen(bus.keys.prompts) == 2  # one batch: 8 samples = 2 groups of 4
+    await roll_out(bus, 100, lambda g, i: float(i % 2))
+    await df.collector.step(1)
+    assert await df.former.step("policy") == "ok"
+    assert await df.feeder.step() == ("full", 0)  # version 0's batch exists
+    await train(bus, "policy")
+    await publish_version(bus, "policy", 1)
+    await df.barrier.step(1)
+    await df.feeder.step()
+    assert await bus.redis.xlen(bus.keys.prompts) == 4

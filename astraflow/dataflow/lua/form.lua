@@ -114,6 +114,7 @@ local batch_id = redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1'
   'model', model, 'version', version, 'seq', seq, 'groups', table.concat(uids, ' '),
   'replayed', table.concat(replayed_uids, ' '), 'refs', refs_text)
 redis.call('ZADD', formed, 0, sortable(batch_id) .. ' ' .. batch_id .. ' ' .. refs_text)
+redis.call('HSET', state, 'batch_version:' .. model, version)
 
 for _, member in ipairs(fresh) do
   local uid, _, _, ref = parse_member(member)
