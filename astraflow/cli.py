@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
-    run.add_argument("--resume", action="store_true", help="continue the stopped run in the run directory")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
     command("top", _cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
     command("inspect", _cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
@@ -252,6 +252,9 @@ def _cmd_model_tiny(args) -> int:
 
 
 def _cmd_run(args) -> int:
+    if args.resume:  # the run's own settings, as it saved them (overrides still apply)
+        args.recipe = str(Path(args.resume) / "settings.yaml")
+        args.set = [*args.set, f"run.dir={args.resume}"]
     if args.recipe is None:
         args.recipe = DEFAULT_RECIPE
     settings = _settings(args)
@@ -261,7 +264,7 @@ def _cmd_run(args) -> int:
         return demo.main(settings, keep_redis=args.keep_redis)
     from workers import launcher
 
-    return launcher.main(settings, keep_redis=args.keep_redis, resume=args.resume)
+    return launcher.main(settings, keep_redis=args.keep_redis, resume=bool(args.resume))
 
 
 if __name__ == "__main__":

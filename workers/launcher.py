@@ -90,12 +90,31 @@ def workers(settings: Settings) -> list[Worker]:
     return out
 
 
+def _save_settings(settings: Settings, path: Path) -> None:
+    """The run's settings for `--resume` (owner-readable only: they may hold secrets); the embedded
+    Redis's URL is left out, a resumed run starts it again from its data."""
+    import os
+
+    import yaml
+
+    data = json.loads(json.dumps(settings.model_dump(mode="json"), default=str))
+    if settings.redis.url is None:
+        data["redis"].pop("url", None)
+    for section, key in (("redis", "password"), ("weights", "secret")):
+        value = getattr(getattr(settings, section), key)
+        data[section][key] = value.get_secret_value() if value is not None else None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+
+
 def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> int:
     logs.configure(run=settings.run.name, worker="launcher")
     run_dir = settings.run.path
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    _save_settings(settings, run_dir / "settings.yaml")
     if settings.trainer.mode == "sync":
         settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
     if settings.run.tiny is not None:
@@ -107,11 +126,11 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         server = redis_server.start(run_dir / "redis")
         settings.redis.url = server.url
     print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
-    supervisor = Supervisor()
+    supervisor = Supervisor(pids_path=run_dir / "pids.json")
     try:
         for w in workers(settings):
             supervisor.start(w)
-        return asyncio.run(_watch(settings, supervisor))
+        return asyncio.run(_watch(settings, supervisor, resume))
     except KeyboardInterrupt:
         print("stopping (Ctrl-C)", flush=True)
         return 130
@@ -121,11 +140,14 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
             server.stop()
 
 
-async def _watch(settings: Settings, supervisor: Supervisor) -> int:
+async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> int:
     r = settings.run
     bus = Bus.connect(settings.redis.url or "", r.name, settings.redis, settings.streams)
     await bus.bootstrap(r.models)
     progress = Progress(bus, list(r.models), r.reward_window, r.path / "metrics.jsonl")
+    if resume:  # metrics.jsonl already holds what came before
+        last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
+        progress.skip_to(last[0][0].decode() if last else "0-0")
     evaluator = _Eval(settings, progress)
     live = _live() if sys.stdout.isatty() else None
     reason, last_line = None, 0.0
@@ -134,7 +156,11 @@ async def _watch(settings: Settings, supervisor: Supervisor) -> int:
             await asyncio.sleep(1.0)
             for name in supervisor.check():
                 print(f"restarted {name}", flush=True)
-            snap = await progress.poll()
+            try:
+                snap = await progress.poll()
+            except Exception as e:  # a view that failed this second must not end the run
+                print(f"progress unavailable: {e!r}", flush=True)
+                continue
             evaluator.maybe_start()
             if live is not None:
                 live.update(render(snap, r.reward_window, r.target_reward))
@@ -201,8 +227,11 @@ class _Eval:
             return
         if self._evaluator is None:
             self._evaluator = Evaluator(self.settings.trainer.model or self.settings.engine.model, self.task)
-        accuracy = self._evaluator.accuracy(path)
-        version = int(json.loads((path / "meta.json").read_text())["version"])
+        try:
+            version = int(json.loads((path / "meta.json").read_text())["version"])
+            accuracy = self._evaluator.accuracy(path)
+        except FileNotFoundError:  # the trainer rotated that checkpoint away meanwhile: next time
+            return
         self.progress.eval_accuracy = accuracy
         self.progress.evals.append((version, time.time() - self.progress.started, accuracy))
 

@@ -56,6 +56,10 @@ class Progress:
         self.evals: list[tuple[int, float, float]] = []
         """(trainer version, wall seconds, greedy accuracy)."""
 
+    def skip_to(self, entry_id: str) -> None:
+        """Read `metrics` only after `entry_id` (a resumed run)."""
+        self._cursor = entry_id
+
     async def poll(self) -> Snapshot:
         await self._read_metrics()
         ledger = await read_ledger(self.bus, list(self.models))

@@ -6,6 +6,7 @@ pools); nothing is ever found or killed by name.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,8 +34,9 @@ class Worker:
 
 
 class Supervisor:
-    def __init__(self, max_restarts: int = 5) -> None:
-        self.max_restarts = max_restarts
+    def __init__(self, max_restarts: int = 5, pids_path: Path | None = None) -> None:
+        self.max_restarts, self.pids_path = max_restarts, pids_path
+        """`pids.json` in the run directory: name -> pid of every live worker (for operators and tests)."""
         self.workers: dict[str, Worker] = {}
 
     def start(self, worker: Worker) -> None:
@@ -51,6 +53,10 @@ class Supervisor:
         out.close()
         self.workers[worker.name] = worker
         log.info("worker_started", worker=worker.name, pid=worker.proc.pid)
+        if self.pids_path is not None:
+            tmp = self.pids_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.pids()))
+            tmp.replace(self.pids_path)
 
     def check(self) -> list[str]:
         """Restart workers that died; returns the names restarted. Raises when one dies too often."""

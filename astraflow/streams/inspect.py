@@ -39,9 +39,9 @@ async def _stream_view(bus: Bus, key: str) -> StreamView:
         name = g["name"].decode()
         oldest = None
         summary = await r.xpending(key, name)
-        if summary["pending"]:
-            [first] = await r.xpending_range(key, name, summary["min"], summary["min"], 1)
-            oldest = first["time_since_delivered"]
+        if summary["pending"]:  # (it may be acknowledged meanwhile)
+            first = await r.xpending_range(key, name, summary["min"], summary["min"], 1)
+            oldest = first[0]["time_since_delivered"] if first else None
         lag = g.get("lag")
         if lag is None:  # Redis 6.2 does not report it: count what lies after the last delivered id.
             after = await r.xrange(key, b"(" + g["last-delivered-id"], "+", count=LAG_SCAN_LIMIT + 1)

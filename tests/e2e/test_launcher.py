@@ -42,3 +42,26 @@ def test_sync_mode_trains_on_current_weights_only(tmp_path):
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) >= 10
     assert max(s["staleness_max"] for s in steps) == 0  # every trained group came from the current version
+
+
+def test_a_stopped_run_resumes_from_its_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    run(run_dir, "e2e-resume", "run.max_steps=8")
+    cmd = [
+        sys.executable,
+        "-m",
+        "astraflow.cli",
+        "run",
+        "--resume",
+        str(run_dir),
+        "--set",
+        "run.max_steps=16",
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "16 steps" and summary["ledger"]["balanced"]
+    log = (run_dir / "logs" / "trainer-policy.log").read_text()
+    assert '"event": "trainer_restored"' in log  # continued from its checkpoint, not from scratch
+    versions = [json.loads(x)["version"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert versions == sorted(set(versions))  # no step counted twice across the two runs

@@ -1,0 +1,94 @@
+"""`kill -9` of a RaaS, the dataflow and the trainer during `astraflow run` (each once, pids from the
+run's pids.json, children of the launcher this test started): the run completes, the ledger balances, no
+group is in two trained batches, and the trainer's versions have no gap or repeat."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from astraflow import redis_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+STEPS = 60
+
+
+def wait_for(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(what)
+
+
+def steps_done(run_dir) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
+    run_dir = tmp_path / "run"
+    sets = [
+        f"run.dir={run_dir}",
+        "engine.type=hf",
+        "run.target_reward=null",
+        f"run.max_steps={STEPS}",
+        "streams.lease_ms=3000",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "astraflow.cli",
+        "run",
+        "recipes/addition-tiny.yaml",
+        "--run",
+        "chaos",
+        "--keep-redis",
+    ]
+    for s in sets:
+        cmd += ["--set", s]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = None
+    try:
+        for name in ("raas-0", "dataflow", "trainer-policy"):
+            before = steps_done(run_dir)
+            wait_for(lambda b=before: steps_done(run_dir) >= b + 5, 180, f"progress before killing {name}")
+            pid = json.loads((run_dir / "pids.json").read_text())[name]
+            os.kill(pid, signal.SIGKILL)
+            wait_for(
+                lambda n=name, p=pid: json.loads((run_dir / "pids.json").read_text()).get(n) not in (None, p),
+                60,
+                f"{name} restarted",
+            )
+        out, _ = launcher.communicate(timeout=400)
+        assert launcher.returncode == 0, out[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["stopped"] == f"{STEPS} steps" and summary["ledger"]["balanced"], summary
+        assert all(summary["restarts"][n] >= 1 for n in ("raas-0", "dataflow", "trainer-policy"))
+
+        versions = [json.loads(x)["version"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert versions == list(range(1, len(versions) + 1)), versions  # no gap, no repeat
+        server = redis_server.load(run_dir / "redis")
+        r = redis.Redis.from_url(server.url)
+        latest = sorted((run_dir / "checkpoints" / "policy").glob("v*"))[-1]
+        consumed = json.loads((latest / "meta.json").read_text())["consumed"]
+        groups = {
+            f[b"uid"].decode(): f[b"groups"].decode().split()
+            for _, f in r.xrange("af:{chaos}:batches:policy")
+        }
+        trained = [g for b in consumed for g in groups[b]]
+        assert len(trained) == len(set(trained)), "a group was trained twice"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        server = server or redis_server.load(run_dir / "redis")
+        if server is not None and server.alive():
+            server.stop()
