@@ -95,7 +95,10 @@ class Progress:
                 reward = m.pending[0] / m.pending[1] if m.pending[1] else stats.get("reward_mean", 0.0)
                 m.pending = [0.0, 0.0]
                 stats["rollout_reward"] = reward
-                m.steps.append((int(f["version"]), at, reward))
+                version = int(f["version"])
+                while m.steps and m.steps[-1][0] >= version:  # a restarted trainer retrained these
+                    m.steps.pop()
+                m.steps.append((version, at, reward))
                 m.last = stats
                 m.samples += int(stats.get("samples", 0))
                 if out is not None:

@@ -152,9 +152,9 @@ class TrainerService:
             loss=round(stats["loss"], 4),
             reward=round(stats["reward_mean"], 3),
         )
-        if self.state.version % self.settings.trainer.checkpoint_every == 0:
+        await self._metrics(batch.uid, stats)  # before the commit: a step retrained after a crash is
+        if self.state.version % self.settings.trainer.checkpoint_every == 0:  # reported again, none lost
             await self._commit()
-        await self._metrics(batch.uid, stats)  # after the commit: a retrained step is reported once
 
     async def _commit(self) -> None:
         """Checkpoint (durable), then acknowledge what it holds, then publish its version."""

@@ -73,10 +73,13 @@ def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
         assert summary["stopped"] == f"{STEPS} steps" and summary["ledger"]["balanced"], summary
         assert all(summary["restarts"][n] >= 1 for n in ("raas-0", "dataflow", "trainer-policy"))
 
-        versions = [json.loads(x)["version"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        assert versions == list(range(1, len(versions) + 1)), versions  # no gap, no repeat
         server = redis_server.load(run_dir / "redis")
         r = redis.Redis.from_url(server.url)
+        manifests = [k.decode().rsplit(":", 1)[1] for k in r.scan_iter("af:{chaos}:weights:policy:*")]
+        published = sorted(int(v) for v in manifests if v.isdigit())
+        assert published == list(range(published[-1] + 1)) and published[-1] >= STEPS  # no gap
+        noticed = [int(f[b"version"]) for _, f in r.xrange("af:{chaos}:notices")]
+        assert noticed == sorted(set(noticed))  # no version announced twice
         latest = sorted((run_dir / "checkpoints" / "policy").glob("v*"))[-1]
         consumed = json.loads((latest / "meta.json").read_text())["consumed"]
         groups = {
