@@ -154,7 +154,13 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> in
     try:
         while reason is None:
             await asyncio.sleep(1.0)
-            for name in supervisor.check():
+            try:
+                restarted = supervisor.check()
+            except RuntimeError as e:  # a worker that keeps dying: stop the run, keep what it made
+                print(f"stopping: {e}", flush=True)
+                reason = str(e)
+                break
+            for name in restarted:
                 print(f"restarted {name}", flush=True)
             try:
                 snap = await progress.poll()

@@ -65,3 +65,13 @@ def test_a_stopped_run_resumes_from_its_directory(tmp_path):
     assert '"event": "trainer_restored"' in log  # continued from its checkpoint, not from scratch
     versions = [json.loads(x)["version"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert versions == sorted(set(versions))  # no step counted twice across the two runs
+
+
+@pytest.mark.vllm
+def test_default_recipe_with_the_vllm_engine(tmp_path):
+    pytest.importorskip("vllm")
+    run_dir = tmp_path / "run"
+    summary = run(run_dir, "e2e-vllm", "engine.type=vllm", "run.max_steps=8")
+    assert summary["stopped"] == "8 steps" and summary["ledger"]["balanced"]
+    log = (run_dir / "logs" / "raas-0.log").read_text()
+    assert '"event": "weights_loaded"' in log  # the vLLM server followed the trainer's versions
