@@ -26,6 +26,7 @@ def main(model_dir: str, out: str) -> None:
     state = distributed.full_model_state(model)
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in state.items()}, out)
+    distributed.teardown()  # leave the group before exit, or gloo's threads may abort the process
 
 
 if __name__ == "__main__":
