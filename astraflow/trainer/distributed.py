@@ -30,7 +30,9 @@ def setup() -> tuple[int, int]:
 
 
 def teardown() -> None:
+    """Leave the group once every rank is done (a rank leaving mid-collective aborts gloo at exit)."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
