@@ -77,15 +77,6 @@ class Store:
         raw = await self.bus.call(lambda: self.bus.redis.hgetall(self.keys.state))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
-    async def trainer_versions(self) -> dict[str, int]:
-        state = await self.state()
-        return {m: int(state[f"v:{m}"]) for m in self.models if f"v:{m}" in state}
-
-    async def noticed(self) -> int:
-        """The last version announced to the RaaS pool (-1 before the first)."""
-        value = await self.bus.call(lambda: self.bus.redis.hget(self.keys.state, "notice"))
-        return int(value) if value is not None else -1
-
     # -- steps -------------------------------------------------------------------------------------
 
     async def submit(

@@ -163,10 +163,6 @@ class WeightServer:
         with self._lock:
             self._sources.pop((model, version, what), None)
 
-    def has(self, model: str, version: int, what: str) -> bool:
-        with self._lock:
-            return (model, version, what) in self._sources
-
     def close(self) -> None:
         self._tcp.shutdown()
         self._tcp.server_close()
