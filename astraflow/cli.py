@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-DEFAULT_RECIPE = "recipes/bus-demo.yaml"
+DEFAULT_RECIPE = "recipes/addition-tiny.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:

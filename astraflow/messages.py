@@ -238,6 +238,8 @@ class Heartbeat(Message):
     updated_at: float
     engine: str = ""
     """Engine type (vllm, hf, openai) and model."""
+    generating_s: float = 0.0
+    """Seconds since `started_at` during which at least one prompt group was being rolled out."""
 
 
 KINDS: dict[str, type[Message]] = {

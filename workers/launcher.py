@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -131,10 +132,11 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         for w in workers(settings):
             supervisor.start(w)
         return asyncio.run(_watch(settings, supervisor, resume))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the watch began: nothing to report yet
         print("stopping (Ctrl-C)", flush=True)
         return 130
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         supervisor.stop()
         if server is not None and not keep_redis:
             server.stop()
@@ -151,9 +153,14 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> in
     evaluator = _Eval(settings, progress)
     live = _live() if sys.stdout.isatty() else None
     reason, last_line = None, 0.0
+    interrupted = asyncio.Event()  # Ctrl-C: stop like at a target, with the report
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted.set)
     try:
         while reason is None:
             await asyncio.sleep(1.0)
+            if interrupted.is_set():
+                reason = "interrupted (Ctrl-C)"
+                break
             try:
                 restarted = supervisor.check()
             except RuntimeError as e:  # a worker that keeps dying: stop the run, keep what it made
@@ -189,7 +196,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> in
     await bus.close()
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
-    return 0
+    return 130 if interrupted.is_set() else 0
 
 
 def _stop_reason(settings: Settings, progress: Progress) -> str | None:

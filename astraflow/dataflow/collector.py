@@ -60,21 +60,27 @@ class Collector:
         await self._metrics(settled)
 
     async def _metrics(self, items: list[Collected]) -> None:
-        """On-policy reward of what was collected (before any filter): `kind=rollouts` in `metrics`."""
-        scored = [(it.mean_reward, it.parts[0].n_samples) for it in items if it.mean_reward is not None]
-        if not scored:
-            return
+        """Per model, the on-policy reward of what was collected (before any filter): `kind=rollouts`."""
+        totals: dict[str, tuple[float, int, int]] = {}
+        for it in items:
+            for model, (mean, n) in it.rewards.items():
+                reward_sum, samples, groups = totals.get(model, (0.0, 0, 0))
+                totals[model] = (reward_sum + mean * n, samples + n, groups + 1)
         bus = self.store.bus
-        fields = {
-            "kind": "rollouts",
-            "model": self.store.models[0],
-            "groups": str(len(scored)),
-            "samples": str(sum(n for _, n in scored)),
-            "reward_sum": repr(sum(r * n for r, n in scored)),
-            "time": f"{time.time():.3f}",
-        }
-        maxlen = bus.settings.capped_maxlen
-        await bus.call(lambda: bus.redis.xadd(bus.keys.metrics, fields, maxlen=maxlen, approximate=True))
+        for model, (reward_sum, samples, groups) in totals.items():
+            fields = {
+                "kind": "rollouts",
+                "model": model,
+                "groups": str(groups),
+                "samples": str(samples),
+                "reward_sum": repr(reward_sum),
+                "time": f"{time.time():.3f}",
+            }
+            await bus.call(
+                lambda f=fields: bus.redis.xadd(
+                    bus.keys.metrics, f, maxlen=bus.settings.capped_maxlen, approximate=True
+                )
+            )
 
     async def _judge(self, entry: Entry) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released."""

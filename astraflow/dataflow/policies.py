@@ -77,7 +77,9 @@ class Judge:
         decided = [self._part(group, raw, m) for m in models]
         parts = [part for part, _ in decided]
         ranges = [r for _, r in decided if r is not None]
-        first = [t.reward for t in group.trajectories if t.model == models[0] and t.error is None]
+        ok = [t for t in group.trajectories if t.error is None]
+        scored = {m: [t.reward for t in ok if t.model == m] for m in models}
+        first = scored[models[0]]
         trace = {"raas": group.raas}
         if ranges:
             trace["token_versions"] = f"{min(r[0] for r in ranges)}..{max(r[1] for r in ranges)}"
@@ -87,7 +89,7 @@ class Judge:
             entry_id=entry_id,
             uid=group.uid,
             parts=parts,
-            mean_reward=sum(first) / len(first) if first else None,
+            rewards={m: (sum(r) / len(r), len(r)) for m, r in scored.items() if r},
             zero_variance=len(first) > 1 and min(first) == max(first),
             trace=trace,
         )

@@ -48,9 +48,15 @@ class Collected:
     entry_id: str
     uid: str
     parts: Sequence[Part]
-    mean_reward: float | None
+    rewards: Mapping[str, tuple[float, int]]
+    """Per model, in the group's order: (mean reward, trajectories) of the trajectories that did not fail."""
     zero_variance: bool
     trace: Mapping[str, str]
+
+    @property
+    def mean_reward(self) -> float | None:
+        """The first model's mean reward (what the curators follow)."""
+        return next((mean for mean, _ in self.rewards.values()), None)
 
 
 async def fetch_batch(bus: Bus, fields: Mapping, max_bytes: int | None = None) -> Batch:

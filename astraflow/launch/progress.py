@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +29,28 @@ class ModelProgress:
     pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """Reward sum and samples of rollouts collected since the last step."""
 
+    train_s: float = 0.0
+    """Trainer compute time (`step_s`) summed over the steps."""
+
     def moving_reward(self, window: int) -> float | None:
         tail = [r for _, _, r in self.steps[-window:]]
         return sum(tail) / len(tail) if tail else None
+
+    def eta_s(self, window: int, target: float, horizon_s: float = 60.0) -> float | None:
+        """Seconds until the moving reward reaches `target` at its trend over the last `horizon_s` (a
+        least-squares line through the steps' rewards); None when it is not rising."""
+        now = self.steps[-1][1] if self.steps else 0.0
+        recent = [(t, r) for _, t, r in self.steps if t >= now - horizon_s]
+        ma = self.moving_reward(window)
+        if ma is None or len(recent) < 2 * window:
+            return None
+        if ma >= target:
+            return 0.0
+        mt = sum(t for t, _ in recent) / len(recent)
+        mr = sum(r for _, r in recent) / len(recent)
+        var = sum((t - mt) ** 2 for t, _ in recent)
+        slope = sum((t - mt) * (r - mr) for t, r in recent) / var if var else 0.0
+        return (target - ma) / slope if slope > 0 else None
 
 
 @dataclass
@@ -51,10 +69,16 @@ class Progress:
         self.models = {m: ModelProgress() for m in models}
         self.started = time.time()
         self._cursor = "0-0"
-        self._recent: deque[tuple[float, int]] = deque(maxlen=50)
         self.eval_accuracy: float | None = None
         self.evals: list[tuple[int, float, float]] = []
         """(trainer version, wall seconds, greedy accuracy)."""
+        self._generating: dict[tuple[str, float], float] = {}
+        """(RaaS id, started at) -> its generating seconds, as last seen in its heartbeat."""
+
+    @property
+    def generating_s(self) -> float:
+        """Seconds the RaaS workers spent rolling out, summed over workers (and their restarts)."""
+        return sum(self._generating.values())
 
     def skip_to(self, entry_id: str) -> None:
         """Read `metrics` only after `entry_id` (a resumed run)."""
@@ -67,9 +91,11 @@ class Progress:
         async for key in self.bus.redis.scan_iter(match=self.bus.keys.raas("*"), count=1000):
             fields = await self.bus.redis.hgetall(key)
             try:
-                raas.append(decode(fields, Heartbeat))
+                hb = decode(fields, Heartbeat)
             except DecodeError:
                 continue
+            raas.append(hb)
+            self._generating[(hb.uid, hb.started_at)] = hb.generating_s
         streams = await inspect_run(self.bus)
         return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, self.eval_accuracy)
 
@@ -101,6 +127,7 @@ class Progress:
                 m.steps.append((version, at, reward))
                 m.last = stats
                 m.samples += int(stats.get("samples", 0))
+                m.train_s += float(stats.get("step_s", 0.0))
                 if out is not None:
                     record = {
                         "model": f["model"],
@@ -119,6 +146,13 @@ def samples_per_s(m: ModelProgress) -> float:
         return 0.0
     span = m.steps[-1][1] - m.steps[0][1]
     return m.samples / span if span > 0 else 0.0
+
+
+def staleness(stats: dict[str, float]) -> str:
+    """The last step's staleness distribution: `0:62% 1:38%` (share of samples by versions behind)."""
+    tagged = ((k.removeprefix("staleness_"), v) for k, v in stats.items() if k.startswith("staleness_"))
+    shares = sorted((int(lag), share) for lag, share in tagged if lag.isdigit())
+    return " ".join(f"{lag}:{share:.0%}" for lag, share in shares) or "-"
 
 
 def line(s: Snapshot, window: int) -> str:
@@ -146,10 +180,12 @@ def render(s: Snapshot, window: int, target: float | None):
     from rich.table import Table
 
     top = Table(title=f"astraflow  {s.elapsed_s:.0f}s", expand=True)
-    for col in ("model", "version", f"reward ma{window}", "eval acc", "samples/s", "tokens/s", "staleness"):
+    cols = ("model", "version", f"reward ma{window}", "eval acc", "samples/s", "tokens/s", "staleness", "ETA")
+    for col in cols:
         top.add_column(col)
     for name, m in s.models.items():
         ma = m.moving_reward(window)
+        eta = m.eta_s(window, target) if target is not None else None
         top.add_row(
             name,
             str(m.steps[-1][0] if m.steps else 0),
@@ -157,13 +193,16 @@ def render(s: Snapshot, window: int, target: float | None):
             f"{s.eval_accuracy:.3f}" if s.eval_accuracy is not None else "-",
             f"{samples_per_s(m):.0f}",
             f"{m.last.get('tokens_per_s', 0):.0f}",
-            f"{m.last.get('staleness_mean', 0):.2f} (max {m.last.get('staleness_max', 0):.0f})",
+            staleness(m.last),
+            "-" if eta is None else f"{eta:.0f}s",
         )
     workers = Table(title="RaaS", expand=True)
-    for col in ("worker", "versions", "load", "engine"):
+    for col in ("worker", "versions", "load", "generating", "engine"):
         workers.add_column(col)
     for hb in s.raas:
-        workers.add_row(hb.uid, str(hb.versions), f"{hb.in_flight}/{hb.capacity}", hb.engine)
+        up = max(hb.updated_at - hb.started_at, 1e-9)
+        share = f"{hb.generating_s / up:.0%}"
+        workers.add_row(hb.uid, str(hb.versions), f"{hb.in_flight}/{hb.capacity}", share, hb.engine)
     streams = Table(title="streams", expand=True)
     for col in ("stream", "length", "group", "pending", "lag"):
         streams.add_column(col)

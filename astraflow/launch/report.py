@@ -17,8 +17,12 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
             "reward_first_window": sum(rewards[:window]) / len(rewards[:window]) if rewards else None,
             "reward_last_window": m.moving_reward(window),
             "samples_per_s": samples_per_s(m),
+            "train_s": round(m.train_s, 3),
+            "first_step_s": m.steps[0][1] if m.steps else None,
+            "last_step_s": m.steps[-1][1] if m.steps else None,
         }
-    return {"models": models, "evals": progress.evals, **extra}
+    timing = {"generating_s": round(progress.generating_s, 3)}
+    return {"models": models, "evals": progress.evals, **timing, **extra}
 
 
 def write(run_dir: Path, progress: Progress, window: int, extra: dict) -> dict:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 
 class Metrics:
     def __init__(self, port: int) -> None:
@@ -38,3 +41,26 @@ class Metrics:
 
     def loaded(self, seconds: float) -> None:
         self.load_seconds.observe(seconds)
+
+
+class BusyClock:
+    """Seconds during which at least one prompt group was being rolled out (the worker's generation time;
+    waiting for work or for weights is not counted)."""
+
+    def __init__(self) -> None:
+        self.active, self.total, self.since = 0, 0.0, 0.0
+
+    @contextmanager
+    def running(self):
+        if self.active == 0:
+            self.since = time.monotonic()
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self.total += time.monotonic() - self.since
+
+    def seconds(self) -> float:
+        return self.total + (time.monotonic() - self.since if self.active else 0.0)

@@ -17,7 +17,7 @@ import structlog
 from astraflow.config import Settings
 from astraflow.engines import Engine, SamplingParams, resolve_type
 from astraflow.messages import Heartbeat, PromptGroup, RolloutGroup, VersionNotice, decode, encode
-from astraflow.raas.metrics import Metrics
+from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
@@ -49,6 +49,7 @@ class RaasWorker:
             dict(r.workflow_options),
         )
         self.metrics = Metrics(r.metrics_port)
+        self.busy = BusyClock()
         self.started_at = time.time()
         self._workflows: dict[str, RolloutWorkflow] = {}
         self._loads = asyncio.Lock()
@@ -81,10 +82,11 @@ class RaasWorker:
         flow = self._workflow(group.workflow)
         engines = {m: self.engines[m] for m in group.models}
         started = time.perf_counter()
-        results = await asyncio.gather(
-            *[flow.run_episode(engines, dict(group.sample)) for _ in range(group.n_samples)],
-            return_exceptions=True,
-        )
+        with self.busy.running():
+            results = await asyncio.gather(
+                *[flow.run_episode(engines, dict(group.sample)) for _ in range(group.n_samples)],
+                return_exceptions=True,
+            )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors and len(errors) == len(results):
             raise errors[0]  # nothing ran: the entry is retried, then dead-lettered with this reason
@@ -124,6 +126,7 @@ class RaasWorker:
                 started_at=self.started_at,
                 updated_at=time.time(),
                 engine=f"{resolve_type(self.settings.engine)}:{self.settings.engine.model}",
+                generating_s=round(self.busy.seconds(), 3),
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)
             try:

@@ -38,7 +38,13 @@ def _fsync(path: Path) -> None:
 
 
 def save(
-    root: Path, state: State, model_state: dict, optim_state: dict, scheduler_state: dict, keep: int
+    root: Path,
+    state: State,
+    model_state: dict,
+    optim_state: dict,
+    scheduler_state: dict,
+    rng_state: torch.Tensor,
+    keep: int,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{state.version:08d}"
@@ -47,7 +53,7 @@ def save(
     tmp.mkdir()
     torch.save(model_state, tmp / "model.pt")
     torch.save({"optimizer": optim_state, "scheduler": scheduler_state}, tmp / "optim.pt")
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    torch.save({"torch": rng_state}, tmp / "rng.pt")
     meta = {"version": state.version, "step": state.step, "consumed": state.consumed[-MAX_CONSUMED:]}
     (tmp / META).write_text(json.dumps(meta))
     for f in tmp.iterdir():

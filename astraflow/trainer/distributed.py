@@ -9,6 +9,7 @@ round trips for bytes rank 0 already has (a batch is small next to the model's c
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -64,18 +65,19 @@ def sync_max(n: int) -> int:
 
 
 def full_model_state(model) -> dict:
-    """The whole model state dict on rank 0 (on CPU); empty on the others. Collective."""
+    """A copy of the whole model state dict on rank 0 (on CPU; later steps do not change it); empty on
+    the others. Collective."""
     if world()[1] == 1:
-        return model.state_dict()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def full_optimizer_state(model, optimizer) -> dict:
-    """The whole optimizer state dict on rank 0. Collective."""
+    """A copy of the whole optimizer state dict on rank 0. Collective."""
     if world()[1] == 1:
-        return optimizer.state_dict()
+        return copy.deepcopy(optimizer.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

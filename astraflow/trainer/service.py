@@ -2,15 +2,17 @@
 
 Loop: read a batch of `batches:<model>` (own pending ones first, after a restart); skip and acknowledge
 one whose uid the restored checkpoint already trained; otherwise train on it. Every `checkpoint_every`
-versions: write a durable checkpoint, then acknowledge the batches it holds, then publish the version's
-weights. So a batch is acknowledged only once its update is durable, and every version any RaaS holds
-is one the trainer can restore: after a `kill -9` the restarted trainer resumes from its last checkpoint,
-retrains the batches it had not acknowledged, and publishes the same version numbers again.
+versions: snapshot the state, then (in the background, while the next batch trains) write it as a
+durable checkpoint, then acknowledge the batches it holds, then publish the version's weights. So a
+batch is acknowledged only once its update is durable, and every version any RaaS holds is one the
+trainer can restore: after a `kill -9` the restarted trainer resumes from its last checkpoint, retrains
+the batches it had not acknowledged, and publishes the same version numbers again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -50,6 +52,7 @@ class TrainerService:
         self.state = checkpoint.State()
         self.publisher: WeightPublisher | None = None
         self._unacked: list[Entry] = []
+        self._committing: asyncio.Task | None = None
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
@@ -122,6 +125,7 @@ class TrainerService:
                     await self._handle(entry)
         finally:
             await cancel_and_wait([renew])
+            await self._committed()
             await self.publisher.close()
 
     def _done(self) -> bool:
@@ -157,23 +161,30 @@ class TrainerService:
             await self._commit()
 
     async def _commit(self) -> None:
-        """Checkpoint (durable), then acknowledge what it holds, then publish its version."""
-        t = self.settings.trainer
-        await self.publisher.wait()  # the last publication's background work reads the weights too
+        """Snapshot the state; then, while the next batch trains, write it as a durable checkpoint,
+        acknowledge the batches it holds and publish its version (commits stay one at a time, in order)."""
+        await self._committed()
         model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
-        sched_state = self.policy.scheduler.state_dict()
-        await asyncio.to_thread(
-            checkpoint.save,
-            self.ckpt_root,
-            self.state,
-            model_state,
-            optim_state,
-            sched_state,
-            t.keep_checkpoints,
-        )
-        await self._ack(self._unacked)
-        self._unacked = []
-        await self.publisher.publish(model_state, self.state.version, self.state.step)
+        state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
+        entries, self._unacked = self._unacked, []
+        import torch
+
+        rest = (self.policy.scheduler.state_dict(), torch.get_rng_state())
+        self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
+
+    async def _persist(self, state, model_state, optim_state, rest, entries: list[Entry]) -> None:
+        assert self.publisher is not None
+        await self.publisher.wait()  # the last publication's background work reads its buffer half
+        keep = self.settings.trainer.keep_checkpoints
+        await asyncio.to_thread(checkpoint.save, self.ckpt_root, state, model_state, optim_state, *rest, keep)
+        await self._ack(entries)
+        await self.publisher.publish(model_state, state.version, state.step)
+
+    async def _committed(self) -> None:
+        """Until the last commit is done (raises what it raised: the trainer then restarts)."""
+        if self._committing is not None:
+            task, self._committing = self._committing, None
+            await task
 
     async def _ack(self, entries: list[Entry]) -> None:
         stream = self.bus.keys.batches(self.model_name)

@@ -90,6 +90,9 @@ class PolicyTrainer:
             step_s=elapsed,
             lr=float(self.scheduler.get_last_lr()[0]),
         )
+        values, counts = np.unique(lags, return_counts=True)
+        for lag, count in zip(values, counts, strict=True):  # the distribution: staleness_<lag>
+            out[f"staleness_{int(lag)}"] = float(count) / len(lags)
         return out
 
     def _micro_batches(self, mine: list[Sample], any_sample: Sample) -> list[MicroBatch]:

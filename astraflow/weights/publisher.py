@@ -83,7 +83,8 @@ class WeightPublisher:
         whole, chunks = await asyncio.to_thread(layout.digests, half.data)
         base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
-        if base is not None and base.version is not None:
+        full_due = version % self.settings.full_every == 0  # then no delta is offered (nor computed)
+        if base is not None and base.version is not None and not full_due:
             delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
@@ -96,7 +97,7 @@ class WeightPublisher:
         self.server.register(self.model, version, "full", source)
         if old is not None:
             self.server.unregister(self.model, old, "full")  # its half is written next
-        full = not delta_digest or version % self.settings.full_every == 0
+        full = not delta_digest
         manifest = WeightManifest(
             uid=f"{self.model}:{version}:{self.incarnation}",
             model=self.model,

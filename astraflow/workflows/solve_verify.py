@@ -15,19 +15,23 @@ from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, workflow
 from astraflow.workflows.rlvr import encode_prompt, trajectory
 
 
-def verdict_reward(verdict: str, solved: bool) -> float:
-    """1.0 when the verifier said yes to a right answer or no to a wrong one; 0.0 otherwise (or unclear)."""
+def verdict_reward(verdict: str, solved: bool, yes: str = "y", no: str = "n") -> float:
+    """1.0 when the verifier said yes to a right answer or no to a wrong one; 0.0 otherwise (or unclear).
+
+    A verdict says yes when it starts with `yes` (case-insensitive), no when it starts with `no`.
+    """
     said = verdict.strip().lower()
-    if said.startswith("y"):
+    if said.startswith(yes.lower()):
         return 1.0 if solved else 0.0
-    if said.startswith("n"):
+    if said.startswith(no.lower()):
         return 0.0 if solved else 1.0
     return 0.0
 
 
 @workflow("solve_and_verify")
 class SolveAndVerify(RolloutWorkflow):
-    """Options: `verify_template` ("{prompt}{answer}?"), `verify_tokens` (2), `chat`, `reward`."""
+    """Options: `verify_template` ("{prompt}{answer}?"), `verify_tokens` (2), `verify_yes` ("y") and
+    `verify_no` ("n") (what a verdict starts with: "1"/"0" for a digits-only vocabulary), `chat`, `reward`."""
 
     async def run_episode(self, engines: Mapping[str, Engine], sample: dict[str, Any]) -> EpisodeResult:
         if len(engines) < 2:
@@ -48,7 +52,8 @@ class SolveAndVerify(RolloutWorkflow):
         params = dataclasses.replace(self.ctx.sampling, max_new_tokens=int(opts.get("verify_tokens", 2)))
         v_resp = await v_engine.generate(GenerateRequest(v_ids, params))
         verdict = v_tok.decode(v_resp.token_ids, skip_special_tokens=True)
-        v_reward = verdict_reward(verdict, s_reward >= 1.0) if s_error is None else 0.0
+        yes, no = str(opts.get("verify_yes", "y")), str(opts.get("verify_no", "n"))
+        v_reward = verdict_reward(verdict, s_reward >= 1.0, yes, no) if s_error is None else 0.0
         v_error = None if s_error is None else f"solver's reward failed: {s_error}"
         return EpisodeResult(
             [

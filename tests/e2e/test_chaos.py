@@ -1,6 +1,7 @@
 """`kill -9` of a RaaS, the dataflow and the trainer during `astraflow run` (each once, pids from the
 run's pids.json, children of the launcher this test started): the run completes, the ledger balances, no
-group is in two trained batches, and the trainer's versions have no gap or repeat."""
+group is in two trained batches, and the trainer's versions have no gap or repeat. Ctrl-C (twice) stops
+every process and still leaves the report."""
 
 import json
 import os
@@ -95,3 +96,30 @@ def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
         server = server or redis_server.load(run_dir / "redis")
         if server is not None and server.alive():
             server.stop()
+
+
+def test_ctrl_c_stops_every_process_and_leaves_the_report(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "astraflow.cli", "run", "recipes/addition-tiny.yaml", "--run", "ctrl-c"]
+    for s in (f"run.dir={run_dir}", "engine.type=hf", "run.target_reward=null"):
+        cmd += ["--set", s]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 3, 180, "the first steps")
+        pids = json.loads((run_dir / "pids.json").read_text())
+        launcher.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        launcher.send_signal(signal.SIGINT)  # impatient: a second Ctrl-C must not cut the clean-up short
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "interrupted (Ctrl-C)" and summary["ledger"]["balanced"], summary
+    assert (run_dir / "reward.png").exists()
+    for pid in pids.values():  # every worker (and its session: engines, reward pools) is gone
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)

@@ -33,6 +33,7 @@ def test_embedded_redis_start_status_stop(tmp_path):
 def test_demo_runs_and_inspect_shows_its_live_streams(tmp_path):
     args = [
         "run",
+        "recipes/bus-demo.yaml",
         "--set",
         f"run.dir={tmp_path}",
         "--run",

@@ -106,6 +106,8 @@ async def test_solve_and_verify_rewards_each_policy(tokenizer, rewards, answer, 
 def test_verdicts():
     assert verdict_reward(" Yes", True) == 1.0 and verdict_reward("n", True) == 0.0
     assert verdict_reward("maybe", False) == 0.0
+    assert verdict_reward("1", True, yes="1", no="0") == 1.0 and verdict_reward("0", True, "1", "0") == 0.0
+    assert verdict_reward("0", False, yes="1", no="0") == 1.0 and verdict_reward("y", False, "1", "0") == 0.0
 
 
 async def test_reward_runner_contains_failures(rewards):
