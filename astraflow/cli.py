@@ -179,16 +179,20 @@ async def _inspect(bus) -> int:
 
 def _cmd_raas(args) -> int:
     from workers import raas
+    from workers.launcher import use_tiny
 
     settings = _settings(args)
+    use_tiny(settings)
     raas.main(settings, _redis_url(settings))
     return 0
 
 
 def _cmd_trainer(args) -> int:
     from workers import trainer
+    from workers.launcher import use_tiny
 
     settings = _settings(args)
+    use_tiny(settings)
     trainer.main(settings, _redis_url(settings), args.model)
     return 0
 

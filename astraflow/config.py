@@ -76,7 +76,7 @@ class RunSettings(BaseModel):
 
 
 class DemoSettings(BaseModel):
-    """The bus demo that `astraflow run` performs until the training loop lands."""
+    """The bus demo (`recipes/bus-demo.yaml`, `run.kind: demo`): the bus alone, with a worker killed."""
 
     model_config = ConfigDict(extra="forbid")
 

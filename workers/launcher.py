@@ -60,6 +60,14 @@ def tiny_model(settings: Settings) -> Path:
     return path
 
 
+def use_tiny(settings: Settings) -> None:
+    """With `run.tiny`: its model (built once) is the engine's and the trainer's, unless they name one."""
+    if settings.run.tiny is not None:
+        path = str(tiny_model(settings).resolve())
+        settings.engine.model = settings.engine.model or path
+        settings.trainer.model = settings.trainer.model or path
+
+
 def workers(settings: Settings) -> list[Worker]:
     run_dir = settings.run.path
     base = to_env(settings)
@@ -110,7 +118,7 @@ def _save_settings(settings: Settings, path: Path) -> None:
 
 
 def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> int:
-    logs.configure(run=settings.run.name, worker="launcher")
+    logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
     run_dir = settings.run.path
     if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
@@ -118,10 +126,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
     _save_settings(settings, run_dir / "settings.yaml")
     if settings.trainer.mode == "sync":
         settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
-    if settings.run.tiny is not None:
-        path = str(tiny_model(settings).resolve())
-        settings.engine.model = settings.engine.model or path
-        settings.trainer.model = settings.trainer.model or path
+    use_tiny(settings)
     server = None
     if not settings.redis.url:
         server = redis_server.start(run_dir / "redis")

@@ -13,7 +13,9 @@ HELD_OUT_SEED = 1_000_003
 class Evaluator:
     def __init__(self, model_dir: str, task: str, n: int = 200) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # the launcher's terminal shows the run's progress only
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()

@@ -50,12 +50,10 @@ def plot(path: Path, progress: Progress, window: int) -> None:
         by_step.plot(steps, ma, label=f"{name} reward (ma{window})")
         by_time.plot(times, ma, label=f"{name} reward (ma{window})")
     if progress.evals:
-        by_step.plot(
-            [v for v, _, _ in progress.evals], [a for _, _, a in progress.evals], "o-", label="eval acc"
-        )
-        by_time.plot(
-            [t for _, t, _ in progress.evals], [a for _, _, a in progress.evals], "o-", label="eval acc"
-        )
+        label = f"{next(iter(progress.models))} held-out accuracy"
+        accuracy = [a for _, _, a in progress.evals]
+        by_step.plot([v for v, _, _ in progress.evals], accuracy, "o-", label=label)
+        by_time.plot([t for _, t, _ in progress.evals], accuracy, "o-", label=label)
     by_step.set_xlabel("trainer step (version)")
     by_time.set_xlabel("wall time (s)")
     for ax in (by_step, by_time):
