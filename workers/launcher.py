@@ -241,12 +241,12 @@ class _Eval:
         from astraflow.launch.evaluate import Evaluator
 
         path = self._checkpoint()
-        if path is None or self.task is None:
+        if self.task is None or (path is None and self.progress.evals):
             return
         if self._evaluator is None:
             self._evaluator = Evaluator(self.settings.trainer.model or self.settings.engine.model, self.task)
-        try:
-            version = int(json.loads((path / "meta.json").read_text())["version"])
+        try:  # no checkpoint yet: the starting weights, as version 0
+            version = int(json.loads((path / "meta.json").read_text())["version"]) if path else 0
             accuracy = self._evaluator.accuracy(path)
         except FileNotFoundError:  # the trainer rotated that checkpoint away meanwhile: next time
             return

@@ -12,10 +12,12 @@ HELD_OUT_SEED = 1_000_003
 
 class Evaluator:
     def __init__(self, model_dir: str, task: str, n: int = 200) -> None:
+        import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # the launcher's terminal shows the run's progress only
+        torch.set_num_threads(1)  # the launcher's process: leave the cores to the run
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32").eval()

@@ -3,9 +3,9 @@
 Loop: read a batch of `batches:<model>` (own pending ones first, after a restart); skip and acknowledge
 one whose uid the restored checkpoint already trained; otherwise train on it. Every `checkpoint_every`
 versions: snapshot the state, then (in the background, while the next batch trains) write it as a
-durable checkpoint, then acknowledge the batches it holds, then publish the version's weights. So a
-batch is acknowledged only once its update is durable, and every version any RaaS holds is one the
-trainer can restore: after a `kill -9` the restarted trainer resumes from its last checkpoint, retrains
+durable checkpoint while its weights go to the publication buffer; once the checkpoint is durable,
+acknowledge the batches it holds and announce the version. So a batch is acknowledged only once its
+update is durable, and every version any RaaS holds is one the trainer can restore: after a `kill -9` the restarted trainer resumes from its last checkpoint, retrains
 the batches it had not acknowledged, and publishes the same version numbers again.
 """
 
@@ -161,8 +161,9 @@ class TrainerService:
             await self._commit()
 
     async def _commit(self) -> None:
-        """Snapshot the state; then, while the next batch trains, write it as a durable checkpoint,
-        acknowledge the batches it holds and publish its version (commits stay one at a time, in order)."""
+        """Snapshot the state; then, while the next batch trains, write it as a durable checkpoint (the
+        weights go to the publication buffer meanwhile), acknowledge the batches it holds and announce
+        its version (commits stay one at a time, in order)."""
         await self._committed()
         model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
         state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
@@ -174,11 +175,15 @@ class TrainerService:
 
     async def _persist(self, state, model_state, optim_state, rest, entries: list[Entry]) -> None:
         assert self.publisher is not None
-        await self.publisher.wait()  # the last publication's background work reads its buffer half
         keep = self.settings.trainer.keep_checkpoints
-        await asyncio.to_thread(checkpoint.save, self.ckpt_root, state, model_state, optim_state, *rest, keep)
+        saved = asyncio.ensure_future(
+            asyncio.to_thread(checkpoint.save, self.ckpt_root, state, model_state, optim_state, *rest, keep)
+        )
+        try:  # the weights go to the buffer meanwhile; served and announced once the checkpoint is durable
+            await self.publisher.publish(model_state, state.version, state.step, durable=saved)
+        finally:
+            await saved
         await self._ack(entries)
-        await self.publisher.publish(model_state, state.version, state.step)
 
     async def _committed(self) -> None:
         """Until the last commit is done (raises what it raised: the trainer then restarts)."""

@@ -14,7 +14,7 @@ import os
 import secrets
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 
 import structlog
@@ -64,13 +64,16 @@ class WeightPublisher:
         self._digest = ""  # of the served version
         self._delta_files: dict[int, object] = {}
 
-    async def publish(self, state: Mapping, version: int, step: int, eval_: bool = False) -> None:
-        """Offload `state` as `version`; the rest happens in the background (see `wait`). A version is
+    async def publish(
+        self, state: Mapping, version: int, step: int, eval_: bool = False, durable: Awaitable | None = None
+    ) -> None:
+        """Offload `state` as `version`; the rest happens in the background (see `wait`), and the version
+        is served and announced only once `durable` (the checkpoint that holds it) is done. A version is
         announced in `versions` at most once (a restarted trainer republishing it rewrites the manifest,
         so receivers find its new endpoint, and adds no entry)."""
         await self.wait()
         half = await asyncio.to_thread(self.buffer.write_state, state)
-        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_))
+        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable))
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""
@@ -78,7 +81,9 @@ class WeightPublisher:
             task, self._finishing = self._finishing, None
             await task
 
-    async def _finish(self, half: Half, version: int, step: int, eval_: bool) -> None:
+    async def _finish(
+        self, half: Half, version: int, step: int, eval_: bool, durable: Awaitable | None
+    ) -> None:
         base = self.buffer.served
         whole, chunks = await asyncio.to_thread(layout.digests, half.data)
         base_digest, self._digest = self._digest, whole
@@ -89,6 +94,8 @@ class WeightPublisher:
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
                 self._serve_delta(version, delta)
+        if durable is not None:
+            await durable
         old = base.version if base is not None else None
         self.buffer.flip(version)
         source = Source(

@@ -30,6 +30,8 @@ from astraflow.errors import AstraflowError
 MAGIC = b"AFW1"
 PIECE = 1 << 20
 """Largest piece sent in one sendfile call (the rate limiter's granularity)."""
+MIN_RANGE_BYTES = 8 << 20
+"""Smallest range a parallel pull gives one connection."""
 
 
 class TransferError(AstraflowError):
@@ -264,9 +266,10 @@ def pull(
     parallel: int = 4,
     on_bytes: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Fill `into` with a whole source over `parallel` connections, each reading one range."""
+    """Fill `into` with a whole source over up to `parallel` connections, each reading one range of at
+    least `MIN_RANGE_BYTES` (a connection costs a handshake: small buffers come over one)."""
     n = len(into)
-    step = max(-(-n // max(parallel, 1)), 1)
+    step = max(-(-n // max(parallel, 1)), MIN_RANGE_BYTES)
     ranges = [(s, min(s + step, n)) for s in range(0, n, step)] or [(0, 0)]
 
     def one(rng: tuple[int, int]) -> None:
@@ -276,6 +279,9 @@ def pull(
         finally:
             conn.close()
 
+    if len(ranges) == 1:
+        one(ranges[0])
+        return
     with ThreadPoolExecutor(len(ranges)) as pool:
         for f in [pool.submit(one, r) for r in ranges]:
             f.result()

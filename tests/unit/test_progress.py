@@ -1,0 +1,53 @@
+"""The live view's figures: ETA to the reward target, the staleness distribution, each RaaS's share of
+time generating."""
+
+from rich.console import Console
+
+from astraflow.launch.progress import ModelProgress, Snapshot, line, render, staleness
+from astraflow.messages import Heartbeat
+
+
+def rising(n: int, per_s: float) -> ModelProgress:
+    """`n` steps, one a second, the reward rising by `per_s` a second from 0.2."""
+    m = ModelProgress()
+    m.steps = [(i + 1, float(i), 0.2 + per_s * i) for i in range(n)]
+    m.last = {"tokens_per_s": 1000.0, "staleness_0": 0.25, "staleness_1": 0.75, "staleness_mean": 0.75}
+    return m
+
+
+def test_eta_follows_the_recent_trend():
+    m = rising(60, 0.005)
+    ma = m.moving_reward(10)
+    assert abs(m.eta_s(10, 0.8) - (0.8 - ma) / 0.005) < 1e-6
+    assert rising(60, 0.0).eta_s(10, 0.8) is None  # flat: no estimate
+    assert rising(5, 0.01).eta_s(10, 0.8) is None  # too few steps
+    assert rising(60, 0.02).eta_s(10, 0.8) == 0.0  # reached
+
+
+def test_staleness_distribution():
+    assert staleness({"staleness_1": 0.75, "staleness_0": 0.25, "staleness_mean": 0.75}) == "0:25% 1:75%"
+    assert staleness({}) == "-"
+
+
+def test_live_view_and_line_show_what_a_run_is_doing():
+    beat = Heartbeat(
+        uid="raas-0",
+        region="local",
+        capacity=16,
+        in_flight=8,
+        versions={"policy": 59},
+        endpoint=None,
+        started_at=100.0,
+        updated_at=140.0,
+        engine="hf:tiny",
+        generating_s=30.0,
+    )
+    snap = Snapshot(60.0, {"policy": rising(60, 0.005)}, None, [beat], [], eval_accuracy=0.5)
+    console = Console(record=True, width=200)
+    console.print(render(snap, 10, 0.8))
+    text = console.export_text()
+    for expected in ("policy", "0:25% 1:75%", "raas-0", "8/16", "75%", "0.500", "s"):
+        assert expected in text, expected
+    eta = rising(60, 0.005).eta_s(10, 0.8)
+    assert f"{eta:.0f}s" in text
+    assert "policy v60 reward(ma10)" in line(snap, 10)
