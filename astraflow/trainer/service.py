@@ -5,8 +5,9 @@ one whose uid the restored checkpoint already trained; otherwise train on it. Ev
 versions: snapshot the state, then (in the background, while the next batch trains) write it as a
 durable checkpoint while its weights go to the publication buffer; once the checkpoint is durable,
 acknowledge the batches it holds and announce the version. So a batch is acknowledged only once its
-update is durable, and every version any RaaS holds is one the trainer can restore: after a `kill -9` the restarted trainer resumes from its last checkpoint, retrains
-the batches it had not acknowledged, and publishes the same version numbers again.
+update is durable, and every version any RaaS holds is one the trainer can restore: after a `kill -9`
+the restarted trainer resumes from its last checkpoint, retrains the batches it had not acknowledged,
+and publishes the same version numbers again.
 """
 
 from __future__ import annotations
