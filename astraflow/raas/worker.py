@@ -139,8 +139,10 @@ class RaasWorker:
 
     async def _follow_notices(self) -> None:
         """Apply the latest notice at start (catching up), then the newest of each batch that arrives
-        (notices carry absolute versions: an older one in the same batch has nothing left to load)."""
-        stream, cursor = self.bus.keys.notices, None
+        (notices carry absolute versions: an older one in the same batch has nothing left to load). A
+        notice whose load failed is retried while no newer one arrives: its manifest may name a trainer
+        that restarted since, and the restarted one rewrites it with its own endpoint."""
+        stream, cursor, failed = self.bus.keys.notices, None, None
         while True:
             try:
                 if cursor is None:
@@ -157,8 +159,9 @@ class RaasWorker:
                 await asyncio.sleep(0.5)
                 continue
             cursor = entries[-1][0].decode() if entries else (cursor or "0-0")
-            if entries:
-                await self._apply(entries[-1][1])
+            retry = entries[-1][1] if entries else failed
+            if retry is not None:
+                failed = None if await self._apply(retry) else retry
 
     async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> None:
         """Get the version's weights (pulled and verified while generation goes on), then pause, load,
@@ -190,12 +193,13 @@ class RaasWorker:
             load_s=time.perf_counter() - pulled,
         )
 
-    async def _apply(self, fields: dict) -> None:
+    async def _apply(self, fields: dict) -> bool:
+        """Load what the notice names; False when a load failed (worth retrying: the notice is kept)."""
         try:
             notice = decode(fields, VersionNotice)
         except Exception as e:  # a bad notice must not stop the worker from following the next ones
             log.error("bad_notice", error=repr(e))
-            return
+            return True
         async with self._loads:
             if notice.eval:
                 self._synced.clear()
@@ -207,5 +211,7 @@ class RaasWorker:
                     await self._load(model, engine, version, notice)
             except Exception as e:
                 log.error("weights_load_failed", version=notice.version, error=repr(e))
+                return False
             finally:
                 self._synced.set()
+        return True

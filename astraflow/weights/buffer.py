@@ -43,7 +43,10 @@ class Half:
 
     def close(self) -> None:
         self.data.release()
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:  # a transfer thread still writes into it (stopped mid-pull): unmapped at exit
+            return
         self._file.close()
 
 

@@ -1,6 +1,7 @@
 """A RaaS worker (hf engine, tiny model) follows trainer versions end to end: the publisher offloads,
 the dataflow's barrier announces, the worker pulls (full, then deltas), verifies and loads; afterwards
-the engine's weights equal the trainer's served weights bit for bit."""
+the engine's weights equal the trainer's served weights bit for bit. A notice whose trainer died before
+the worker pulled is retried until the restarted trainer has republished the version."""
 
 from __future__ import annotations
 
@@ -39,9 +40,12 @@ async def test_engine_weights_follow_the_trainer_bit_for_bit(bus, redis_url, tin
     await engine.start()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     worker = RaasWorker(s, bus, {"policy": engine}, "raas-x", {"policy": tokenizer}, {"policy": receiver})
-    dataflow = Dataflow(s, bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}])
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(worker.run(stop)), asyncio.create_task(dataflow.run(stop))]
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    stop, df_stop = asyncio.Event(), asyncio.Event()
+    tasks = [
+        asyncio.create_task(worker.run(stop)),
+        asyncio.create_task(Dataflow(s, bus, "df", rows).run(df_stop)),
+    ]
     try:
         g = torch.Generator().manual_seed(0)
         for version in range(4):
@@ -61,8 +65,26 @@ async def test_engine_weights_follow_the_trainer_bit_for_bit(bus, redis_url, tin
             ).view(spec.shape)
             got = engine.model.state_dict()[spec.name].to(torch.bfloat16)
             assert torch.equal(got, expected), spec.name
+
+        # The trainer dies right after publishing version 4: the notice names a manifest whose endpoint
+        # is gone, and the load fails. The worker retries that notice until the restarted trainer has
+        # republished version 4 (the manifest rewritten with its own endpoint; no new notice).
+        df_stop.set()
+        await tasks[1]
+        await pub.publish(trained.state_dict(), 4, step=4)
+        await pub.close()
+        df_stop = asyncio.Event()
+        tasks[1] = asyncio.create_task(Dataflow(s, bus, "df", rows).run(df_stop))
+        await wait_for(
+            lambda: _true(receiver.stats["transfer_errors"] >= 1), 30, "the load of version 4 failed"
+        )
+        pub = WeightPublisher(bus, s.weights, "policy", pub.specs, tmp_path / "t2", secret)
+        await pub.publish(trained.state_dict(), 4, step=4)
+        await pub.wait()
+        await wait_for(lambda: _at(engine, 4), 30, "engine at version 4 from the restarted trainer")
     finally:
         stop.set()
+        df_stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
         await engine.close()
         receiver.close()
@@ -72,3 +94,7 @@ async def test_engine_weights_follow_the_trainer_bit_for_bit(bus, redis_url, tin
 
 async def _at(engine, version: int) -> bool:
     return engine.version == version
+
+
+async def _true(value: bool) -> bool:
+    return value
