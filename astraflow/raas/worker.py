@@ -8,6 +8,7 @@ concurrently through its workflow, and hands the rollout group off atomically wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -16,7 +17,16 @@ import structlog
 
 from astraflow.config import Settings
 from astraflow.engines import Engine, SamplingParams, resolve_type
-from astraflow.messages import Heartbeat, PromptGroup, RolloutGroup, VersionNotice, decode, encode
+from astraflow.errors import DecodeError
+from astraflow.messages import (
+    Heartbeat,
+    PromptGroup,
+    RolloutGroup,
+    VersionNotice,
+    VersionPublished,
+    decode,
+    encode,
+)
 from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
@@ -140,8 +150,10 @@ class RaasWorker:
     async def _follow_notices(self) -> None:
         """Apply the latest notice at start (catching up), then the newest of each batch that arrives
         (notices carry absolute versions: an older one in the same batch has nothing left to load). A
-        notice whose load failed is retried while no newer one arrives: its manifest may name a trainer
-        that restarted since, and the restarted one rewrites it with its own endpoint."""
+        notice whose load failed is retried at once with each model's newest published version (a
+        trainer ahead of the others serves the noticed one no longer once it has published the next),
+        then again while no newer notice arrives (its manifest may name a trainer that restarted since,
+        and the restarted one rewrites it with its own endpoint)."""
         stream, cursor, failed = self.bus.keys.notices, None, None
         while True:
             try:
@@ -161,7 +173,8 @@ class RaasWorker:
             cursor = entries[-1][0].decode() if entries else (cursor or "0-0")
             retry = entries[-1][1] if entries else failed
             if retry is not None:
-                failed = None if await self._apply(retry) else retry
+                ok = await self._apply(retry) or await self._apply(retry, newest=True)
+                failed = None if ok else retry
 
     async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> None:
         """Get the version's weights (pulled and verified while generation goes on), then pause, load,
@@ -193,13 +206,16 @@ class RaasWorker:
             load_s=time.perf_counter() - pulled,
         )
 
-    async def _apply(self, fields: dict) -> bool:
-        """Load what the notice names; False when a load failed (worth retrying: the notice is kept)."""
+    async def _apply(self, fields: dict, newest: bool = False) -> bool:
+        """Load what the notice names (with `newest`, each model's newest published version where that is
+        newer; not for eval notices, which are exact); False when a load failed."""
         try:
             notice = decode(fields, VersionNotice)
         except Exception as e:  # a bad notice must not stop the worker from following the next ones
             log.error("bad_notice", error=repr(e))
             return True
+        if newest and not notice.eval:
+            notice = await self._with_newest(notice)
         async with self._loads:
             if notice.eval:
                 self._synced.clear()
@@ -215,3 +231,18 @@ class RaasWorker:
             finally:
                 self._synced.set()
         return True
+
+    async def _with_newest(self, notice: VersionNotice) -> VersionNotice:
+        """`notice` with each model's newest version in `versions`, where newer than the notice's."""
+        models, manifests = dict(notice.models), dict(notice.manifests)
+        seen: set[str] = set()
+        for _, fields in await self.bus.redis.xrevrange(self.bus.keys.versions, count=256):
+            try:
+                msg = decode(fields, VersionPublished)
+            except DecodeError:
+                continue
+            if msg.model in models and msg.model not in seen:
+                seen.add(msg.model)
+                if msg.version > models[msg.model]:
+                    models[msg.model], manifests[msg.model] = msg.version, msg.manifest_key
+        return dataclasses.replace(notice, models=models, manifests=manifests)

@@ -1,7 +1,8 @@
 """A RaaS worker (hf engine, tiny model) follows trainer versions end to end: the publisher offloads,
 the dataflow's barrier announces, the worker pulls (full, then deltas), verifies and loads; afterwards
 the engine's weights equal the trainer's served weights bit for bit. A notice whose trainer died before
-the worker pulled is retried until the restarted trainer has republished the version."""
+the worker pulled is retried until the restarted trainer has republished the version; a notice of a
+version its trainer no longer serves gets the newest one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from astraflow.config import Settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.engines import make_engine
+from astraflow.messages import VersionNotice, encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.weights import layout
 from astraflow.weights.publisher import WeightPublisher, run_secret
@@ -78,10 +80,24 @@ async def test_engine_weights_follow_the_trainer_bit_for_bit(bus, redis_url, tin
         await wait_for(
             lambda: _true(receiver.stats["transfer_errors"] >= 1), 30, "the load of version 4 failed"
         )
-        pub = WeightPublisher(bus, s.weights, "policy", pub.specs, tmp_path / "t2", secret)
+        full = s.weights.model_copy(update={"full_every": 1})  # a trainer that serves its newest version only
+        pub = WeightPublisher(bus, full, "policy", pub.specs, tmp_path / "t2", secret)
         await pub.publish(trained.state_dict(), 4, step=4)
         await pub.wait()
         await wait_for(lambda: _at(engine, 4), 30, "engine at version 4 from the restarted trainer")
+
+        # A trainer ahead of the notices (another policy is slower): version 5 is noticed when 6 is
+        # already published and 5 no longer served; the worker loads the newest published version.
+        df_stop.set()
+        await tasks[1]
+        for version in (5, 6):
+            await pub.publish(trained.state_dict(), version, step=version)
+        await pub.wait()
+        late = VersionNotice(
+            uid="late", version=5, models={"policy": 5}, manifests={"policy": bus.keys.weights("policy", 5)}
+        )
+        await bus.redis.xadd(bus.keys.notices, encode(late))
+        await wait_for(lambda: _at(engine, 6), 30, "engine at the newest version, 6")
     finally:
         stop.set()
         df_stop.set()
