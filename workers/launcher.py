@@ -250,7 +250,6 @@ class _Eval:
             accuracy = self._evaluator.accuracy(path)
         except FileNotFoundError:  # the trainer rotated that checkpoint away meanwhile: next time
             return
-        self.progress.eval_accuracy = accuracy
         self.progress.evals.append((version, time.time() - self.progress.started, accuracy))
 
     def maybe_start(self) -> None:

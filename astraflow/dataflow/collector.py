@@ -66,21 +66,28 @@ class Collector:
             for model, (mean, n) in it.rewards.items():
                 reward_sum, samples, groups = totals.get(model, (0.0, 0, 0))
                 totals[model] = (reward_sum + mean * n, samples + n, groups + 1)
-        bus = self.store.bus
-        for model, (reward_sum, samples, groups) in totals.items():
-            fields = {
+        if not totals:
+            return
+        bus, now = self.store.bus, f"{time.time():.3f}"
+        entries = [
+            {
                 "kind": "rollouts",
-                "model": model,
-                "groups": str(groups),
-                "samples": str(samples),
-                "reward_sum": repr(reward_sum),
-                "time": f"{time.time():.3f}",
+                "model": m,
+                "groups": str(g),
+                "samples": str(n),
+                "reward_sum": repr(r),
+                "time": now,
             }
-            await bus.call(
-                lambda f=fields: bus.redis.xadd(
-                    bus.keys.metrics, f, maxlen=bus.settings.capped_maxlen, approximate=True
-                )
-            )
+            for m, (r, n, g) in totals.items()
+        ]
+
+        async def add() -> None:  # one round trip for every model
+            async with bus.redis.pipeline(transaction=False) as pipe:
+                for fields in entries:
+                    pipe.xadd(bus.keys.metrics, fields, maxlen=bus.settings.capped_maxlen, approximate=True)
+                await pipe.execute()
+
+        await bus.call(add)
 
     async def _judge(self, entry: Entry) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released."""

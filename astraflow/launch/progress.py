@@ -28,7 +28,6 @@ class ModelProgress:
     samples: int = 0
     pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """Reward sum and samples of rollouts collected since the last step."""
-
     train_s: float = 0.0
     """Trainer compute time (`step_s`) summed over the steps."""
 
@@ -69,7 +68,6 @@ class Progress:
         self.models = {m: ModelProgress() for m in models}
         self.started = time.time()
         self._cursor = "0-0"
-        self.eval_accuracy: float | None = None
         self.evals: list[tuple[int, float, float]] = []
         """(trainer version, wall seconds, greedy accuracy)."""
         self._generating: dict[tuple[str, float], float] = {}
@@ -97,7 +95,8 @@ class Progress:
             raas.append(hb)
             self._generating[(hb.uid, hb.started_at)] = hb.generating_s
         streams = await inspect_run(self.bus)
-        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, self.eval_accuracy)
+        accuracy = self.evals[-1][2] if self.evals else None
+        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, accuracy)
 
     async def _read_metrics(self) -> None:
         reply = await self.bus.redis.xread({self.bus.keys.metrics: self._cursor}, count=10_000)

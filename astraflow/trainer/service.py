@@ -18,6 +18,7 @@ import json
 import time
 
 import structlog
+import torch
 
 from astraflow.config import Settings
 from astraflow.dataflow.store import fetch_batch
@@ -169,8 +170,6 @@ class TrainerService:
         model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
         state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
         entries, self._unacked = self._unacked, []
-        import torch
-
         rest = (self.policy.scheduler.state_dict(), torch.get_rng_state())
         self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
 

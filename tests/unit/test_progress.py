@@ -40,13 +40,13 @@ def test_live_view_and_line_show_what_a_run_is_doing():
         started_at=100.0,
         updated_at=140.0,
         engine="hf:tiny",
-        generating_s=30.0,
+        generating_s=24.0,
     )
     snap = Snapshot(60.0, {"policy": rising(60, 0.005)}, None, [beat], [], eval_accuracy=0.5)
     console = Console(record=True, width=200)
     console.print(render(snap, 10, 0.8))
     text = console.export_text()
-    for expected in ("policy", "0:25% 1:75%", "raas-0", "8/16", "75%", "0.500", "s"):
+    for expected in ("policy", "0:25% 1:75%", "raas-0", "8/16", "60%", "0.500"):  # 60%: 24 s of 40
         assert expected in text, expected
     eta = rising(60, 0.005).eta_s(10, 0.8)
     assert f"{eta:.0f}s" in text
