@@ -181,6 +181,9 @@ class VersionNotice(Message):
     """Model -> checkpoint directory to load directly (a shared file system; no weight transfer)."""
     eval: bool = False
     """Eval notices are synchronous: load every model before taking new work."""
+    incarnations: dict[str, str] = field(default_factory=dict)
+    """Model -> trainer incarnation of its version: weights of another incarnation are dropped (a
+    restarted trainer rolled back to an older version and trains the next ones again, differently)."""
 
 
 @dataclass(frozen=True, eq=False)

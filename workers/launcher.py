@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
 import signal
 import sys
@@ -22,7 +23,7 @@ from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.launch import report
 from astraflow.launch.progress import Progress, line, render
-from astraflow.launch.supervisor import Supervisor, Worker
+from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.streams import Bus
 
 CACHE = Path("runs") / ".cache"
@@ -66,6 +67,16 @@ def use_tiny(settings: Settings) -> None:
         path = str(tiny_model(settings).resolve())
         settings.engine.model = settings.engine.model or path
         settings.trainer.model = settings.trainer.model or path
+
+
+def place_threads(settings: Settings) -> None:
+    """torch threads left at 0 (the recipe's choice: automatic) share this machine's cores: in async mode
+    a trainer and a RaaS run at once, so each gets half of them (more would only contend); in sync mode
+    they take turns, and each gets all of them."""
+    cores = os.cpu_count() or 1
+    share = cores if settings.trainer.mode == "sync" else max(1, cores // 2)
+    settings.trainer.threads = settings.trainer.threads or share
+    settings.engine.threads = settings.engine.threads or share
 
 
 def workers(settings: Settings) -> list[Worker]:
@@ -127,6 +138,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
     if settings.trainer.mode == "sync":
         settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
     use_tiny(settings)
+    place_threads(settings)
     server = None
     if not settings.redis.url:
         server = redis_server.start(run_dir / "redis")
@@ -136,7 +148,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
     try:
         for w in workers(settings):
             supervisor.start(w)
-        return asyncio.run(_watch(settings, supervisor, resume))
+        return asyncio.run(_watch(settings, supervisor, resume, server.pid if server else None))
     except KeyboardInterrupt:  # before the watch began: nothing to report yet
         print("stopping (Ctrl-C)", flush=True)
         return 130
@@ -147,16 +159,19 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
             server.stop()
 
 
-async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> int:
+async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis_pid: int | None) -> int:
     r = settings.run
     bus = Bus.connect(settings.redis.url or "", r.name, settings.redis, settings.streams)
     await bus.bootstrap(r.models)
-    progress = Progress(bus, list(r.models), r.reward_window, r.path / "metrics.jsonl")
+    live = _live() if sys.stdout.isatty() else None
+    # Stop conditions need the metrics every second; the view's details less often (they cost a core's
+    # share on a small machine): as often as the view shows them.
+    detail_every_s = 2.0 if live is not None else 5.0
+    progress = Progress(bus, list(r.models), r.reward_window, r.path / "metrics.jsonl", detail_every_s)
     if resume:  # metrics.jsonl already holds what came before
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")
     evaluator = _Eval(settings, progress)
-    live = _live() if sys.stdout.isatty() else None
     reason, last_line = None, 0.0
     interrupted = asyncio.Event()  # Ctrl-C: stop like at a target, with the report
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted.set)
@@ -189,11 +204,17 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> in
     finally:
         if live is not None:
             live.stop()
+    wall_s = time.time() - progress.started
+    cpu = {**supervisor.cpu_s(), "launcher": sum(os.times()[:2])}
+    if redis_pid is not None:
+        cpu["redis"] = cpu_seconds(redis_pid)
     supervisor.stop()
     evaluator.final()
+    progress.detail_every_s = 0.0  # the report's ledger and generating time as they are now
     extra = {
         "stopped": reason,
-        "wall_s": round(time.time() - progress.started, 1),
+        "wall_s": round(wall_s, 1),
+        "cpu_s": {name: round(c, 1) for name, c in cpu.items()},
         "restarts": {n: w.restarts for n, w in supervisor.workers.items()},
         "ledger": (await progress.poll()).ledger.as_dict(),
     }
@@ -201,6 +222,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool) -> in
     await bus.close()
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
+    print(report.busy_line(data), flush=True)
     return 130 if interrupted.is_set() else 0
 
 

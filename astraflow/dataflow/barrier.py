@@ -58,11 +58,11 @@ class Barrier:
             if len(versions) < len(self.store.models):
                 return sent  # some model has no version yet
             last, ready = int(state.get("notice", -1)), min(versions)
-            if ready <= last:
+            if ready <= last and "rollback" not in state:
                 return sent
             # Every eval version in between is announced (they are synchronous); other ones only matter
             # as the newest, which a RaaS loads anyway.
-            due = [v for v in range(last + 1, ready) if f"eval:{v}" in state]
+            due = [v for v in range(last + 1, ready) if f"eval:{v}" in state and "rollback" not in state]
             version = due[0] if due else ready
             fields, forget = self._notice(state, version), _forget(state, version)
             status, _ = await self.store.announce(last, version, fields, forget)
@@ -90,6 +90,7 @@ class Barrier:
             manifests={m: k for m, k in manifests.items() if k},
             checkpoints={m: c for m, c in checkpoints.items() if c},
             eval=synchronous,
+            incarnations={m: state[f"inc:{m}"] for m in models if f"inc:{m}" in state},
         )
         return encode(notice)
 

@@ -90,6 +90,11 @@ class Feeder:
         sync = self.settings.trainer.mode == "sync"
         if sync and self._batch_formed(state, version):
             return "full", 0  # lockstep: this version's batch is formed; wait for the next version
+        backlog_limit, ready_limit = await self.limits()
+        if sync:  # no more than one batch's worth in flight
+            backlog_limit = min(backlog_limit, self._groups_per_batch())
+        if await self.store.room(backlog_limit, ready_limit) <= 0:
+            return "full", 0  # checked before encoding anything: a full backlog is the usual case
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [random.Random(f"{self.settings.run.seed}:curate:{p}").random() for p in positions]
@@ -99,9 +104,6 @@ class Feeder:
             uid = self.uid_at(p)
             fields = encode(self._group(uid, row, version)) if submit else {}
             items.append(SubmitItem(submit, uid, row, version, fields))
-        backlog_limit, ready_limit = await self.limits()
-        if sync:  # no more than one batch's worth in flight
-            backlog_limit = min(backlog_limit, self._groups_per_batch())
         status, _, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
         if submitted:
             log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)

@@ -55,7 +55,8 @@ class Dataflow:
         self.collector = Collector(self.store, name)
         self.barrier = Barrier(self.store, name, synchronous=settings.trainer.mode == "sync")
         self.former = BatchFormer(self.store)
-        self._collected = asyncio.Event()
+        self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
+        self._freed = asyncio.Event()  # ... and the feeder may have room
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.bus.bootstrap(self.settings.run.models)
@@ -79,11 +80,15 @@ class Dataflow:
                 await asyncio.sleep(1.0)
 
     async def _feed(self) -> None:
+        """Submit while there is room; when full, wait for this replica's collector to settle rollouts
+        (their prompts' slots are free again) or `interval_ms` (another replica's collector, a RaaS
+        joining, a new version in sync mode), whichever comes first."""
         interval = self.settings.dataflow.feeder.interval_ms / 1000
         while True:
+            self._freed.clear()
             status, _ = await self.feeder.step()
             if status != "ok":
-                await asyncio.sleep(interval)
+                await _wait(self._freed, interval)
 
     async def _collect(self) -> None:
         """Judge the next entries while the last ones are committed (Python and Redis work overlap)."""
@@ -93,11 +98,16 @@ class Dataflow:
                 n, items = await self.collector.prepare(self.bus.settings.block_ms)
                 if committing is not None:
                     await committing
-                    self._collected.set()
                 committing = asyncio.create_task(self.collector.commit(items)) if n else None
+                if committing is not None:  # wake the former and the feeder as soon as it is settled
+                    committing.add_done_callback(self._settled)
         finally:
             if committing is not None:
                 await cancel_and_wait([committing])
+
+    def _settled(self, _: asyncio.Task) -> None:
+        self._collected.set()
+        self._freed.set()
 
     async def _form(self) -> None:
         while True:
@@ -105,10 +115,7 @@ class Dataflow:
                 while await self.former.step(model) == "ok":
                     pass
             self._collected.clear()
-            try:
-                await asyncio.wait_for(self._collected.wait(), IDLE_S)
-            except TimeoutError:
-                pass
+            await _wait(self._collected, IDLE_S)
 
     async def _follow_versions(self) -> None:
         while True:
@@ -120,3 +127,11 @@ class Dataflow:
             await asyncio.sleep(self.bus.settings.trim_interval_ms / 1000)
             for stream in (keys.rollouts, keys.versions, keys.dead):
                 await self.bus.trim(stream)
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    """Until `event` is set or `timeout_s` passed."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except TimeoutError:
+        pass

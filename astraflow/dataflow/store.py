@@ -16,7 +16,7 @@ from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
 
-SCRIPTS = ("submit", "collect", "form", "version", "announce")
+SCRIPTS = ("submit", "room", "collect", "form", "version", "announce")
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,11 @@ class Store:
         status, new_cursor, submitted = await self._run("submit", keys, args)
         return status.decode(), int(new_cursor), int(submitted)
 
+    async def room(self, backlog_limit: int, ready_limit: int) -> int:
+        """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""
+        keys = [self.keys.prompts, *(self.keys.ready(m) for m in self.models)]
+        return int(await self._run("room", keys, [GROUP_RAAS, backlog_limit, ready_limit]))
+
     async def collect(self, consumer: str, items: Sequence[Collected]) -> list[list[str]]:
         """Settle collected rollout entries (see collect.lua); returns per item [status, outcomes...]."""
         k, s = self.keys, self.settings
@@ -151,7 +156,7 @@ class Store:
         """Record a published version with the XACK of its entry; returns 'ok', 'dup' or 'lost'."""
         keys = [self.keys.versions, self.keys.state]
         args = [GROUP_DATAFLOW, consumer, entry_id, msg.model, msg.version, msg.manifest_key, int(msg.eval)]
-        args.append(msg.checkpoint)
+        args += [msg.checkpoint, msg.incarnation]
         return (await self._run("version", keys, args)).decode()
 
     async def announce(

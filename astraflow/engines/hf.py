@@ -195,12 +195,11 @@ class HFEngine(Engine):
                 )
                 past = result.past_key_values
                 tokens, logprobs = _sample(result.logits[:, -1, :].float(), params, generators)
-                for i in range(n):
+                for i, (t, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                     if not active[i]:
                         continue
-                    t = int(tokens[i])
                     out[i].token_ids.append(t)
-                    out[i].logprobs.append(float(logprobs[i]))
+                    out[i].logprobs.append(lp)
                     out[i].versions.append(version)
                     if t in stops[i]:
                         out[i].finish_reason, active[i] = "stop", False
@@ -214,15 +213,17 @@ class HFEngine(Engine):
 
 
 def _sample(logits, params: list[SamplingParams], generators):
-    """Gumbel-max sampling per row; returns (tokens, logprob of each under the distribution sampled from)."""
+    """Gumbel-max sampling per row; returns (tokens, logprob of each under the distribution sampled from).
+    Rows without top-k/top-p cuts (the usual case) are sampled together; the noise of each row comes from
+    its own generator, so a row's token does not depend on its batch."""
     import torch
 
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
     logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-    tokens = torch.empty(len(params), dtype=torch.long)
-    chosen = torch.empty(len(params))
     for i, p in enumerate(params):
         row = logp[i]
+        if not (0 < p.top_k < row.numel() or p.top_p < 1.0):
+            continue
         if 0 < p.top_k < row.numel():
             row = row.masked_fill(row < torch.topk(row, p.top_k).values[-1], -float("inf"))
         if p.top_p < 1.0:
@@ -230,14 +231,11 @@ def _sample(logits, params: list[SamplingParams], generators):
             outside = torch.cumsum(sorted_lp.exp(), 0) - sorted_lp.exp() >= p.top_p
             row = row.clone()
             row[order[outside]] = -float("inf")
-        row = torch.log_softmax(row, dim=-1)  # renormalised over what survived the cuts
-        if p.temperature <= 0:
-            tokens[i] = int(torch.argmax(row))
-        else:
-            u = torch.rand(row.numel(), generator=generators[i]).clamp(1e-20, 1.0 - 1e-7)
-            tokens[i] = int(torch.argmax(row - torch.log(-torch.log(u))))
-        chosen[i] = row[tokens[i]]
-    return tokens, chosen
+        logp[i] = torch.log_softmax(row, dim=-1)  # renormalised over what survived the cuts
+    u = torch.stack([torch.rand(logp.shape[1], generator=g) for g in generators]).clamp(1e-20, 1.0 - 1e-7)
+    greedy = torch.tensor([p.temperature <= 0 for p in params])
+    tokens = torch.where(greedy, logp.argmax(-1), (logp - torch.log(-torch.log(u))).argmax(-1))
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
 def _as_set(value) -> set:

@@ -63,8 +63,19 @@ class Snapshot:
 
 
 class Progress:
-    def __init__(self, bus: Bus, models: list[str], window: int, metrics_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        models: list[str],
+        window: int,
+        metrics_path: Path | None = None,
+        detail_every_s: float = 0.0,
+    ) -> None:
+        """`detail_every_s`: the ledger, heartbeats and stream views (a dozen round trips, and a scan of
+        every stream) are re-read at most this often; the metrics on every `poll`."""
         self.bus, self.window, self.metrics_path = bus, window, metrics_path
+        self.detail_every_s = detail_every_s
+        self._detail: tuple[float, tuple] | None = None
         self.models = {m: ModelProgress() for m in models}
         self.started = time.time()
         self._cursor = "0-0"
@@ -84,6 +95,13 @@ class Progress:
 
     async def poll(self) -> Snapshot:
         await self._read_metrics()
+        if self._detail is None or time.monotonic() - self._detail[0] >= self.detail_every_s:
+            self._detail = (time.monotonic(), await self._read_detail())
+        ledger, raas, streams = self._detail[1]
+        accuracy = self.evals[-1][2] if self.evals else None
+        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, accuracy)
+
+    async def _read_detail(self) -> tuple:
         ledger = await read_ledger(self.bus, list(self.models))
         raas = []
         async for key in self.bus.redis.scan_iter(match=self.bus.keys.raas("*"), count=1000):
@@ -94,9 +112,7 @@ class Progress:
                 continue
             raas.append(hb)
             self._generating[(hb.uid, hb.started_at)] = hb.generating_s
-        streams = await inspect_run(self.bus)
-        accuracy = self.evals[-1][2] if self.evals else None
-        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, accuracy)
+        return ledger, raas, await inspect_run(self.bus)
 
     async def _read_metrics(self) -> None:
         reply = await self.bus.redis.xread({self.bus.keys.metrics: self._cursor}, count=10_000)

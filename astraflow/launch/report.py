@@ -25,6 +25,19 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
     return {"models": models, "evals": progress.evals, **timing, **extra}
 
 
+def busy_line(data: dict) -> str:
+    """One line: the run's wall time and steps, and the share of it each stage was busy - generating
+    (a RaaS had a group in flight) and training (forward, backward, optimizer) - and each process's CPU."""
+    wall = data["wall_s"] or 1e-9
+    steps = ", ".join(f"{name} {m['versions']} steps" for name, m in data["models"].items())
+    train = sum(m["train_s"] for m in data["models"].values())
+    cpu = ", ".join(f"{name} {c / wall:.0%}" for name, c in data.get("cpu_s", {}).items())
+    return (
+        f"{data['wall_s']:.1f}s, {steps}; busy: generating {data['generating_s'] / wall:.0%},"
+        f" training {train / wall:.0%}; cpu: {cpu}"
+    )
+
+
 def write(run_dir: Path, progress: Progress, window: int, extra: dict) -> dict:
     data = summary(progress, window, extra)
     (run_dir / "summary.json").write_text(json.dumps(data, indent=2))

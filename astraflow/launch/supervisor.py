@@ -82,6 +82,10 @@ class Supervisor:
             n: w.proc.pid for n, w in self.workers.items() if w.proc is not None and w.proc.poll() is None
         }
 
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds (user + system) of each live worker's current process so far."""
+        return {n: cpu_seconds(pid) for n, pid in self.pids().items()}
+
     def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM every worker, wait up to `grace_s`, then SIGKILL what is left (sessions included)."""
         live = [w.proc for w in self.workers.values() if w.proc is not None and w.proc.poll() is None]
@@ -105,3 +109,12 @@ def _end_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

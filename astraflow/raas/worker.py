@@ -62,6 +62,8 @@ class RaasWorker:
         self.busy = BusyClock()
         self.started_at = time.time()
         self._workflows: dict[str, RolloutWorkflow] = {}
+        self._incarnations: dict[str, str] = {}
+        """Model -> trainer incarnation of the loaded weights (from the notices)."""
         self._loads = asyncio.Lock()
         self._loaded = asyncio.Condition()  # notified after every weight load
         self._synced = asyncio.Event()  # cleared while an eval notice is being loaded
@@ -222,9 +224,13 @@ class RaasWorker:
             try:
                 for model, version in notice.models.items():
                     engine = self.engines.get(model)
-                    if engine is None or version <= engine.version:
-                        continue
+                    incarnation = notice.incarnations.get(model)
+                    same = incarnation is None or incarnation == self._incarnations.get(model, incarnation)
+                    if engine is None or (version <= engine.version and same):
+                        continue  # nothing newer; weights of a dead incarnation are replaced, even by older
                     await self._load(model, engine, version, notice)
+                    if incarnation is not None:
+                        self._incarnations[model] = incarnation
             except Exception as e:
                 log.error("weights_load_failed", version=notice.version, error=repr(e))
                 return False
@@ -235,6 +241,7 @@ class RaasWorker:
     async def _with_newest(self, notice: VersionNotice) -> VersionNotice:
         """`notice` with each model's newest version in `versions`, where newer than the notice's."""
         models, manifests = dict(notice.models), dict(notice.manifests)
+        incarnations = dict(notice.incarnations)
         seen: set[str] = set()
         for _, fields in await self.bus.redis.xrevrange(self.bus.keys.versions, count=256):
             try:
@@ -245,4 +252,5 @@ class RaasWorker:
                 seen.add(msg.model)
                 if msg.version > models[msg.model]:
                     models[msg.model], manifests[msg.model] = msg.version, msg.manifest_key
-        return dataclasses.replace(notice, models=models, manifests=manifests)
+                    incarnations[msg.model] = msg.incarnation
+        return dataclasses.replace(notice, models=models, manifests=manifests, incarnations=incarnations)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from astraflow.messages import Batch
+from astraflow.trainer.prefix import Counted, SharedMicroBatch, shared_logits, shared_micro_batches
 
 
 @dataclass(frozen=True)
@@ -28,21 +29,13 @@ class Sample:
 
 
 @dataclass
-class MicroBatch:
+class MicroBatch(Counted):
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     targets: torch.Tensor
     behav: torch.Tensor
     mask: torch.Tensor
     adv: torch.Tensor
-
-    @property
-    def n_sequences(self) -> int:
-        return int((self.mask.sum(-1) > 0).sum())
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.mask.sum())
 
 
 def samples(batch: Batch) -> list[Sample]:
@@ -61,7 +54,14 @@ def split(items: list[Sample], parts: int) -> list[list[Sample]]:
     return [items[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def micro_batches(items: list[Sample], max_tokens: int, pad_id: int = 0) -> list[MicroBatch]:
+def micro_batches(
+    items: list[Sample], max_tokens: int, pad_id: int = 0, share_prefix: bool = False
+) -> list[MicroBatch] | list[SharedMicroBatch]:
+    """With `share_prefix`, samples with the same prompt share its forward (see `trainer.prefix`)."""
+    if share_prefix:
+        shared = shared_micro_batches(items, max_tokens, pad_id)
+        if shared is not None:
+            return shared
     ordered = sorted(items, key=lambda s: len(s.tokens), reverse=True)
     groups: list[list[Sample]] = []
     for s in ordered:
@@ -96,7 +96,10 @@ def collate(items: list[Sample], pad_id: int = 0) -> MicroBatch:
 
 def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False):
     """log pi(target) at every position, and (optionally) the entropy of each predicted distribution."""
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
+    if isinstance(mb, SharedMicroBatch):
+        logits = shared_logits(model, mb).float()
+    else:
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
     if not with_entropy:

@@ -23,6 +23,7 @@ import torch
 from astraflow.config import Settings
 from astraflow.dataflow.store import fetch_batch
 from astraflow.errors import DecodeError
+from astraflow.messages import VersionPublished, decode
 from astraflow.streams import Bus, Consumer, Entry
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_TRAINER
@@ -55,6 +56,7 @@ class TrainerService:
         self.publisher: WeightPublisher | None = None
         self._unacked: list[Entry] = []
         self._committing: asyncio.Task | None = None
+        self._wait_s = 0.0  # waiting for a batch since the last step was reported
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
@@ -117,18 +119,40 @@ class TrainerService:
         self.publisher = WeightPublisher(
             self.bus, self.settings.weights, self.model_name, specs, root, secret
         )
-        # Serve the restored (or initial) version; announced at most once per version (dedup key), so
-        # after a crash it is announced only if the crash came before that.
-        await self.publisher.publish(state, self.state.version, self.state.step)
+        # Serve the restored (or initial) version. A durable version is announced at most once (dedup key),
+        # so after a crash it is announced again only if the crash came before that - or if the dead
+        # trainer announced versions past this checkpoint (`checkpoint_every` > 1): those weights are
+        # gone, and announcing this version under the new incarnation rolls every RaaS back to it.
+        rollback = await self._announced(self.model_name) > self.state.version
+        if rollback:
+            log.warning("trainer_rollback", model=self.model_name, version=self.state.version)
+        await self.publisher.publish(state, self.state.version, self.state.step, once=not rollback)
         renew = asyncio.create_task(self._renew_loop())
         try:
             while not stop.is_set() and not self._done():
-                for entry in await self.consumer.read(1, self.bus.settings.block_ms):
+                waiting = time.perf_counter()
+                entries = await self.consumer.read(1, self.bus.settings.block_ms)
+                self._wait_s += time.perf_counter() - waiting
+                for entry in entries:
                     await self._handle(entry)
+            if self._unacked:  # a clean stop keeps what was trained since the last checkpoint
+                await self._commit()
         finally:
             await cancel_and_wait([renew])
             await self._committed()
             await self.publisher.close()
+
+    async def _announced(self, model: str) -> int:
+        """The newest version of `model` in `versions` (-1 = none)."""
+        newest, redis = -1, self.bus.redis
+        for _, fields in await self.bus.call(lambda: redis.xrevrange(self.bus.keys.versions, count=256)):
+            try:
+                msg = decode(fields, VersionPublished)
+            except DecodeError:
+                continue
+            if msg.model == model:
+                newest = max(newest, msg.version)
+        return newest
 
     def _done(self) -> bool:
         limit = self.settings.trainer.max_steps
@@ -158,9 +182,13 @@ class TrainerService:
             loss=round(stats["loss"], 4),
             reward=round(stats["reward_mean"], 3),
         )
+        stats["wait_s"], self._wait_s = self._wait_s, 0.0
         await self._metrics(batch.uid, stats)  # before the commit: a step retrained after a crash is
         if self.state.version % self.settings.trainer.checkpoint_every == 0:  # reported again, none lost
             await self._commit()
+        else:  # served and announced now; a restart from an older checkpoint rolls it back (see run)
+            model_state = await asyncio.to_thread(self._all, "model_state")
+            await self.publisher.publish(model_state, self.state.version, self.state.step, once=False)
 
     async def _commit(self) -> None:
         """Snapshot the state; then, while the next batch trains, write it as a durable checkpoint (the

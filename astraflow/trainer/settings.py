@@ -56,8 +56,13 @@ class TrainerSettings(BaseModel):
     """Optimizer steps per batch (the batch split in this many parts); one new version per batch."""
     micro_batch_tokens: int = Field(8192, ge=1)
     """Padded tokens per forward/backward (sequences bucketed by length; gradients accumulate)."""
+    share_prefix: bool = True
+    """Run each prompt's forward once for all the samples of a micro-batch that share it (GRPO groups);
+    the result is the same, the work smaller by about (n - 1) / n of the prompt tokens."""
     checkpoint_every: int = Field(1, ge=1)
-    """Versions between checkpoints; a version is published only once a checkpoint holds it."""
+    """Versions between checkpoints. Every version is published; one that no checkpoint holds yet is
+    rolled back on every RaaS when a restarted trainer resumes from an older checkpoint (versions carry
+    the trainer's incarnation), and its batches are trained again, once, into the surviving weights."""
     keep_checkpoints: int = Field(2, ge=1)
     checkpoint_dir: Path | None = None
     """Default `<run dir>/checkpoints/<model>`."""

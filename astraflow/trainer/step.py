@@ -98,11 +98,12 @@ class PolicyTrainer:
     def _micro_batches(self, mine: list[Sample], any_sample: Sample) -> list[MicroBatch]:
         """This rank's micro-batches, as many on every rank: FSDP's collectives run in every forward,
         so a rank with fewer runs empty ones (a real sample with its mask zeroed: no gradient)."""
-        mbs = micro_batches(mine, self.settings.micro_batch_tokens, self.pad_id) if mine else []
+        share = self.settings.share_prefix
+        mbs = micro_batches(mine, self.settings.micro_batch_tokens, self.pad_id, share) if mine else []
         count = sync_max(len(mbs))
         while len(mbs) < count:
             empty = replace(any_sample, mask=np.zeros_like(any_sample.mask))
-            mbs.append(micro_batches([empty], self.settings.micro_batch_tokens, self.pad_id)[0])
+            mbs.append(micro_batches([empty], self.settings.micro_batch_tokens, self.pad_id, share)[0])
         return mbs
 
     @torch.no_grad()

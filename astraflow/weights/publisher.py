@@ -65,15 +65,23 @@ class WeightPublisher:
         self._delta_files: dict[int, object] = {}
 
     async def publish(
-        self, state: Mapping, version: int, step: int, eval_: bool = False, durable: Awaitable | None = None
+        self,
+        state: Mapping,
+        version: int,
+        step: int,
+        eval_: bool = False,
+        durable: Awaitable | None = None,
+        once: bool = True,
     ) -> None:
         """Offload `state` as `version`; the rest happens in the background (see `wait`), and the version
-        is served and announced only once `durable` (the checkpoint that holds it) is done. A version is
-        announced in `versions` at most once (a restarted trainer republishing it rewrites the manifest,
-        so receivers find its new endpoint, and adds no entry)."""
+        is served and announced only once `durable` (the checkpoint that holds it) is done. With `once`
+        a version is announced in `versions` at most once, whichever trainer publishes it (a restarted
+        trainer republishing a durable version rewrites the manifest, so receivers find its new
+        endpoint, and adds no entry); otherwise once per incarnation (a version no checkpoint holds,
+        which a restarted trainer trains again, differently)."""
         await self.wait()
         half = await asyncio.to_thread(self.buffer.write_state, state)
-        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable))
+        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""
@@ -82,7 +90,7 @@ class WeightPublisher:
             await task
 
     async def _finish(
-        self, half: Half, version: int, step: int, eval_: bool, durable: Awaitable | None
+        self, half: Half, version: int, step: int, eval_: bool, durable: Awaitable | None, once: bool
     ) -> None:
         base = self.buffer.served
         whole, chunks = await asyncio.to_thread(layout.digests, half.data)
@@ -122,7 +130,7 @@ class WeightPublisher:
             delta_digest=delta_digest,
             base_digest=base_digest,
         )
-        await self._announce(manifest, step, eval_)
+        await self._announce(manifest, step, eval_, once)
 
     def _serve_delta(self, version: int, delta: bytes) -> None:
         path = self.deltas / f"{version}.bin"
@@ -135,7 +143,7 @@ class WeightPublisher:
             self._delta_files.pop(old).close()  # type: ignore[attr-defined]
             (self.deltas / f"{old}.bin").unlink(missing_ok=True)
 
-    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool) -> None:
+    async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
         redis, ttl = self.bus.redis, self.settings.manifest_ttl_s
 
@@ -153,7 +161,7 @@ class WeightPublisher:
             incarnation=self.incarnation,
             eval=eval_,
         )
-        dedup = f"version:{self.model}:{manifest.version}"
+        dedup = f"version:{self.model}:{manifest.version}" + ("" if once else f":{self.incarnation}")
         await self.bus.publish(Out(self.bus.keys.versions, encode(msg), dedup))
         log.info(
             "weights_published",

@@ -1,13 +1,16 @@
-"""RaaS throughput: completion tokens/s through a RaaS worker (bus included) vs the same engine's own
-batched generation of the same prompts, in the same run, for the hf and vllm engines.
+"""RaaS throughput: completion tokens/s through a RaaS worker (bus included) against one batched
+`transformers` `generate` of the same requests on the same number of threads, in the same run.
 
-Raw: the engine generates all G x N sequences at once, in a fresh process. RaaS: a worker process with the
-same engine settings and G slots takes G prompt groups of N samples from Redis, runs the rlvr workflow
-(reward in its process pool) and hands the rollout groups back; timed from publishing the prompts to the
-last rollout group, after the worker is up. A random-init tiny model, so completions run to the token
-limit. Rounds alternate raw and RaaS; medians are shown.
+Baseline: `model.generate` of all G x N sequences at once (left-padded prompts, sampling at temperature
+1), in a fresh process with `--threads` torch threads. Raw: the astraflow engine generating the same
+requests at once (hf, and vllm when installed). RaaS: a worker process with the same engine settings
+and G slots takes G prompt groups of N samples from Redis, runs the rlvr workflow (reward in its
+process pool) and hands the rollout groups back; timed from publishing the prompts to the last rollout
+group, after the worker is up. A random-init tiny model, so completions mostly run to the token limit;
+tokens are counted up to and including eos. Rounds alternate; medians are shown.
 
     python tests/bench/raas_throughput.py [--engines hf,vllm] [--groups 8] [--samples 8] [--tokens 32]
+        [--threads 1]
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def settings_for(engine: str, model: str, url: str, run_dir: Path, args) -> Sett
     s.engine.chunk_tokens = args.tokens  # one chunk per request: no version checks needed here
     s.raas.id, s.raas.slots = "bench-raas", args.groups
     s.raas.sampling.max_new_tokens = args.tokens
+    s.engine.threads = args.threads
+    s.engine.max_batch = max(s.engine.max_batch, args.groups * args.samples)
     return s
 
 
@@ -56,6 +61,39 @@ async def raw(settings: Settings, prompts: list[list[int]], rounds: int) -> list
             rates.append(sum(len(o.token_ids) for o in out) / (time.perf_counter() - started))
     finally:
         await engine.close()
+    return rates
+
+
+def generate_in_child(model: str, prompts: list[list[int]], args) -> list[float]:
+    """The baseline: one batched `transformers` `generate` of every request, in a fresh process."""
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_generate, (model, prompts, args.tokens, args.threads, args.rounds))
+
+
+def _generate(
+    model_dir: str, prompts: list[list[int]], tokens: int, threads: int, rounds: int
+) -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    rates = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=None, top_p=None,
+                max_new_tokens=tokens, pad_token_id=tok.pad_token_id,
+            )  # fmt: skip
+        elapsed = time.perf_counter() - started
+        eos = (out[:, width:] == tok.eos_token_id).int()
+        rates.append(int(((eos.cumsum(1) - eos) == 0).sum()) / elapsed)
     return rates
 
 
@@ -119,6 +157,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every contender")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = str(tiny.build(Path(tmp) / "model"))
@@ -131,6 +170,7 @@ def main() -> None:
         ]
         results = {}
         try:
+            baseline = statistics.median(generate_in_child(model, prompts, args))
             for engine in args.engines.split(","):
                 s = settings_for(engine, model, server.url, Path(tmp) / engine, args)
                 s.run.path.mkdir(parents=True, exist_ok=True)
@@ -141,11 +181,12 @@ def main() -> None:
             server.stop()
     print(
         f"RaaS throughput: {args.groups} groups x {args.samples} samples x {args.tokens} tokens, "
-        f"median of {args.rounds} rounds"
+        f"{args.threads} thread(s), median of {args.rounds} rounds"
     )
-    print(f"{'engine':<8}{'raw engine tok/s':>18}{'through RaaS tok/s':>20}{'ratio':>8}")
+    print(f"transformers generate (baseline): {baseline:.0f} tok/s")
+    print(f"{'engine':<8}{'raw engine tok/s':>18}{'through RaaS tok/s':>20}{'RaaS/baseline':>15}")
     for engine, (r, w) in results.items():
-        print(f"{engine:<8}{r:>18.0f}{w:>20.0f}{w / r:>8.2f}")
+        print(f"{engine:<8}{r:>18.0f}{w:>20.0f}{w / baseline:>15.2f}")
 
 
 if __name__ == "__main__":

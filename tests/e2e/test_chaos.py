@@ -1,8 +1,10 @@
 """`kill -9` of a RaaS, the dataflow and the trainer during `astraflow run` (each once, pids from the
 run's pids.json, children of the launcher this test started): the run completes, the ledger balances, no
-group is in two trained batches, and the trainer's versions have no gap or repeat. Ctrl-C (twice) stops
+group is in two trained batches, the trainer's versions have no gap, and notices go back only to a
+checkpoint (the restarted trainer's rollback). Ctrl-C (twice) stops
 every process and still leaves the report."""
 
+import itertools
 import json
 import os
 import signal
@@ -81,7 +83,9 @@ def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
         published = sorted(int(v) for v in manifests if v.isdigit())
         assert published == list(range(published[-1] + 1)) and published[-1] >= STEPS  # no gap
         noticed = [int(f[b"version"]) for _, f in r.xrange("af:{chaos}:notices")]
-        assert noticed == sorted(set(noticed))  # no version announced twice
+        every = 50  # the recipe's trainer.checkpoint_every: versions past a checkpoint are not durable
+        for a, b in itertools.pairwise(noticed):  # forward; back only to a checkpoint, after the kill
+            assert b > a or (b % every == 0 and b <= a), noticed
         latest = sorted((run_dir / "checkpoints" / "policy").glob("v*"))[-1]
         consumed = json.loads((latest / "meta.json").read_text())["consumed"]
         groups = {

@@ -1,10 +1,13 @@
 """The trainer under `kill -9` between publishing a version and checkpointing the next: it resumes from
-the right version, trains every batch exactly once in the surviving lineage (checked by batch uid),
-publishes each version once, and never announces a version its checkpoints do not hold."""
+the right version, trains every batch exactly once in the surviving lineage (checked by batch uid).
+Checkpointing every version, it publishes each version once and never announces one its checkpoints do
+not hold; checkpointing every 4, it publishes every version, and a restart from an older checkpoint
+announces that checkpoint's version again (a rollback) before training the lost ones again."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -26,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TARGET = 12
 
 
-def settings_for(url: str, model: str, tmp_path) -> Settings:
+def settings_for(url: str, model: str, tmp_path, checkpoint_every: int = 1) -> Settings:
     s = Settings()
     s.run.name, s.run.dir, s.redis.url = "it", tmp_path, url
     s.engine.model = model
@@ -37,6 +40,7 @@ def settings_for(url: str, model: str, tmp_path) -> Settings:
     s.trainer.micro_batch_tokens = 256
     s.trainer.max_steps = TARGET
     s.trainer.threads = 1
+    s.trainer.checkpoint_every = checkpoint_every
     s.weights.dir = tmp_path / "weights"
     return s
 
@@ -58,8 +62,11 @@ async def published(bus) -> list[VersionPublished]:
     return [decode(f, VersionPublished) for _, f in await bus.redis.xrange(bus.keys.versions)]
 
 
-async def test_trainer_survives_kill_9_between_publish_and_checkpoint(bus, redis_url, tiny_model, tmp_path):
-    s = settings_for(redis_url, tiny_model, tmp_path)
+@pytest.mark.parametrize("every", [1, 4])
+async def test_trainer_survives_kill_9_between_publish_and_checkpoint(
+    bus, redis_url, tiny_model, tmp_path, every
+):
+    s = settings_for(redis_url, tiny_model, tmp_path, every)
     bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10**9})  # keep `versions` to check
     await heartbeat(bus, "sim", 8)
     dataflow = Dataflow(s, bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}] * 50)
@@ -93,8 +100,18 @@ async def test_trainer_survives_kill_9_between_publish_and_checkpoint(bus, redis
         await df_task
     assert kills == 3
 
-    versions = [v.version for v in await published(bus)]
-    assert versions == list(range(TARGET + 1)), versions  # each version announced once, none skipped
+    announced = await published(bus)
+    versions = [v.version for v in announced]
+    if every == 1:
+        assert versions == list(range(TARGET + 1)), versions  # each version announced once, none skipped
+    lineages = [list(g) for _, g in itertools.groupby(announced, key=lambda v: v.incarnation)]
+    for lineage in lineages:  # each trainer announces consecutive versions
+        assert [v.version for v in lineage] == list(range(lineage[0].version, lineage[-1].version + 1))
+    for dead, successor in itertools.pairwise(lineages):  # it goes on, or rolls back to a checkpoint
+        first, last = successor[0].version, dead[-1].version
+        assert first == last + 1 or (first % every == 0 and first <= last), versions
+    assert any(b[0].version <= a[-1].version for a, b in itertools.pairwise(lineages)) == (every > 1)
+    assert lineages[-1][-1].version == TARGET
     latest = checkpoint.latest(s.run.path / "checkpoints" / "policy")
     meta = json.loads((latest / "meta.json").read_text())
     assert meta["version"] == TARGET

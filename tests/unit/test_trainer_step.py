@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 from astraflow.trainer.batching import micro_batches, samples, token_logprobs
@@ -63,3 +64,39 @@ def test_micro_batches_accumulate_to_the_same_update(model):
         results.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
     assert len(micro_batches(samples(batch), 6)) == 4
     assert torch.allclose(results[0], results[1], atol=1e-5)
+
+
+def test_shared_prefix_gives_the_plain_update(model):
+    """Samples of one prompt share its forward: same logprobs, same gradient, as each computed alone
+    (prompts of different lengths, a trained span with an untrained token inside, one-token answers)."""
+    from astraflow.trainer.batching import Sample
+    from astraflow.trainer.step import PolicyTrainer
+
+    seqs = [[5, 6, 7, 8, 9], [5, 6, 10], [5, 6, 13, 14], [3, 4, 5, 6, 15, 16, 17, 18], [3, 4, 5, 6, 19]]
+    batch = make_batch(model, seqs, [1, 0, 0.5, 0, 1])
+    items = samples(batch)
+    items[3] = Sample(items[3].tokens, items[3].behav, np.array([0, 0, 0, 0, 1, 0, 1, 1], np.uint8), 0.3, 0)
+    items[:] = [s if i != 4 else Sample(s.tokens, s.behav, np.array([0, 0, 0, 0, 1], np.uint8), -1.0, 0)
+                for i, s in enumerate(items)]  # fmt: skip
+    shared = micro_batches(items, 10_000, share_prefix=True)
+    plain = micro_batches(items, 10_000)
+    assert type(shared[0]).__name__ == "SharedMicroBatch" and len(shared[0].prefix_ids) == 2
+
+    def total(mbs):  # sum over trained tokens of advantage x logprob, and its gradient
+        model.zero_grad()
+        value = sum(((token_logprobs(model, mb)[0] * mb.adv) * mb.mask).sum() for mb in mbs)
+        value.backward()
+        grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        return float(value.detach()), torch.cat(grads)
+
+    (a, grad_a), (b, grad_b) = total(shared), total(plain)
+    assert a == pytest.approx(b, abs=1e-4)
+    assert torch.allclose(grad_a, grad_b, atol=1e-5)
+
+    updated = []
+    for share in (True, False):  # and a whole step, through PolicyTrainer
+        m = copy.deepcopy(model)
+        trainer = PolicyTrainer(m, TrainerSettings(share_prefix=share, grad_clip=None))
+        trainer.step(batch)
+        updated.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert torch.allclose(updated[0], updated[1], atol=1e-5)

@@ -1,5 +1,6 @@
 -- Version barrier, second half: announce version v to every RaaS once all models have it.
 -- Compare-and-set on the last announced version, so concurrent replicas announce each version once.
+-- It clears the rollback mark (version.lua): the notice it publishes moves the RaaS pool back.
 -- Announcing is also when GRESO's submit probabilities move toward their targets (once per version).
 -- KEYS[1] notices stream, KEYS[2] state, KEYS[3] greso hash
 -- ARGV: expected_last ('-1' = none yet), version, notices_maxlen, greso ('1'/'0'), p_init, step, p_min,
@@ -13,6 +14,7 @@ if last ~= expected then return {'moved', last} end
 local n_forget = tonumber(ARGV[10])
 redis.call('XADD', notices, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, 11 + n_forget))
 redis.call('HSET', state, 'notice', version)
+redis.call('HDEL', state, 'rollback')
 for i = 11, 10 + n_forget do redis.call('HDEL', state, ARGV[i]) end
 
 if ARGV[4] == '1' then

@@ -1,15 +1,22 @@
 -- Version barrier, first half: record that a model's trainer published a version, with the XACK.
--- Recording is idempotent (the version only moves forward), so a retried call changes nothing.
+-- Recording is idempotent (the version only moves forward), so a retried call changes nothing - except
+-- for a rollback: a new trainer incarnation publishing a version older than the recorded one (it
+-- restarted from a checkpoint behind the versions its predecessor announced, whose weights are gone).
+-- The version then moves back and `rollback` asks the next announcement to go out although it is not new.
 -- KEYS[1] versions stream, KEYS[2] state
--- ARGV: group, consumer, entry_id, model, version, manifest_key, eval ('1'/'0'), checkpoint
+-- ARGV: group, consumer, entry_id, model, version, manifest_key, eval ('1'/'0'), checkpoint, incarnation
 -- Returns 'ok', 'dup' or 'lost'.
 local versions, state = KEYS[1], KEYS[2]
 local group, consumer, id, model, version = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local status = ownership(versions, group, consumer, id)
 if status ~= 'ok' then return status end
-if version > trainer_version(state, model) or not redis.call('HGET', state, 'v:' .. model) then
+local incarnation = redis.call('HGET', state, 'inc:' .. model)
+if incarnation and incarnation ~= ARGV[9] and version < trainer_version(state, model) then
+  redis.call('HSET', state, 'v:' .. model, version, 'rollback', 1)
+elseif version > trainer_version(state, model) or not redis.call('HGET', state, 'v:' .. model) then
   redis.call('HSET', state, 'v:' .. model, version)
 end
+redis.call('HSET', state, 'inc:' .. model, ARGV[9])
 redis.call('HSET', state, 'manifest:' .. model .. ':' .. version, ARGV[6], 'checkpoint:' .. model .. ':' .. version, ARGV[8])
 if ARGV[7] == '1' then redis.call('HSET', state, 'eval:' .. version, 1) end
 redis.call('XACK', versions, group, id)

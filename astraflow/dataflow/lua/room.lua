@@ -1,0 +1,10 @@
+-- Feeder: how many prompt groups the back-pressure limits admit now (read only: submit.lua decides, this
+-- only spares the feeder encoding groups that would be refused).
+-- KEYS[1] prompts, KEYS[2..] ready sets
+-- ARGV: raas_group, backlog_limit, ready_limit
+local backlog_limit, ready_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ready = 0
+for i = 2, #KEYS do ready = ready + redis.call('ZCARD', KEYS[i]) end
+if ready >= ready_limit then return 0 end
+local backlog = pending(KEYS[1], ARGV[1]) + undelivered(KEYS[1], ARGV[1], backlog_limit)
+return math.max(0, backlog_limit - backlog)

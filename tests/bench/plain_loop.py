@@ -1,0 +1,141 @@
+"""The honest baseline: a plain in-process synchronous GRPO loop on the default recipe's settings.
+
+What a user would write instead of astraflow: one batched `transformers` `generate` of 16 prompts x 8
+samples (temperature 1.0, 4 new tokens), exact-match reward, group-normalised advantages, one PPO-clip
+AdamW step (clip 0.2, no KL, lr 2e-4, betas (0.9, 0.99), grad-norm clip 1.0), on the recipe's cached
+tiny model, its dataset (same rows, same shuffle) and seed, on every core. It stops when the 10-step
+moving average of the batch reward (the on-policy reward) reaches the target. No astraflow engine,
+trainer, Redis or process: only the recipe's settings and its cached model are taken from astraflow.
+
+    python tests/bench/plain_loop.py [--recipe recipes/addition-tiny.yaml] [--seed 0] [--json OUT]
+
+Prints one line per 100 steps and a summary; `--json` writes the per-step record for e2e.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+STARTED = time.time()  # time to target counts from here: imports and model load included
+
+import torch  # noqa: E402
+
+
+def generate(model, tok, prompts: list[str], n: int, temperature: float, max_new_tokens: int):
+    """One batched `generate` of `n` samples per prompt: (sequences, prompt width, attention mask of the
+    sequences, completion tokens, mask of the trained completion tokens: up to and including eos)."""
+    prompt = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.no_grad():
+        out = model.generate(
+            **prompt,
+            do_sample=True,
+            temperature=temperature,
+            top_k=None,
+            top_p=None,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=n,
+            pad_token_id=tok.pad_token_id,
+        )
+    width = prompt["input_ids"].shape[1]
+    completion = out[:, width:]
+    eos = (completion == tok.eos_token_id).int()
+    mask = (eos.cumsum(1) - eos) == 0
+    attention = torch.cat([prompt["attention_mask"].repeat_interleave(n, 0), mask.long()], 1)
+    return out, width, attention, completion, mask
+
+
+def train_step(model, optim, out, width, attention, completion, mask, adv, clip_low, clip_high, grad_clip):
+    """One PPO-clip step on the sampled batch (token mean over the trained tokens)."""
+    logits = model(input_ids=out, attention_mask=attention).logits[:, width - 1 : -1].float()
+    logp = torch.log_softmax(logits, -1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+    ratio = torch.exp(logp - logp.detach())  # on-policy: the sampling weights are these weights
+    a = adv[:, None]
+    loss = torch.maximum(-a * ratio, -a * ratio.clamp(1 - clip_low, 1 + clip_high))
+    loss = (loss * mask).sum() / mask.sum()
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optim.step()
+
+
+def load(recipe: str, seed: int, threads: int):
+    """(settings, tokenizer, model, optimizer) of the recipe, on its cached tiny model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from astraflow.config import load_settings
+    from workers.launcher import tiny_model
+
+    s = load_settings(recipe, [f"run.seed={seed}"])
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    path = tiny_model(s)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    t = s.trainer
+    optim = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    return s, tok, model, optim
+
+
+def main() -> None:
+    from astraflow.workflows.datasets import load_rows
+
+    s, tok, model, optim = load(args.recipe, args.seed, args.threads)
+    rows = load_rows(s.dataflow.dataset, s.run.seed)
+    order = list(range(len(rows)))
+    random.Random(f"{s.run.seed}:0").shuffle(order)  # the feeder's first epoch
+    n, prompts_per_step = s.dataflow.feeder.n_samples, s.dataflow.batch.size // s.dataflow.feeder.n_samples
+    t, sampling = s.trainer, s.raas.sampling
+    steps, rewards, cursor, ma = [], [], 0, 0.0
+    while time.time() - STARTED < args.max_time:
+        t0 = time.perf_counter()
+        batch = [rows[order[(cursor + i) % len(rows)]] for i in range(prompts_per_step)]
+        cursor += prompts_per_step
+        prompts = [r["prompt"] for r in batch]
+        out, width, attention, completion, mask = generate(
+            model, tok, prompts, n, sampling.temperature, sampling.max_new_tokens
+        )
+        texts = tok.batch_decode(completion, skip_special_tokens=True)
+        answers = [r["answer"] for r in batch for _ in range(n)]
+        reward = torch.tensor([float(c.strip() == a) for c, a in zip(texts, answers, strict=True)])
+        g = reward.view(-1, n)
+        adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)
+        t1 = time.perf_counter()
+        train_step(
+            model, optim, out, width, attention, completion, mask, adv,
+            t.loss.clip_low, t.loss.clip_high, t.grad_clip,
+        )  # fmt: skip
+        t2 = time.perf_counter()
+        rewards.append(float(reward.mean()))
+        window = rewards[-s.run.reward_window :]
+        ma = sum(window) / len(window)
+        steps.append(
+            {"wall_s": time.time() - STARTED, "reward": rewards[-1], "gen_s": t1 - t0, "train_s": t2 - t1}
+        )
+        if len(steps) % 100 == 0:
+            print(f"step {len(steps)} {steps[-1]['wall_s']:.1f}s reward(ma) {ma:.3f}", flush=True)
+        if len(rewards) >= s.run.reward_window and ma >= s.run.target_reward:
+            break
+    reached = steps[-1]["wall_s"] if ma >= s.run.target_reward else None
+    gen, train = (sum(x[k] for x in steps) / len(steps) for k in ("gen_s", "train_s"))
+    print(
+        f"plain loop: {len(steps)} steps, time to {s.run.target_reward}: "
+        f"{'not reached' if reached is None else f'{reached:.1f}s'}; per step generate {1000 * gen:.1f} ms,"
+        f" train {1000 * train:.1f} ms ({args.threads} threads)"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"time_to_target_s": reached, "threads": args.threads, "steps": steps}, f)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recipe", default="recipes/addition-tiny.yaml")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-time", type=float, default=1200.0)
+    parser.add_argument("--json", help="write the per-step record here")
+    args = parser.parse_args()
+    main()
