@@ -36,8 +36,9 @@ class FeederSettings(BaseModel):
     """Submit while undelivered + pending prompt groups < factor x the slots of the live RaaS pool."""
     min_backlog: int = Field(8, ge=1)
     """Backlog allowed even when no RaaS is alive (a worker that joins finds work at once)."""
-    max_ready_batches: float = Field(4.0, gt=0)
-    """Stop submitting while the ready sets hold this many batches' worth of groups (a slow trainer)."""
+    max_ready_batches: float = Field(4.0, ge=1)
+    """Stop submitting while the ready sets hold this many batches' worth of groups (a slow trainer); at
+    least one, or no batch could ever form."""
     interval_ms: int = Field(50, gt=0)
     """How long the feeder waits when the backlog is full."""
     solved_alpha: float = Field(0.5, gt=0, le=1)

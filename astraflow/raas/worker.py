@@ -81,7 +81,8 @@ class RaasWorker:
             await cancel_and_wait(helpers)
             await self.bus.redis.delete(self.bus.keys.raas(self.id))
             self.ctx.rewards.close()
-            log.info("raas_stopped", **self.runner.stats)
+            engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}
+            log.info("raas_stopped", engines=engines, **self.runner.stats)
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
