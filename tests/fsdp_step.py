@@ -21,7 +21,9 @@ def main(model_dir: str, out: str) -> None:
     batch = make_batch(model, SEQS, REWARDS)  # behaviour logprobs from the unsharded starting model
     if size > 1:
         distributed.shard(model)
-    trainer = PolicyTrainer(model, TrainerSettings(lr=1e-3, micro_batch_tokens=12, minibatches=2))
+    # The distributed path computes every sample whole (no shared prompts): the reference does too.
+    settings = TrainerSettings(lr=1e-3, micro_batch_tokens=12, minibatches=2, share_prefix=False)
+    trainer = PolicyTrainer(model, settings)
     trainer.step(batch)
     state = distributed.full_model_state(model)
     if rank == 0:

@@ -205,6 +205,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         if live is not None:
             live.stop()
     wall_s = time.time() - progress.started
+    commands = (await bus.redis.info("stats"))["total_commands_processed"]  # the embedded Redis: this run's
     cpu = {**supervisor.cpu_s(), "launcher": sum(os.times()[:2])}
     if redis_pid is not None:
         cpu["redis"] = cpu_seconds(redis_pid)
@@ -215,6 +216,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         "stopped": reason,
         "wall_s": round(wall_s, 1),
         "cpu_s": {name: round(c, 1) for name, c in cpu.items()},
+        "redis_commands": commands,
         "restarts": {n: w.restarts for n, w in supervisor.workers.items()},
         "ledger": (await progress.poll()).ledger.as_dict(),
     }

@@ -91,8 +91,8 @@ class Feeder:
         if sync and self._batch_formed(state, version):
             return "full", 0  # lockstep: this version's batch is formed; wait for the next version
         backlog_limit, ready_limit = await self.limits()
-        if sync:  # no more than one batch's worth in flight
-            backlog_limit = min(backlog_limit, self._groups_per_batch())
+        if sync:  # no more in flight than the batch still needs: what is left over when it forms is stale
+            backlog_limit = min(backlog_limit, self._groups_per_batch() - await self.store.fewest_ready())
         if await self.store.room(backlog_limit, ready_limit) <= 0:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
         positions = range(cursor, cursor + STEP_POSITIONS)

@@ -81,8 +81,8 @@ class Dataflow:
 
     async def _feed(self) -> None:
         """Submit while there is room; when full, wait for this replica's collector to settle rollouts
-        (their prompts' slots are free again) or `interval_ms` (another replica's collector, a RaaS
-        joining, a new version in sync mode), whichever comes first."""
+        (their prompts' slots are free again) or its barrier to record a version (sync mode submits per
+        version), or `interval_ms` (another replica did, a RaaS joined), whichever comes first."""
         interval = self.settings.dataflow.feeder.interval_ms / 1000
         while True:
             self._freed.clear()
@@ -119,7 +119,8 @@ class Dataflow:
 
     async def _follow_versions(self) -> None:
         while True:
-            await self.barrier.step(self.bus.settings.block_ms)
+            if await self.barrier.step(self.bus.settings.block_ms):
+                self._freed.set()  # a new version: in sync mode the feeder may submit its groups now
 
     async def _trim(self) -> None:
         keys = self.bus.keys

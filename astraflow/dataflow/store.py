@@ -83,6 +83,17 @@ class Store:
         raw = await self.bus.call(lambda: self.bus.redis.hgetall(self.keys.state))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
+    async def fewest_ready(self) -> int:
+        """Groups in the smallest ready set of the run's models."""
+
+        async def counts():
+            async with self.bus.redis.pipeline(transaction=False) as pipe:
+                for m in self.models:
+                    pipe.zcard(self.keys.ready(m))
+                return await pipe.execute()
+
+        return min(await self.bus.call(counts))
+
     # -- steps -------------------------------------------------------------------------------------
 
     async def submit(

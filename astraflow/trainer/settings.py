@@ -58,7 +58,8 @@ class TrainerSettings(BaseModel):
     """Padded tokens per forward/backward (sequences bucketed by length; gradients accumulate)."""
     share_prefix: bool = True
     """Run each prompt's forward once for all the samples of a micro-batch that share it (GRPO groups);
-    the result is the same, the work smaller by about (n - 1) / n of the prompt tokens."""
+    the result is the same, the work smaller by about (n - 1) / n of the prompt tokens. A single trainer
+    process only (FSDP ranks run the plain path)."""
     checkpoint_every: int = Field(1, ge=1)
     """Versions between checkpoints. Every version is published; one that no checkpoint holds yet is
     rolled back on every RaaS when a restarted trainer resumes from an older checkpoint (versions carry

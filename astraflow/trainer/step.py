@@ -98,7 +98,9 @@ class PolicyTrainer:
     def _micro_batches(self, mine: list[Sample], any_sample: Sample) -> list[MicroBatch]:
         """This rank's micro-batches, as many on every rank: FSDP's collectives run in every forward,
         so a rank with fewer runs empty ones (a real sample with its mask zeroed: no gradient)."""
-        share = self.settings.share_prefix
+        # Sharing prompts varies the forwards per micro-batch (one or two), and FSDP's collectives must
+        # line up across ranks: one process only.
+        share = self.settings.share_prefix and world()[1] == 1
         mbs = micro_batches(mine, self.settings.micro_batch_tokens, self.pad_id, share) if mine else []
         count = sync_max(len(mbs))
         while len(mbs) < count:
