@@ -228,13 +228,19 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     return 130 if interrupted.is_set() else 0
 
 
+def _reached(steps: list, window: int, target: float, recent: int = 200) -> bool:
+    """Whether the moving reward reached `target` at any of the last `recent` steps (more arrive between
+    two checks than one: the average may cross the target and fall back meanwhile)."""
+    rewards = [r for _, _, r in steps]
+    first = max(window, len(rewards) - recent + 1)
+    return any(sum(rewards[i - window : i]) / window >= target for i in range(first, len(rewards) + 1))
+
+
 def _stop_reason(settings: Settings, progress: Progress) -> str | None:
     r = settings.run
     models = progress.models.values()
-    if r.target_reward is not None and all(
-        (m.moving_reward(r.reward_window) or 0) >= r.target_reward and len(m.steps) >= r.reward_window
-        for m in models
-    ):
+    target, window = r.target_reward, r.reward_window
+    if target is not None and all(_reached(m.steps, window, target) for m in models):
         return f"reward target {r.target_reward} reached"
     if r.max_steps is not None and all(m.steps and m.steps[-1][0] >= r.max_steps for m in models):
         return f"{r.max_steps} steps"

@@ -92,7 +92,8 @@ class Feeder:
             return "full", 0  # lockstep: this version's batch is formed; wait for the next version
         backlog_limit, ready_limit = await self.limits()
         if sync:  # no more in flight than the batch still needs: what is left over when it forms is stale
-            backlog_limit = min(backlog_limit, self._groups_per_batch() - await self.store.fewest_ready())
+            needed = self._groups_per_batch() - await self.store.fewest_ready()
+            backlog_limit = min(backlog_limit, max(1, needed))  # (groups may bring fewer samples)
         if await self.store.room(backlog_limit, ready_limit) <= 0:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
         positions = range(cursor, cursor + STEP_POSITIONS)

@@ -179,9 +179,10 @@ class RaasWorker:
                 ok = await self._apply(retry) or await self._apply(retry, newest=True)
                 failed = None if ok else retry
 
-    async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> None:
+    async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> bool:
         """Get the version's weights (pulled and verified while generation goes on), then pause, load,
-        resume. A shared checkpoint directory in the notice is loaded as it is."""
+        resume. A shared checkpoint directory in the notice is loaded as it is. False: the notice names
+        no weights of `model`."""
         started = time.perf_counter()
         receiver, manifest = self.receivers.get(model), notice.manifests.get(model)
         if receiver is not None and manifest:
@@ -190,7 +191,7 @@ class RaasWorker:
         elif model in notice.checkpoints:
             hold, path = nullcontext(), notice.checkpoints[model]
         else:
-            return
+            return False
         pulled = time.perf_counter()
         with hold:
             try:
@@ -208,6 +209,7 @@ class RaasWorker:
             pull_s=pulled - started,
             load_s=time.perf_counter() - pulled,
         )
+        return True
 
     async def _apply(self, fields: dict, newest: bool = False) -> bool:
         """Load what the notice names (with `newest`, each model's newest published version where that is
@@ -229,8 +231,7 @@ class RaasWorker:
                     same = incarnation is None or incarnation == self._incarnations.get(model, incarnation)
                     if engine is None or (version <= engine.version and same):
                         continue  # nothing newer; weights of a dead incarnation are replaced, even by older
-                    await self._load(model, engine, version, notice)
-                    if incarnation is not None:
+                    if await self._load(model, engine, version, notice) and incarnation is not None:
                         self._incarnations[model] = incarnation
             except Exception as e:
                 log.error("weights_load_failed", version=notice.version, error=repr(e))

@@ -56,13 +56,16 @@ def prefix_length(tokens: np.ndarray, mask: np.ndarray) -> int:
 
 def shared_micro_batches(items: list, max_tokens: int, pad_id: int = 0) -> list[SharedMicroBatch] | None:
     """Samples grouped by prefix, packed into micro-batches of about `max_tokens` padded tokens; None
-    when some sample has no prefix (its first token is trained): the plain path handles those."""
+    when some sample has no prefix (its first token is trained) or one prompt's samples exceed the
+    budget: the plain path handles those."""
     groups: dict[bytes, list] = {}
     for s in items:
         p = prefix_length(s.tokens, s.mask)
         if p < 1:
             return None
         groups.setdefault(s.tokens[:p].tobytes(), []).append((p, s))
+    if any(_cost([g]) > max_tokens for g in groups.values()):
+        return None  # the plain path may split a group over several micro-batches
     ordered = sorted(groups.values(), key=lambda g: -max(len(s.tokens) for _, s in g))
     out, current = [], []
     for g in ordered:

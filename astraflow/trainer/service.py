@@ -1,13 +1,15 @@
 """A trainer process for one policy: batches in, versions out, exactly once across crashes.
 
 Loop: read a batch of `batches:<model>` (own pending ones first, after a restart); skip and acknowledge
-one whose uid the restored checkpoint already trained; otherwise train on it. Every `checkpoint_every`
-versions: snapshot the state, then (in the background, while the next batch trains) write it as a
-durable checkpoint while its weights go to the publication buffer; once the checkpoint is durable,
-acknowledge the batches it holds and announce the version. So a batch is acknowledged only once its
-update is durable, and every version any RaaS holds is one the trainer can restore: after a `kill -9`
-the restarted trainer resumes from its last checkpoint, retrains the batches it had not acknowledged,
-and publishes the same version numbers again.
+one whose uid the restored checkpoint already trained; otherwise train on it and publish the new
+version at once. Every `checkpoint_every` versions (and on a clean stop): snapshot the state, then (in
+the background, while the next batch trains) write it as a durable checkpoint while its weights go to
+the publication buffer; once the checkpoint is durable, acknowledge the batches it holds and announce
+the version. So a batch is acknowledged only once its update is durable: after a `kill -9` the
+restarted trainer resumes from its last checkpoint, retrains the batches it had not acknowledged, and
+publishes the same version numbers again. With `checkpoint_every` 1 every version any RaaS holds is one
+the trainer can restore; with more, versions past the last checkpoint die with the trainer, and its
+successor (a new incarnation) announces its checkpoint's version again: every RaaS rolls back to it.
 """
 
 from __future__ import annotations
@@ -143,9 +145,15 @@ class TrainerService:
             await self.publisher.close()
 
     async def _announced(self, model: str) -> int:
-        """The newest version of `model` in `versions` (-1 = none)."""
+        """The newest version of `model` published: in `versions` (what the dataflow has not recorded
+        yet; it trims what it has), else as the dataflow recorded it (-1 = none). The stream is read
+        first, so an entry recorded and trimmed in between is still seen."""
         newest, redis = -1, self.bus.redis
-        for _, fields in await self.bus.call(lambda: redis.xrevrange(self.bus.keys.versions, count=256)):
+        entries = await self.bus.call(lambda: redis.xrevrange(self.bus.keys.versions, count=256))
+        recorded = await self.bus.call(lambda: redis.hget(self.bus.keys.state, f"v:{model}"))
+        if recorded is not None:
+            newest = int(recorded)
+        for _, fields in entries:
             try:
                 msg = decode(fields, VersionPublished)
             except DecodeError:

@@ -61,6 +61,7 @@ class WeightPublisher:
         self.deltas.mkdir(parents=True, exist_ok=True)
         self.server = WeightServer(secret, settings.host, settings.port, settings.egress_bps)
         self._finishing: asyncio.Task | None = None
+        self._publishing = asyncio.Lock()
         self._digest = ""  # of the served version
         self._delta_files: dict[int, object] = {}
 
@@ -79,9 +80,10 @@ class WeightPublisher:
         trainer republishing a durable version rewrites the manifest, so receivers find its new
         endpoint, and adds no entry); otherwise once per incarnation (a version no checkpoint holds,
         which a restarted trainer trains again, differently)."""
-        await self.wait()
-        half = await asyncio.to_thread(self.buffer.write_state, state)
-        self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
+        async with self._publishing:  # one writer of the idle half at a time, in call order
+            await self.wait()
+            half = await asyncio.to_thread(self.buffer.write_state, state)
+            self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""

@@ -12,7 +12,8 @@ training. astraflow, from the trainer's side (it is the loop's clock): training 
 optimizer), waiting for a batch, and the trainer's own work (batch fetch, weight publication, checkpoints,
 metrics); generation is the RaaS's generating time per step (time with a prompt group in flight), which
 overlaps the others in async mode. `cpu` is each process's CPU share of the wall time (dataflow,
-Redis and launcher: the system's own work). Ratios are of median times to target, against plain.
+Redis and launcher: the system's own work), with the Redis commands per step. Ratios are of median
+times to target, against plain.
 
     python tests/bench/e2e.py [--seeds 0,1,2] [--contenders plain,async,sync] [--max-time 900]
     python tests/bench/e2e.py --report ROOT   # the table again, from the runs an invocation kept in ROOT
@@ -84,6 +85,7 @@ def figures(contender: str, seed: int, root: Path) -> dict:
         "wait_ms": wait_ms,
         "own_ms": step_ms - train_ms - wait_ms,
         "cpu": {name: c / wall for name, c in summary.get("cpu_s", {}).items()},
+        "redis_per_step": summary.get("redis_commands", 0) / n,
     }
 
 
@@ -95,7 +97,7 @@ def report(results: dict[str, list[dict]]) -> None:
     for c, runs in results.items():
         times = [r["to_target_s"] if r["to_target_s"] is not None else float("inf") for r in runs]
         medians[c] = statistics.median(times)
-        cells = [f"{medians[c]:.0f}s"]
+        cells = [f"{medians[c]:.0f}s" if medians[c] != float("inf") else "not reached"]
         for k in ("steps", "step_ms", "gen_ms", "train_ms", "wait_ms", "own_ms"):
             values = [r[k] for r in runs if k in r]
             cells.append(f"{statistics.median(values):.0f}" if values else "-")
@@ -106,10 +108,12 @@ def report(results: dict[str, list[dict]]) -> None:
             names = sorted({n for r in runs for n in r["cpu"]})
             share = {n: statistics.median(r["cpu"].get(n, 0) for r in runs) for n in names}
             shares = ", ".join(f"{n} {v:.0%}" for n, v in share.items())
-            print(f"{c} cpu: {shares}")
+            commands = statistics.median(r["redis_per_step"] for r in runs)
+            print(f"{c} cpu: {shares}; {commands:.0f} Redis commands per step")
     if "plain" in medians:
         for c in medians.keys() - {"plain"}:
-            print(f"{c}/plain time to target: {medians[c] / medians['plain']:.2f}")
+            ratio = medians[c] / medians["plain"]
+            print(f"{c}/plain time to target: {ratio:.2f}" if ratio != float("inf") else f"{c}: not reached")
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """A trainer step against the plain loop's step, on the same batch and the same threads.
 
-The batch is what the default recipe trains: 16 prompts x 8 samples sampled from its cached tiny model,
-group-normalised advantages of exact-match rewards. Plain: `plain_loop.train_step` (one forward, the
+The batch is what the default recipe trains: 16 prompts of its dataset x 8 samples from its cached model,
+random advantages (they change the numbers, not the work). Plain: `plain_loop.train_step` (one forward, the
 PPO-clip loss, backward, grad clip, AdamW). astraflow: `PolicyTrainer.step` on the same sequences as a
 `Batch` (unpacking, micro-batching, the loss family, statistics). Rounds alternate; medians are shown.
 
@@ -25,6 +25,7 @@ from plain_loop import generate, load, train_step
 
 from astraflow.messages import Batch, RolloutGroup, SampleGroup, Trajectory, pack
 from astraflow.trainer.step import PolicyTrainer
+from astraflow.workflows.datasets import load_rows
 
 
 def as_batch(out, width: int, completion, mask, adv, n: int) -> Batch:
@@ -51,8 +52,9 @@ def main() -> None:
         s, tok, model, optim = load(args.recipe, 0, threads)
         n, prompts = s.dataflow.feeder.n_samples, s.dataflow.batch.size // s.dataflow.feeder.n_samples
         sampling, t = s.raas.sampling, s.trainer
+        rows = load_rows(s.dataflow.dataset, 0)[:prompts]  # the dataset's prompts: 16 different ones
         out, width, attention, completion, mask = generate(
-            model, tok, ["07+35="] * prompts, n, sampling.temperature, sampling.max_new_tokens
+            model, tok, [r["prompt"] for r in rows], n, sampling.temperature, sampling.max_new_tokens
         )
         adv = torch.randn(len(out))
         batch = as_batch(out, width, completion, mask, adv, n)
