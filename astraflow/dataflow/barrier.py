@@ -57,12 +57,12 @@ class Barrier:
             versions = [int(state[f"v:{m}"]) for m in self.store.models if f"v:{m}" in state]
             if len(versions) < len(self.store.models):
                 return sent  # some model has no version yet
-            last, ready = int(state.get("notice", -1)), min(versions)
-            if ready <= last and "rollback" not in state:
+            last, ready, rollback = int(state.get("notice", -1)), min(versions), "rollback" in state
+            if ready <= last and not rollback:
                 return sent
             # Every eval version in between is announced (they are synchronous); other ones only matter
-            # as the newest, which a RaaS loads anyway.
-            due = [v for v in range(last + 1, ready) if f"eval:{v}" in state and "rollback" not in state]
+            # as the newest, which a RaaS loads anyway. A rollback goes straight to the older version.
+            due = [] if rollback else [v for v in range(last + 1, ready) if f"eval:{v}" in state]
             version = due[0] if due else ready
             fields, forget = self._notice(state, version), _forget(state, version)
             status, _ = await self.store.announce(last, version, fields, forget)

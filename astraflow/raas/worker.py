@@ -17,13 +17,11 @@ import structlog
 
 from astraflow.config import Settings
 from astraflow.engines import Engine, SamplingParams, resolve_type
-from astraflow.errors import DecodeError
 from astraflow.messages import (
     Heartbeat,
     PromptGroup,
     RolloutGroup,
     VersionNotice,
-    VersionPublished,
     decode,
     encode,
 )
@@ -31,6 +29,7 @@ from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
+from astraflow.weights.publisher import newest_published
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.workflows.api import RolloutWorkflow, WorkflowContext, resolve_workflow
 from astraflow.workflows.rewards import RewardRunner
@@ -244,15 +243,8 @@ class RaasWorker:
         """`notice` with each model's newest version in `versions`, where newer than the notice's."""
         models, manifests = dict(notice.models), dict(notice.manifests)
         incarnations = dict(notice.incarnations)
-        seen: set[str] = set()
-        for _, fields in await self.bus.redis.xrevrange(self.bus.keys.versions, count=256):
-            try:
-                msg = decode(fields, VersionPublished)
-            except DecodeError:
-                continue
-            if msg.model in models and msg.model not in seen:
-                seen.add(msg.model)
-                if msg.version > models[msg.model]:
-                    models[msg.model], manifests[msg.model] = msg.version, msg.manifest_key
-                    incarnations[msg.model] = msg.incarnation
+        for model, msg in (await newest_published(self.bus, list(models))).items():
+            if msg.version > models[model]:
+                models[model], manifests[model] = msg.version, msg.manifest_key
+                incarnations[model] = msg.incarnation
         return dataclasses.replace(notice, models=models, manifests=manifests, incarnations=incarnations)

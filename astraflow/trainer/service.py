@@ -25,14 +25,13 @@ import torch
 from astraflow.config import Settings
 from astraflow.dataflow.store import fetch_batch
 from astraflow.errors import DecodeError
-from astraflow.messages import VersionPublished, decode
 from astraflow.streams import Bus, Consumer, Entry
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_TRAINER
 from astraflow.trainer import checkpoint, distributed
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, buffer_root, run_secret
+from astraflow.weights.publisher import WeightPublisher, buffer_root, newest_published, run_secret
 
 log = structlog.get_logger(__name__)
 
@@ -148,19 +147,11 @@ class TrainerService:
         """The newest version of `model` published: in `versions` (what the dataflow has not recorded
         yet; it trims what it has), else as the dataflow recorded it (-1 = none). The stream is read
         first, so an entry recorded and trimmed in between is still seen."""
-        newest, redis = -1, self.bus.redis
-        entries = await self.bus.call(lambda: redis.xrevrange(self.bus.keys.versions, count=256))
-        recorded = await self.bus.call(lambda: redis.hget(self.bus.keys.state, f"v:{model}"))
-        if recorded is not None:
-            newest = int(recorded)
-        for _, fields in entries:
-            try:
-                msg = decode(fields, VersionPublished)
-            except DecodeError:
-                continue
-            if msg.model == model:
-                newest = max(newest, msg.version)
-        return newest
+        unrecorded = await newest_published(self.bus, [model])
+        recorded = await self.bus.call(lambda: self.bus.redis.hget(self.bus.keys.state, f"v:{model}"))
+        versions = [int(recorded)] if recorded is not None else []
+        versions += [m.version for m in unrecorded.values()]
+        return max(versions, default=-1)
 
     def _done(self) -> bool:
         limit = self.settings.trainer.max_steps

@@ -14,12 +14,13 @@ import os
 import secrets
 import tempfile
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Collection, Mapping
 from pathlib import Path
 
 import structlog
 
-from astraflow.messages import VersionPublished, WeightManifest, encode
+from astraflow.errors import DecodeError
+from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.weights import codec, layout
 from astraflow.weights.buffer import DoubleBuffer, Half
@@ -36,6 +37,20 @@ async def run_secret(bus: Bus, settings: WeightsSettings) -> bytes:
     key = bus.keys.weights_secret
     await bus.call(lambda: bus.redis.set(key, secrets.token_hex(32), nx=True))
     return await bus.call(lambda: bus.redis.get(key))
+
+
+async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, VersionPublished]:
+    """The newest entry of each of `models` among the last 256 of `versions` (the dataflow trims the
+    entries it has recorded: a model may have none here)."""
+    newest: dict[str, VersionPublished] = {}
+    for _, fields in await bus.call(lambda: bus.redis.xrevrange(bus.keys.versions, count=256)):
+        try:
+            msg = decode(fields, VersionPublished)
+        except DecodeError:
+            continue
+        if msg.model in models and msg.model not in newest:
+            newest[msg.model] = msg
+    return newest
 
 
 def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:

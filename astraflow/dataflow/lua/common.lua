@@ -31,6 +31,14 @@ local function pending(stream, group)
   return tonumber(summary[1])
 end
 
+-- The feeder's back-pressure: prompt groups of `prompts` not yet acknowledged by `group` (counted up to
+-- `cap`), and the groups in the ready sets KEYS[first..].
+local function pressure(prompts, group, cap, first)
+  local ready = 0
+  for i = first, #KEYS do ready = ready + redis.call('ZCARD', KEYS[i]) end
+  return pending(prompts, group) + undelivered(prompts, group, cap), ready
+end
+
 -- A ready/replay member is 'uid min_version n_samples ref'; `ref` is the field of the samples hash that
 -- holds the group (the id of the rollout entry it came from).
 local function parse_member(member)

@@ -3,8 +3,6 @@
 -- KEYS[1] prompts, KEYS[2..] ready sets
 -- ARGV: raas_group, backlog_limit, ready_limit
 local backlog_limit, ready_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local ready = 0
-for i = 2, #KEYS do ready = ready + redis.call('ZCARD', KEYS[i]) end
+local backlog, ready = pressure(KEYS[1], ARGV[1], backlog_limit, 2)
 if ready >= ready_limit then return 0 end
-local backlog = pending(KEYS[1], ARGV[1]) + undelivered(KEYS[1], ARGV[1], backlog_limit)
 return math.max(0, backlog_limit - backlog)

@@ -13,9 +13,7 @@ local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local cursor = tonumber(redis.call('HGET', state, 'cursor') or '0')
 if cursor ~= expected then return {'moved', cursor, 0} end
 
-local backlog = pending(prompts, group) + undelivered(prompts, group, backlog_limit)
-local ready = 0
-for i = 5, #KEYS do ready = ready + redis.call('ZCARD', KEYS[i]) end
+local backlog, ready = pressure(prompts, group, backlog_limit, 5)
 
 local status, submitted, pos = 'ok', 0, 9
 for _ = 1, n_items do
