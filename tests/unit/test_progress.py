@@ -61,3 +61,35 @@ def test_the_target_counts_when_the_average_crossed_it_between_two_checks():
     steps = [(i, 0.0, r) for i, r in enumerate([0.0] * 5 + [1.0] * 10 + [0.0] * 3)]
     assert _reached(steps, 10, 0.8)  # steps 6-15 averaged 1.0; the last ten average 0.7
     assert not _reached(steps[:12], 10, 0.8) and not _reached(steps[:3], 10, 0.8)
+
+
+def test_the_launcher_shares_the_cores_out_and_reports_where_the_time_went():
+    """Threads left at 0 get half the cores each in async mode (trainer and RaaS run at once), all of
+    them in sync mode; a set count is kept. The run's last line reads wall time, steps, busy shares and
+    each process's CPU (from /proc: this process has used some, a gone one none)."""
+    import os
+
+    from astraflow.config import Settings
+    from astraflow.launch.report import busy_line
+    from astraflow.launch.supervisor import cpu_seconds
+    from workers.launcher import place_threads
+
+    cores = os.cpu_count() or 1
+    s = Settings()
+    place_threads(s)
+    assert s.trainer.threads == s.engine.threads == max(1, cores // 2)
+    s = Settings()
+    s.trainer.mode, s.engine.threads = "sync", 3
+    place_threads(s)
+    assert (s.trainer.threads, s.engine.threads) == (cores, 3)
+
+    assert cpu_seconds(os.getpid()) > 0 and cpu_seconds(2**22 + 7) == 0.0
+    data = {
+        "wall_s": 100.0,
+        "generating_s": 80.0,
+        "models": {"policy": {"versions": 500, "train_s": 55.0}},
+        "cpu_s": {"raas-0": 84.0, "redis": 11.0},
+    }
+    assert busy_line(data) == (
+        "100.0s, policy 500 steps; busy: generating 80%, training 55%; cpu: raas-0 84%, redis 11%"
+    )
