@@ -80,7 +80,8 @@ async def test_trainer_survives_kill_9_between_publish_and_checkpoint(
         while time.monotonic() < deadline:
             versions = await published(bus)
             latest = versions[-1].version if versions else 0
-            if fed // 2 <= latest:  # one batch beyond the newest version at most: the trainer cannot run ahead
+            # at most one batch beyond the newest version: the trainer cannot run ahead of the kill
+            if fed // 2 <= latest:
                 fed += len(await roll_out(bus, 2, lambda g, i: float(i % 2), 0, tokens=12))
             # past a checkpoint by one or two versions (with every 4), so the restart must roll back
             if kills < 3 and latest >= 2 + 3 * kills and (every == 1 or latest % every in (1, 2)):
