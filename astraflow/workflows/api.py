@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,19 @@ def reward_name(sample: Mapping[str, Any], options: Mapping[str, Any]) -> str:
     if isinstance(named, str) and named:
         return named
     return options.get("reward") or "exact_match"
+
+
+def check_row_rewards(rows: Iterable[Mapping[str, Any]], allowed: Collection[str]) -> None:
+    """At load time: ValueError for the first row whose `reward` names `module:Name` code the recipe does
+    not name, rather than a dead letter per group. (A plain name may be registered by the user's module,
+    which only the RaaS imports: the RaaS checks those.)"""
+    for i, row in enumerate(rows):
+        name = row.get("reward")
+        if isinstance(name, str) and ":" in name and name not in allowed:
+            raise ValueError(
+                f"dataset row {i}: reward {name!r} is not registered or named in the recipe "
+                "(name it in raas.allowed_code)"
+            )
 
 
 def _resolve(name: str, registry: dict, kind: str, allowed: Collection[str]):

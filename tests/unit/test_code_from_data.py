@@ -7,6 +7,7 @@ import os
 import pytest
 
 from astraflow.config import Settings
+from astraflow.dataflow.service import Dataflow
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Out
@@ -103,3 +104,14 @@ async def test_numeric_reward_column_is_data_not_a_reward_name(bus):
     assert reward_name({"reward": "math_verify"}, {"reward": "exact_match"}) == "math_verify"
     done, dead = await run_groups(bus, [group("g-num", reward=0.5)], allowed_code=[ECHO])
     assert dead == [] and [g.uid for g in done] == ["g-num"]
+
+
+async def test_dataset_row_naming_unnamed_code_is_a_load_error_not_a_dead_letter_per_group(bus):
+    rows = [{"prompt": "1+1=", "answer": "2", "reward": 0.5}, {"prompt": "2+2=", "reward": "os:system"}]
+    with pytest.raises(
+        ValueError, match=r"row 1: reward 'os:system' is not registered or named in the recipe"
+    ):
+        Dataflow(Settings(), bus, "df", rows)
+    settings = Settings()
+    settings.raas.allowed_code = [SLOW]
+    Dataflow(settings, bus, "df", [{"prompt": "1+1=", "reward": SLOW}, {"prompt": "2+2=", "reward": 0.5}])
