@@ -89,10 +89,14 @@ def _setup_script(root: Path, workdir: Path, uid: int, argv: Sequence[str]) -> s
 def command(scratch: Path, workdir: Path, uid: int, argv: Sequence[str]) -> list[str]:
     """The command that runs `argv` isolated, with `workdir` as its WORKDIR (`scratch` holds the root's
     mount point). Ending it ends every process the tool started: they live in its PID namespace, whose
-    first process dies with `unshare` (--kill-child) and takes the rest with it."""
+    first process dies with `unshare` (--kill-child) and takes the rest with it; `unshare` dies with the
+    thread that started it."""
     root = scratch / "root"
     root.mkdir()
     return [
+        "setpriv",
+        "--pdeathsig=KILL",  # a worker that dies (kill -9 too) takes its tools' namespaces with it
+        "--",
         "unshare",
         "--pid",
         "--fork",

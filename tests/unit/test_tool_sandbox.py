@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -53,6 +54,34 @@ async def test_double_forked_setsid_child_does_not_outlive_the_tool(then):
     while (left := pids_running(["sleep", token])) and time.monotonic() < deadline:
         time.sleep(0.05)
     for pid in left:  # the test's own stray process
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+@needs_namespaces
+def test_killed_worker_takes_its_running_tools_with_it():
+    token = f"60.{uuid.uuid4().int % 10**9:09d}"
+    tool = f"import os; os.execv('/usr/bin/sleep', ['sleep', '{token}'])"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import asyncio, {run_python.__module__} as s; asyncio.run(s.run_python({tool!r}, wall_s=60))",
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not pids_running(["sleep", token]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids_running(["sleep", token]), "the tool never started"
+    finally:
+        worker.kill()  # as a crash would: no cleanup of its own runs
+        worker.wait()
+    deadline = time.monotonic() + 5
+    while (left := pids_running(["sleep", token])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert left == []
 
