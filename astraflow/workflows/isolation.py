@@ -59,18 +59,23 @@ def _setup_script(root: Path, workdir: Path, uid: int, argv: Sequence[str]) -> s
     stops the call before the tool runs."""
     q = shlex.quote
     r = q(str(root))
-    lines = ["set -e", f"mount -t tmpfs -o mode=755,size=1m tool-root {r}"]
-    for tree in _readable_trees():
-        lines += [f"mkdir -p {r}{q(tree)}", f"mount --bind -o ro {q(tree)} {r}{q(tree)}"]
+    trees, links = list(_readable_trees()), []
     for top in ("/bin", "/lib", "/lib64", "/sbin"):  # merged-/usr links, or directories of their own
         if os.path.islink(top):
-            lines.append(f"ln -s {q(os.readlink(top))} {r}{top}")
+            links.append(f"ln -s {q(os.readlink(top))} {r}{top}")
         elif os.path.isdir(top):
-            lines += [f"mkdir -p {r}{top}", f"mount --bind -o ro {top} {r}{top}"]
-    lines += [
-        f"mkdir -p {r}/proc {r}/dev/shm {r}/tmp {r}{WORKDIR}",
+            trees.append(top)
+    dirs = [*trees, "/proc", "/dev/shm", "/tmp", WORKDIR]
+    # Few commands: each is a process started on every tool call.
+    lines = [
+        "set -e",
+        f"mount -t tmpfs -o mode=755,size=1m tool-root {r}",
+        "mkdir -p " + " ".join(r + q(d) for d in dirs),
+        "touch " + " ".join(f"{r}/dev/{d}" for d in _DEVICES),
+        *links,
+        *(f"mount --bind -o ro {q(t)} {r}{q(t)}" for t in trees),
         f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc",  # this PID namespace's processes only
-        *(f"touch {r}/dev/{d} && mount --bind /dev/{d} {r}/dev/{d}" for d in _DEVICES),
+        *(f"mount --bind /dev/{d} {r}/dev/{d}" for d in _DEVICES),
         f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-shm {r}/dev/shm",
         f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-tmp {r}/tmp",
         f"mount --bind {q(str(workdir))} {r}{WORKDIR}",
