@@ -114,18 +114,17 @@ async def _run(argv: list[str], source: Path, output: Path, wall_s: float) -> tu
     return proc.returncode, output.read_bytes()
 
 
-_probe: asyncio.Future[bool] | None = None
+_warned = False
 
 
 async def _namespaces_available() -> bool:
-    """Whether tool calls are isolated in namespaces here: one probe per process, a warning if not."""
-    global _probe
-    if _probe is None:
-        _probe = asyncio.ensure_future(asyncio.to_thread(isolation.available))
-        why = await _probe
-        if why is not None:
-            log.warning("tool_sandbox_without_namespaces", reason=why)
-    return await _probe is None
+    """Whether tool calls are isolated in namespaces here (probed once per process); warns once if not."""
+    global _warned
+    why = await asyncio.to_thread(isolation.available)
+    if why is not None and not _warned:
+        _warned = True
+        log.warning("tool_sandbox_without_namespaces", reason=why)
+    return why is None
 
 
 def _end_group(pgid: int) -> None:

@@ -12,8 +12,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import structlog
 
-from astraflow.workflows import isolation
+from astraflow.workflows import isolation, sandbox
 from astraflow.workflows.sandbox import run_python
 
 why_not = isolation.available()
@@ -177,3 +178,13 @@ async def test_limits_hold_with_and_without_namespaces(namespaces):
     assert "MemoryError" in memory.output
     failed = await run_python("raise SystemExit(3)", namespaces=namespaces)
     assert not failed.ok and failed.output == "exited with 3"
+
+
+async def test_without_namespaces_tools_still_run_and_a_warning_is_logged_once(monkeypatch):
+    monkeypatch.setattr(isolation, "available", lambda: "unshare: not permitted")
+    monkeypatch.setattr(sandbox, "_warned", False)
+    with structlog.testing.capture_logs() as logs:
+        results = [await run_python("import os; print(os.getuid())") for _ in range(2)]
+    assert [r.output for r in results] == [f"{os.getuid()}\n"] * 2
+    warnings = [e for e in logs if e["event"] == "tool_sandbox_without_namespaces"]
+    assert [w["reason"] for w in warnings] == ["unshare: not permitted"]
