@@ -125,6 +125,13 @@ class Settings(BaseSettings):
     ):  # type: ignore[override]
         return (init_settings, env_settings, _RecipeSource(settings_cls))
 
+    @property
+    def named_code(self) -> frozenset[str]:
+        """The `module:Name` code this recipe names, the only code a prompt group may pick by name."""
+        option = self.raas.workflow_options.get("reward")
+        named = {self.dataflow.feeder.workflow, *([option] if isinstance(option, str) else [])}
+        return frozenset({*self.raas.allowed_code, *(n for n in named if ":" in n)})
+
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data with every secret masked (also a password inside a Redis URL)."""
         data = self.model_dump(mode="json")

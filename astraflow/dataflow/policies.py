@@ -38,7 +38,8 @@ def drop_truncated(model: str, trajectories: Sequence[Trajectory]) -> bool:
 
 
 def resolve_filter(name: str) -> GroupFilter:
-    return _resolve(name, FILTERS, "group filter")
+    """A registered filter or a `module:function`: filters are named by the recipe alone, never by data."""
+    return _resolve(name, FILTERS, "group filter", allowed=(name,))
 
 
 def advantages(rewards: np.ndarray, how: str, epsilon: float) -> np.ndarray:

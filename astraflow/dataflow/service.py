@@ -21,6 +21,7 @@ from astraflow.dataflow.feeder import Feeder
 from astraflow.dataflow.store import Store
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.workflows.api import check_row_rewards
 from astraflow.workflows.datasets import load_rows
 
 log = structlog.get_logger(__name__)
@@ -51,6 +52,7 @@ class Dataflow:
         self.store = Store(bus, settings.dataflow, settings.run.models)
         if rows is None:
             rows = load_rows(settings.dataflow.dataset, settings.run.seed)
+        check_row_rewards(rows, settings.named_code)
         self.feeder = Feeder(settings, self.store, rows)
         self.collector = Collector(self.store, name)
         self.barrier = Barrier(self.store, name, synchronous=settings.trainer.mode == "sync")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SamplingSettings(BaseModel):
@@ -32,8 +32,20 @@ class RaasSettings(BaseModel):
     sampling: SamplingSettings = Field(default_factory=SamplingSettings)
     workflow_options: dict[str, Any] = Field(default_factory=dict)
     """Passed to workflows (e.g. `chat: true`, `reward: math_verify`)."""
+    allowed_code: list[str] = Field(default_factory=list)
+    """The user's `module:Name` rewards and workflows that prompt groups (dataset rows) may name, besides
+    the registered names, `dataflow.feeder.workflow` and `workflow_options.reward`. A group naming anything
+    else is dead-lettered: data never picks the code that runs."""
     reward_processes: int = Field(2, ge=1)
     reward_timeout_s: float = Field(10.0, gt=0)
     """A reward call running longer fails its trajectory ("timed out") and its process is replaced."""
     metrics_port: int = Field(0, ge=0)
     """Port of the Prometheus /metrics endpoint; 0 = none."""
+
+    @field_validator("allowed_code")
+    @classmethod
+    def _module_and_name(cls, refs: list[str]) -> list[str]:
+        bad = [r for r in refs if not all(r.partition(":")[::2])]
+        if bad:
+            raise ValueError(f"not module:Name: {bad}")
+        return refs

@@ -31,7 +31,13 @@ from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.weights.publisher import newest_published
 from astraflow.weights.receiver import WeightReceiver
-from astraflow.workflows.api import RolloutWorkflow, WorkflowContext, resolve_workflow
+from astraflow.workflows.api import (
+    RolloutWorkflow,
+    WorkflowContext,
+    resolve_reward,
+    resolve_workflow,
+    reward_name,
+)
 from astraflow.workflows.rewards import RewardRunner
 
 log = structlog.get_logger(__name__)
@@ -51,10 +57,11 @@ class RaasWorker:
         self.receivers = dict(receivers or {})
         r = settings.raas
         s = r.sampling
+        self.allowed = settings.named_code
         self.ctx = WorkflowContext(
             tokenizers,
             SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens),
-            RewardRunner(r.reward_processes, r.reward_timeout_s),
+            RewardRunner(r.reward_processes, r.reward_timeout_s, self.allowed),
             dict(r.workflow_options),
         )
         self.metrics = Metrics(r.metrics_port)
@@ -85,13 +92,14 @@ class RaasWorker:
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
+        flow = self._workflow(group.workflow)  # both refused (dead-lettered) unless registered or recipe's
+        resolve_reward(reward_name(group.sample, self.ctx.options), self.allowed)
         await self._synced.wait()
         if self.settings.trainer.mode == "sync":  # lockstep: the weights of the group's version, no older
             async with self._loaded:
                 await self._loaded.wait_for(
                     lambda: all(self.engines[m].version >= group.version for m in group.models)
                 )
-        flow = self._workflow(group.workflow)
         engines = {m: self.engines[m] for m in group.models}
         started = time.perf_counter()
         with self.busy.running():
@@ -122,7 +130,7 @@ class RaasWorker:
 
     def _workflow(self, name: str) -> RolloutWorkflow:
         if name not in self._workflows:
-            self._workflows[name] = resolve_workflow(name)(self.ctx)
+            self._workflows[name] = resolve_workflow(name, self.allowed)(self.ctx)
         return self._workflows[name]
 
     async def _heartbeat_loop(self) -> None:

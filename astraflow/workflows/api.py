@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from astraflow.engines.base import Engine, SamplingParams
+from astraflow.errors import DecodeError
 from astraflow.messages import Trajectory
 
 WORKFLOWS: dict[str, type[RolloutWorkflow]] = {}
@@ -75,29 +76,66 @@ def reward(name: str, inline: bool = False):
     return register
 
 
-def resolve_workflow(name: str) -> type[RolloutWorkflow]:
-    """A registered workflow, or `package.module:Class` imported from the user's code."""
+class UnknownName(DecodeError, ValueError):
+    """A reward or workflow that is neither registered nor named in the recipe: an entry naming it can never
+    run (it is dead-lettered), and nothing it names is imported."""
+
+
+def resolve_workflow(name: str, allowed: Collection[str] = ()) -> type[RolloutWorkflow]:
+    """A registered workflow, or a `package.module:Class` of the user's that `allowed` (the recipe) names."""
     _load_builtins()
-    return _resolve(name, WORKFLOWS, "workflow")
+    return _resolve(name, WORKFLOWS, "workflow", allowed)
 
 
-def resolve_reward(name: str) -> Callable[..., float]:
+def resolve_reward(name: str, allowed: Collection[str] = ()) -> Callable[..., float]:
+    """A registered reward, or a `package.module:function` of the user's that `allowed` (the recipe) names."""
     _load_builtins()
-    return _resolve(name, REWARDS, "reward")
+    return _resolve(name, REWARDS, "reward", allowed)
 
 
-def _resolve(name: str, registry: dict, kind: str):
+def reward_name(sample: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    """The reward that scores `sample`: the row's `reward` when it is a string (a number there is the row's
+    data, not a name), else the recipe's `workflow_options.reward`, else exact_match."""
+    named = sample.get("reward")
+    if isinstance(named, str) and named:
+        return named
+    return options.get("reward") or "exact_match"
+
+
+def check_row_rewards(rows: Iterable[Mapping[str, Any]], allowed: Collection[str]) -> None:
+    """At load time: ValueError for the first row whose `reward` names `module:Name` code the recipe does
+    not name, rather than a dead letter per group. (A plain name may be registered by the user's module,
+    which only the RaaS imports: the RaaS checks those.)"""
+    for i, row in enumerate(rows):
+        name = row.get("reward")
+        if isinstance(name, str) and ":" in name and name not in allowed:
+            raise ValueError(
+                f"dataset row {i}: reward {name!r} is not registered or named in the recipe "
+                "(name it in raas.allowed_code)"
+            )
+
+
+def _resolve(name: str, registry: dict, kind: str, allowed: Collection[str]):
+    """Data (a prompt group, a dataset row) only picks among names; the recipe alone picks code."""
     if name in registry:
         return registry[name]
-    module, sep, attr = name.partition(":")
-    if not sep:
-        raise ValueError(
-            f"unknown {kind}: {name!r} (registered: {', '.join(sorted(registry))}; or give module:Name)"
+    if name not in allowed:
+        raise UnknownName(
+            f"{kind} {name!r} is not registered or named in the recipe (registered: "
+            f"{', '.join(sorted(registry))}; name a module:Name in raas.allowed_code)"
         )
+    return load(name, kind)
+
+
+def load(ref: str, kind: str):
+    """Import `module:attr`; only for references the recipe or this process chose, never for data's."""
+    module, sep, attr = ref.partition(":")
+    if not sep:
+        raise ValueError(f"cannot load {kind} {ref!r}: not module:Name")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load {kind} {name!r}: {e}") from None
+        raise ValueError(f"cannot load {kind} {ref!r}: {e}") from None
 
 
 def _load_builtins() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from astraflow.engines.base import Engine, GenerateRequest
 from astraflow.messages import Trajectory
-from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, workflow
+from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, reward_name, workflow
 from astraflow.workflows.rlvr import encode_prompt
 from astraflow.workflows.sandbox import run_python
 
@@ -75,7 +75,7 @@ class MultiTurn(RolloutWorkflow):
             logprobs += [0.0] * len(observation)
             mask += [0] * len(observation)
             versions += [-1] * len(observation)
-        name = sample.get("reward") or opts.get("reward") or "exact_match"
+        name = reward_name(sample, opts)
         score, error = await self.ctx.rewards.score(name, text, final, sample)
         traj = Trajectory(
             model=model,

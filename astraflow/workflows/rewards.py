@@ -11,11 +11,12 @@ import asyncio
 import multiprocessing as mp
 import os
 import signal
+from collections.abc import Callable, Collection
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from astraflow.workflows.api import INLINE_REWARDS, resolve_reward, reward
+from astraflow.workflows.api import INLINE_REWARDS, load, resolve_reward, reward
 
 
 @reward("exact_match", inline=True)
@@ -32,16 +33,24 @@ def math_verify(prompt: str, completion: str, answer: str = "", **sample: Any) -
     return 1.0 if verify(parse(str(answer)), parse(completion)) else 0.0
 
 
-def _score(name: str, prompt: str, completion: str, sample: dict[str, Any]) -> float:
+def _score(fn: Callable[..., float], prompt: str, completion: str, sample: dict[str, Any]) -> float:
     fields = {k: v for k, v in sample.items() if k not in ("prompt", "completion")}
-    return float(resolve_reward(name)(prompt, completion, **fields))
+    return float(fn(prompt, completion, **fields))
+
+
+def _score_in_pool(target: str, prompt: str, completion: str, sample: dict[str, Any]) -> float:
+    """In a pool process: `target` is the `module:qualname` of a reward the worker already resolved."""
+    return _score(load(target, "reward"), prompt, completion, sample)
 
 
 class RewardRunner:
-    """Scores completions in a process pool; `score` never raises for the reward's own failures."""
+    """Scores completions in a process pool; `score` never raises for the reward's own failures.
 
-    def __init__(self, processes: int = 2, timeout_s: float = 10.0) -> None:
-        self.processes, self.timeout_s = processes, timeout_s
+    `allowed`: the `module:Name` rewards the recipe names; a name neither registered nor allowed is refused
+    without importing anything."""
+
+    def __init__(self, processes: int = 2, timeout_s: float = 10.0, allowed: Collection[str] = ()) -> None:
+        self.processes, self.timeout_s, self.allowed = processes, timeout_s, frozenset(allowed)
         # A call is submitted only when a process is free, so its timeout measures running, not queueing.
         self._free = asyncio.Semaphore(processes)
         self._pool = self._new_pool()
@@ -55,15 +64,15 @@ class RewardRunner:
         self, name: str, prompt: str, completion: str, sample: dict[str, Any]
     ) -> tuple[float, str | None]:
         """(reward, None), or (0.0, reason) when the reward raised or timed out."""
-        if name in INLINE_REWARDS:
-            try:
-                return _score(name, prompt, completion, sample), None
-            except Exception as e:
-                return 0.0, f"reward {name!r} raised {type(e).__name__}: {e}"
         try:
-            fn = resolve_reward(name)
+            fn = resolve_reward(name, self.allowed)
         except ValueError as e:
             return 0.0, str(e)
+        if name in INLINE_REWARDS:
+            try:
+                return _score(fn, prompt, completion, sample), None
+            except Exception as e:
+                return 0.0, f"reward {name!r} raised {type(e).__name__}: {e}"
         # The pool's processes import the function by its module path, so rewards registered by name
         # in the user's module work there too.
         target = f"{fn.__module__}:{fn.__qualname__}"
@@ -71,7 +80,9 @@ class RewardRunner:
             async with self._free:
                 pool = self._pool
                 try:
-                    future = asyncio.wrap_future(pool.submit(_score, target, prompt, completion, sample))
+                    future = asyncio.wrap_future(
+                        pool.submit(_score_in_pool, target, prompt, completion, sample)
+                    )
                     return await asyncio.wait_for(future, self.timeout_s), None
                 except asyncio.CancelledError:
                     self._restart(pool)  # the running call cannot be cancelled: end its process

@@ -9,7 +9,7 @@ import numpy as np
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.messages import Trajectory
-from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, workflow
+from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, reward_name, workflow
 
 
 def encode_prompt(tokenizer: Any, sample: dict[str, Any], chat: bool) -> tuple[str, list[int]]:
@@ -50,6 +50,6 @@ class RLVR(RolloutWorkflow):
         text, prompt_ids = encode_prompt(tokenizer, sample, bool(self.ctx.options.get("chat")))
         resp = await engines[model].generate(GenerateRequest(prompt_ids, self.ctx.sampling))
         completion = tokenizer.decode(resp.token_ids, skip_special_tokens=True)
-        name = sample.get("reward") or self.ctx.options.get("reward") or "exact_match"
+        name = reward_name(sample, self.ctx.options)
         score, error = await self.ctx.rewards.score(name, text, completion, sample)
         return EpisodeResult([trajectory(model, prompt_ids, resp, score, error)])

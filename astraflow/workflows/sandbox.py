@@ -1,6 +1,12 @@
-"""A sandboxed Python evaluator for tool calls: a fresh isolated interpreter per call, in its own process
-group, with CPU-time, memory and wall-clock limits, an empty environment and a scratch directory.
-(No network isolation: run workers in a network namespace where tools must not reach the network.)"""
+"""A sandboxed Python evaluator for tool calls: a fresh isolated interpreter per call, with CPU-time,
+memory, output and wall-clock limits, an environment of PATH alone and a scratch directory as its cwd.
+
+Where the machine allows namespaces (`isolation.available`), the call runs as an unprivileged uid of its
+own in fresh PID, mount, network, IPC and UTS namespaces (see `isolation`): it sees none of the worker's
+processes, files, shared memory or network, and ending it ends everything it started. Elsewhere it runs
+as the worker's user in a process group of its own, with the same limits, and a warning is logged once:
+then it can read what the worker can, reach the network, and a child that leaves the group survives it.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
+
+from astraflow.workflows import isolation
+
+log = structlog.get_logger(__name__)
 _OUTPUT_CAP_BYTES = 1 << 20
 
 
@@ -24,8 +35,9 @@ class ToolResult:
 
 # The child sets its own hard limits before running the code (no preexec_fn: unsafe in a threaded parent).
 _RUNNER = """
-import resource, sys
+import os, resource, sys
 cpu, mem, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+os.chdir(sys.argv[4])
 code = sys.stdin.read()
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -36,44 +48,83 @@ exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
 
 
 async def run_python(
-    code: str, *, cpu_s: int = 2, memory_mb: int = 256, wall_s: float = 5.0, max_output_chars: int = 2000
+    code: str,
+    *,
+    cpu_s: int = 2,
+    memory_mb: int = 256,
+    wall_s: float = 5.0,
+    max_output_chars: int = 2000,
+    namespaces: bool | None = None,
 ) -> ToolResult:
+    """Run `code`; `namespaces`: isolate it in namespaces (None: wherever this machine allows)."""
+    if namespaces is None:
+        namespaces = await _namespaces_available()
     with tempfile.TemporaryDirectory(prefix="astraflow-tool-") as scratch:
+        work = Path(scratch) / "work"
+        work.mkdir()
         source, output = Path(scratch) / "tool.py", Path(scratch) / "output"
         source.write_text(code)
-        # Output goes to a file capped by RLIMIT_FSIZE (no pipe to fill or drain); code comes from a file.
-        with source.open("rb") as stdin, output.open("wb") as stdout:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-I",
-                "-c",
-                _RUNNER,
-                str(cpu_s),
-                str(memory_mb << 20),
-                str(_OUTPUT_CAP_BYTES),
-                cwd=scratch,
-                env={"PATH": "/usr/bin:/bin"},
-                stdin=stdin,
-                stdout=stdout,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                await asyncio.wait_for(proc.wait(), wall_s)
-            except TimeoutError:
-                return ToolResult(False, f"stopped: over the {wall_s}s wall-clock limit")
-            finally:
-                _end_group(proc.pid)  # also whatever the tool started, even after a normal exit
-                if proc.returncode is None:
-                    await proc.wait()
-        text = output.read_bytes()[: 4 * max_output_chars].decode(errors="replace")[:max_output_chars]
-    if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        limits = [str(cpu_s), str(memory_mb << 20), str(_OUTPUT_CAP_BYTES)]
+        uid = isolation.take_uid() if namespaces else None
+        try:
+            if uid is not None:
+                os.chown(work, uid, uid)
+                argv = [isolation.interpreter(), "-I", "-c", _RUNNER, *limits, isolation.WORKDIR]
+                argv = isolation.command(Path(scratch), work, uid, argv)
+            else:
+                argv = [sys.executable, "-I", "-c", _RUNNER, *limits, str(work)]
+            returncode, text = await _run(argv, source, output, wall_s)
+            if uid is not None and returncode is not None:
+                returncode = isolation.exit_status(returncode)
+        finally:
+            if uid is not None:
+                isolation.release_uid(uid)
+    if returncode is None:
+        return ToolResult(False, f"stopped: over the {wall_s}s wall-clock limit")
+    text = text[: 4 * max_output_chars].decode(errors="replace")[:max_output_chars]
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):
         return ToolResult(False, f"stopped: over the {cpu_s}s CPU-time limit")
-    if proc.returncode == -signal.SIGXFSZ:
+    if returncode == -signal.SIGXFSZ:
         return ToolResult(False, text + f"\nstopped: over the {_OUTPUT_CAP_BYTES} byte output limit")
-    if proc.returncode != 0:
-        return ToolResult(False, text or f"exited with {proc.returncode}")
+    if returncode != 0:
+        return ToolResult(False, text or f"exited with {returncode}")
     return ToolResult(True, text)
+
+
+async def _run(argv: list[str], source: Path, output: Path, wall_s: float) -> tuple[int | None, bytes]:
+    """(exit status, or None past `wall_s`; the output). Output goes to a file capped by RLIMIT_FSIZE (no
+    pipe to fill or drain); code comes from a file."""
+    with source.open("rb") as stdin, output.open("wb") as stdout:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env=isolation.ENV,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            await asyncio.wait_for(proc.wait(), wall_s)
+        except TimeoutError:
+            return None, b""
+        finally:
+            _end_group(proc.pid)  # also whatever the tool started, even after a normal exit
+            if proc.returncode is None:
+                await proc.wait()
+    return proc.returncode, output.read_bytes()
+
+
+_warned = False
+
+
+async def _namespaces_available() -> bool:
+    """Whether tool calls are isolated in namespaces here (probed once per process); warns once if not."""
+    global _warned
+    why = await asyncio.to_thread(isolation.available)
+    if why is not None and not _warned:
+        _warned = True
+        log.warning("tool_sandbox_without_namespaces", reason=why)
+    return why is None
 
 
 def _end_group(pgid: int) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from astraflow.engines.base import Engine, GenerateRequest
-from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, workflow
+from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, reward_name, workflow
 from astraflow.workflows.rlvr import encode_prompt, trajectory
 
 
@@ -42,7 +42,7 @@ class SolveAndVerify(RolloutWorkflow):
         text, s_ids = encode_prompt(s_tok, sample, bool(opts.get("chat")))
         s_resp = await s_engine.generate(GenerateRequest(s_ids, self.ctx.sampling))
         answer = s_tok.decode(s_resp.token_ids, skip_special_tokens=True).strip()
-        name = sample.get("reward") or opts.get("reward") or "exact_match"
+        name = reward_name(sample, opts)
         s_reward, s_error = await self.ctx.rewards.score(name, text, answer, sample)
 
         question = str(opts.get("verify_template", "{prompt}{answer}?")).format(

@@ -79,7 +79,9 @@ async def test_killed_raas_mid_episode_is_finished_by_another_exactly_once(
     bus, redis_url, tiny_model, tmp_path
 ):
     slow = "tests.integration.user_code:slow"
-    first = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-1", reward_timeout_s=60))
+    first = spawn_raas(
+        raas_settings(redis_url, tiny_model, tmp_path, "raas-1", reward_timeout_s=60, allowed_code=[slow])
+    )
     [uid] = await submit(bus, 1, n_samples=2, reward=slow, sleep_s=3.0)
 
     async def held():
@@ -88,7 +90,9 @@ async def test_killed_raas_mid_episode_is_finished_by_another_exactly_once(
     await wait_for(held, what="raas-1 holding the group")
     await asyncio.sleep(1.0)  # mid-episode: its reward is running
     kill_session(first)  # kill -9 of the worker and everything it started
-    second = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-2", reward_timeout_s=60))
+    second = spawn_raas(
+        raas_settings(redis_url, tiny_model, tmp_path, "raas-2", reward_timeout_s=60, allowed_code=[slow])
+    )
     try:
         await wait_for(lambda: _at_least(bus, 1), 60, "the group finished by raas-2")
         await asyncio.sleep(1.0)  # anything late would show up now
@@ -100,10 +104,18 @@ async def test_killed_raas_mid_episode_is_finished_by_another_exactly_once(
 
 async def test_workers_join_and_leave_mid_run_without_losing_work(bus, redis_url, tiny_model, tmp_path):
     slow = "tests.integration.user_code:slow"
-    a = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-a", slots=2, reward_timeout_s=60))
+    a = spawn_raas(
+        raas_settings(
+            redis_url, tiny_model, tmp_path, "raas-a", slots=2, reward_timeout_s=60, allowed_code=[slow]
+        )
+    )
     uids = await submit(bus, 4, n_samples=1, reward=slow, sleep_s=0.2)
     await wait_for(lambda: _at_least(bus, 4), 60, "raas-a working alone")
-    b = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-b", slots=2, reward_timeout_s=60))
+    b = spawn_raas(
+        raas_settings(
+            redis_url, tiny_model, tmp_path, "raas-b", slots=2, reward_timeout_s=60, allowed_code=[slow]
+        )
+    )
     try:
         await wait_for(lambda: bus.redis.exists(bus.keys.raas("raas-b")), 60, "raas-b registered")
         uids += await submit(bus, 12, start=4, n_samples=1, reward=slow, sleep_s=1.0)
@@ -126,10 +138,13 @@ async def _done_by(bus, worker):
 async def test_rewards_that_raise_or_hang_fail_their_trajectories_not_the_worker(
     bus, redis_url, tiny_model, tmp_path
 ):
-    worker = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-r", reward_timeout_s=1.0))
+    code = ["tests.integration.user_code:boom", "tests.integration.user_code:hang"]
+    worker = spawn_raas(
+        raas_settings(redis_url, tiny_model, tmp_path, "raas-r", reward_timeout_s=1.0, allowed_code=code)
+    )
     try:
-        await submit(bus, 1, start=0, reward="tests.integration.user_code:boom")
-        await submit(bus, 1, start=1, reward="tests.integration.user_code:hang")
+        await submit(bus, 1, start=0, reward=code[0])
+        await submit(bus, 1, start=1, reward=code[1])
         await submit(bus, 1, start=2)  # a normal group after them
         await wait_for(lambda: _at_least(bus, 3), 60, "three groups")
         errors = {g.uid: {t.error for t in g.trajectories} for g in await rollouts(bus)}
@@ -146,9 +161,10 @@ async def test_rewards_that_raise_or_hang_fail_their_trajectories_not_the_worker
 
 
 async def test_a_users_workflow_runs_by_module_and_class_name(bus, redis_url, tiny_model, tmp_path):
-    worker = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-u"))
+    echo = "tests.integration.user_code:Echo"
+    worker = spawn_raas(raas_settings(redis_url, tiny_model, tmp_path, "raas-u", allowed_code=[echo]))
     try:
-        await submit(bus, 2, workflow="tests.integration.user_code:Echo")
+        await submit(bus, 2, workflow=echo)
         await wait_for(lambda: _at_least(bus, 2), what="two groups")
         for g in await rollouts(bus):
             assert [t.reward for t in g.trajectories] == [0.5, 0.5]

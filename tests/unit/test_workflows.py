@@ -6,7 +6,6 @@ import pytest
 from astraflow.engines.base import Engine, GenerateResponse, SamplingParams
 from astraflow.workflows.api import WorkflowContext, resolve_reward, resolve_workflow
 from astraflow.workflows.rewards import RewardRunner
-from astraflow.workflows.sandbox import run_python
 from astraflow.workflows.solve_verify import verdict_reward
 
 pytest.importorskip("transformers")
@@ -63,6 +62,13 @@ async def test_rlvr_masks_the_prompt_and_scores_the_completion(tokenizer, reward
     assert traj.reward == 1.0 and traj.error is None
 
 
+async def test_numeric_reward_column_is_scored_by_the_default_reward(tokenizer, rewards):
+    flow = resolve_workflow("rlvr")(ctx(tokenizer, rewards))
+    sample = {"prompt": "12+34=", "answer": "46", "reward": 0.5}
+    [traj] = (await flow.run_episode({"policy": Scripted(tokenizer, ["46"])}, sample)).trajectories
+    assert traj.reward == 1.0 and traj.error is None
+
+
 async def test_multi_turn_runs_the_tool_and_masks_its_output(tokenizer, rewards):
     flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards))
     engine = Scripted(tokenizer, ["<python>print(6*7)</python> ignored", "42"])
@@ -82,12 +88,6 @@ async def test_multi_turn_tool_that_never_ends_is_cut_by_its_limit(tokenizer, re
     engine = Scripted(tokenizer, ["<python>while True: pass</python>", "done"])
     await flow.run_episode({"policy": engine}, {"prompt": "loop", "answer": "done"})
     assert "over the 1s CPU-time limit" in tokenizer.decode(engine.prompts[1])
-
-
-async def test_sandbox_limits():
-    assert (await run_python("print(sum(range(10)))")).output == "45\n"
-    assert "wall-clock" in (await run_python("import time; time.sleep(30)", wall_s=1)).output
-    assert "MemoryError" in (await run_python("x = bytearray(1 << 30)", memory_mb=128)).output
 
 
 @pytest.mark.parametrize(
@@ -113,14 +113,14 @@ def test_verdicts():
 async def test_reward_runner_contains_failures(rewards):
     assert await rewards.score("exact_match", "1+1=", " 2 ", {"answer": "2"}) == (1.0, None)
     score, error = await rewards.score("no_such_reward", "p", "c", {})
-    assert score == 0.0 and "unknown reward" in error
+    assert score == 0.0 and "reward 'no_such_reward' is not registered or named in the recipe" in error
 
 
 def test_unknown_names_are_clear_errors():
-    with pytest.raises(ValueError, match=r"unknown workflow: 'nope'.*rlvr"):
+    with pytest.raises(ValueError, match=r"workflow 'nope' is not registered or named in the recipe.*rlvr"):
         resolve_workflow("nope")
     with pytest.raises(ValueError, match=r"cannot load reward 'os:nothing'"):
-        resolve_reward("os:nothing")
+        resolve_reward("os:nothing", allowed={"os:nothing"})
 
 
 def test_math_verify_reward():
