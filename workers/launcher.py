@@ -24,9 +24,11 @@ from astraflow.config import Settings, redact_url, to_env
 from astraflow.launch import report
 from astraflow.launch.evaluate import PeriodicEval
 from astraflow.launch.progress import Progress, line, render
+from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
+from astraflow.streams.runs import mark_stopped
 
 CACHE = Path("runs") / ".cache"
 STOP_MARGIN_S = 30.0
@@ -142,6 +144,8 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
     server = None
     supervisor = Supervisor(pids_path=run_dir / "pids.json", grace_s=stop_grace_s(settings))
     try:
+        if settings.redis.url:  # a shared Redis: may this run start there? (before touching its directory)
+            asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
         if run_dir.exists() and not resume:
             shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -153,6 +157,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         if not settings.redis.url:
             server = redis_server.start(run_dir / "redis")
             settings.redis.url = server.url
+            asyncio.run(check_start(server.url, settings, fresh=not resume, resume=resume))
         print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
         for w in workers(settings):
             supervisor.start(w)
@@ -239,6 +244,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         "ledger": (await progress.poll()).ledger.as_dict(),
     }
     data = report.write(r.path, progress, r.reward_window, extra)
+    await mark_stopped(bus)  # a worker started later does not join it unless resuming
     await bus.close()
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
