@@ -142,7 +142,12 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
     logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
     run_dir = settings.run.path
     server = None
-    supervisor = Supervisor(pids_path=run_dir / "pids.json", grace_s=stop_grace_s(settings))
+    supervisor = Supervisor(
+        settings.run.max_restarts,
+        run_dir / "pids.json",
+        restart_window_s=settings.run.restart_window_s,
+        grace_s=stop_grace_s(settings),
+    )
     try:
         if settings.redis.url:  # a shared Redis: may this run start there? (before touching its directory)
             asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
