@@ -2,6 +2,7 @@
 every file loaded `weights_only`; a pickle payload in one is refused unrun; a checkpoint of another run
 is refused; a batch uid handed out again after Redis lost its last writes is not taken as trained."""
 
+import asyncio
 import pickle
 
 import pytest
@@ -85,3 +86,15 @@ def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_tr
     # batch with a newer entry id - a batch to train.
     assert not state.trained("policy:n1:7", "1500-0")
     assert not state.trained("policy:n1:8", "900-0")
+
+
+async def test_the_trainer_refuses_a_checkpoint_directory_of_another_run(bus, tiny_model, tmp_path):
+    from astraflow.config import load_settings
+    from astraflow.trainer.service import TrainerService
+
+    ckpt = tmp_path / "shared-checkpoints"  # trainer.checkpoint_dir outside the run directory
+    save(ckpt, run="0123456789ab")  # left there by an earlier run of the same name
+    sets = [f"trainer.model={tiny_model}", f"trainer.checkpoint_dir={ckpt}", f"run.dir={tmp_path / 'run'}"]
+    service = TrainerService(load_settings(None, sets), bus, "policy")
+    with pytest.raises(ForeignCheckpointError, match="belongs to another run"):
+        await service.run(asyncio.Event())
