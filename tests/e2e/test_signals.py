@@ -5,6 +5,8 @@ whatever they started - the report is written, and the exit status is the signal
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,24 @@ def test_sigterm_stops_every_process_of_the_run_and_writes_the_report(tmp_path, 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] == f"interrupted ({name})" and summary["ledger"]["balanced"], summary
     assert (run_dir / "reward.png").exists()
+
+
+def test_sigterm_stops_the_bus_demo_and_its_embedded_redis(tmp_path):
+    cmd = [sys.executable, "-m", "astraflow.cli", "run", "recipes/bus-demo.yaml", "--run", "term-demo"]
+    for s in (f"run.dir={tmp_path}", "demo.groups=100000", "demo.workers=2", "demo.kill_one=false"):
+        cmd += ["--set", s]
+    demo = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while "collected" not in demo.stdout.readline():  # its workers are rolling out
+            assert demo.poll() is None
+        run = descendants(demo.pid)
+        assert len(run) >= 3  # the embedded Redis and the two workers
+        demo.send_signal(signal.SIGTERM)
+        out, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 128 + signal.SIGTERM, out[-3000:]
+    for pid in run:
+        wait_for(lambda p=pid: not alive(p), 15, f"process {pid} of the demo gone")
