@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     trainer.add_argument("--model", help="the policy to train (default: the run's first model)")
     dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
-        worker.add_argument("--resume", action="store_true", help="continue a stopped run")
+        worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
     clear = command("clear", _cmd_clear, "delete every Redis key of a run (--run NAME)", recipe=False)
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
