@@ -56,10 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     command("config", _cmd_config, "print the effective settings (secrets masked)")
     redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
     redis.add_argument("action", choices=["start", "stop", "status"])
-    command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
+    raas = command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
     trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
     trainer.add_argument("--model", help="the policy to train (default: the run's first model)")
-    command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches, version barrier")
+    dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
+    for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
+        worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
+    clear = command("clear", _cmd_clear, "delete every Redis key of a run (--run NAME)", recipe=False)
+    clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
     trace = command("trace", _cmd_trace, "show the path of one prompt group", recipe=False)
@@ -182,8 +186,9 @@ def _cmd_raas(args) -> int:
     from workers.launcher import use_tiny
 
     settings = _settings(args)
+    url = _joined(args, settings)
     use_tiny(settings)
-    raas.main(settings, _redis_url(settings))
+    raas.main(settings, url)
     return 0
 
 
@@ -192,8 +197,9 @@ def _cmd_trainer(args) -> int:
     from workers.launcher import use_tiny
 
     settings = _settings(args)
+    url = _joined(args, settings)
     use_tiny(settings)
-    trainer.main(settings, _redis_url(settings), args.model)
+    trainer.main(settings, url, args.model)
     return 0
 
 
@@ -201,8 +207,28 @@ def _cmd_dataflow(args) -> int:
     from workers import dataflow
 
     settings = _settings(args)
-    dataflow.main(settings, _redis_url(settings))
+    dataflow.main(settings, _joined(args, settings))
     return 0
+
+
+def _joined(args, settings) -> str:
+    """The Redis of a worker command, once it may start there: joining the run, or creating it."""
+    from astraflow.launch.runs import check_start
+
+    url = _redis_url(settings)
+    asyncio.run(check_start(url, settings, fresh=False, resume=args.resume))
+    return url
+
+
+def _cmd_clear(args) -> int:
+    from astraflow.errors import ConfigError
+    from astraflow.launch.runs import clear_run
+
+    if not args.run:
+        raise ConfigError("name the run to clear: astraflow clear --run NAME")
+    settings = _settings(args)
+    url = _redis_url(settings)
+    return asyncio.run(_with_bus(settings, lambda bus: clear_run(bus, url, args.yes)))
 
 
 def _cmd_ledger(args) -> int:
@@ -235,13 +261,9 @@ async def _trace(bus, settings, uid: str) -> int:
 
 
 async def _with_bus(settings, fn) -> int:
-    from astraflow.streams import Bus
+    from astraflow.launch.runs import with_bus
 
-    bus = Bus.connect(_redis_url(settings), settings.run.name, settings.redis, settings.streams)
-    try:
-        return await fn(bus)
-    finally:
-        await bus.close()
+    return await with_bus(_redis_url(settings), settings, fn)
 
 
 def _cmd_model_tiny(args) -> int:

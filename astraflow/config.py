@@ -67,6 +67,12 @@ class RunSettings(BaseModel):
     """`astraflow run` stops after this long."""
     eval_every_s: float = Field(30.0, gt=0)
     """How often the launcher measures held-out greedy accuracy (built-in tasks)."""
+    max_restarts: int = Field(5, ge=0)
+    """`astraflow run` restarts a worker that dies at most this many times within `restart_window_s`;
+    one more death in that window stops the run (with its report)."""
+    restart_window_s: float = Field(600.0, gt=0)
+    """The window of the restart budget: a worker that crashes now and then over a long run is
+    restarted each time."""
     tiny: TinyModelSettings | None = None
     """Build this tiny model (cached) and use it as engine.model and trainer.model."""
 

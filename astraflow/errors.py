@@ -31,3 +31,11 @@ class WeightIntegrityError(AstraflowError):
 
 class RedisServerError(AstraflowError):
     """The embedded redis-server could not be found, started or stopped."""
+
+
+class RunExistsError(AstraflowError):
+    """A fresh run was asked for, and keys of a run of that name already exist (or nothing to resume)."""
+
+
+class ForeignCheckpointError(AstraflowError):
+    """A trainer checkpoint belongs to another run (another nonce) than the one being trained."""

@@ -21,6 +21,7 @@ import structlog
 from astraflow import logs, redis_server
 from astraflow.config import Settings, load_settings, redact_url, to_env
 from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, encode
+from astraflow.processes import STOP_SIGNALS, Stopped, die_with_parent, exit_status, raise_stopped
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 
@@ -77,20 +78,25 @@ async def raas_worker(settings: Settings, name: str) -> None:
 
 
 def main(settings: Settings, keep_redis: bool = False) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # until the demo's loop takes them over: stop here
+        signal.signal(sig, raise_stopped)
     logs.configure(run=settings.run.name, worker="launcher")
     run_dir = settings.run.path
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     server = None
-    if not settings.redis.url:
-        server = redis_server.start(run_dir / "redis")
-        settings.redis.url = server.url
-    print(
-        f"run {settings.run.name!r} on {redact_url(settings.redis.url)}; "
-        f"watch it with: astraflow inspect --run {settings.run.name}",
-        flush=True,
-    )
     try:
+        if not settings.redis.url:
+            server = redis_server.start(run_dir / "redis")
+            settings.redis.url = server.url
+        print(
+            f"run {settings.run.name!r} on {redact_url(settings.redis.url)}; "
+            f"watch it with: astraflow inspect --run {settings.run.name}",
+            flush=True,
+        )
         return asyncio.run(_orchestrate(settings))
+    except Stopped as e:  # before the workers started
+        print(f"stopping ({e})", flush=True)
+        return exit_status(e.signum)
     finally:
         if server is not None and not keep_redis:
             server.stop()
@@ -112,11 +118,14 @@ async def _orchestrate(settings: Settings) -> int:
         seen[decode(entry.fields, RolloutGroup).uid] += 1
         return []
 
+    received: list[int] = []  # a stop signal: end like at the last group (workers first, then Redis)
+    for sig in STOP_SIGNALS:
+        asyncio.get_running_loop().add_signal_handler(sig, received.append, sig)
     stop = asyncio.Event()
     collector = Runner(Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "collector"), collect, 64)
     task = asyncio.create_task(collector.run(stop))
     started, killed = time.monotonic(), None
-    while len(seen) < d.groups and not task.done():
+    while len(seen) < d.groups and not task.done() and not received:
         await asyncio.sleep(0.5)
         pending = (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"]
         print(
@@ -134,6 +143,8 @@ async def _orchestrate(settings: Settings) -> int:
                 flush=True,
             )
     elapsed = time.monotonic() - started
+    if received:
+        print(f"stopping ({STOP_SIGNALS[received[0]]})", flush=True)
     stop.set()
     await task
     for proc in workers.values():
@@ -148,6 +159,8 @@ async def _orchestrate(settings: Settings) -> int:
         flush=True,
     )
     await bus.close()
+    if received:
+        return exit_status(received[0])
     return 0 if len(seen) == d.groups and dupes == 0 else 1
 
 
@@ -159,6 +172,7 @@ def _spawn(name: str, settings: Settings, env: dict[str, str]) -> subprocess.Pop
         stdout=logfile,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_parent(signal.SIGTERM),
     )
 
 

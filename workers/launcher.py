@@ -3,7 +3,8 @@
 Starts an embedded Redis (unless `--redis`), builds the recipe's tiny model once (cached), starts the
 dataflow, the RaaS workers and one trainer per model as separate processes (restarted when they die),
 shows progress, and leaves logs, `metrics.jsonl`, checkpoints, `summary.json` and `reward.png` in the run
-directory. Ctrl-C stops everything cleanly; `--resume` continues a stopped run from its directory.
+directory. Ctrl-C, SIGTERM and SIGHUP stop everything cleanly and still write the report; `--resume`
+continues a stopped run from its directory.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ import os
 import shutil
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.launch import report
+from astraflow.launch.evaluate import PeriodicEval
 from astraflow.launch.progress import Progress, line, render
+from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
+from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
+from astraflow.streams.runs import mark_stopped
 
 CACHE = Path("runs") / ".cache"
+STOP_MARGIN_S = 30.0
 
 
 def tiny_model(settings: Settings) -> Path:
@@ -129,38 +134,63 @@ def _save_settings(settings: Settings, path: Path) -> None:
 
 
 def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> int:
+    """Runs until a stop condition (0; a worker that keeps dying is one) or a stop signal: Ctrl-C,
+    SIGTERM or SIGHUP end every process and write the report as at a target, and the exit status is the
+    signal's (`processes.exit_status`: 130, 143, 129)."""
+    for sig in STOP_SIGNALS:  # until the watch takes them over: stop here, ending what was started
+        signal.signal(sig, raise_stopped)
     logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
     run_dir = settings.run.path
-    if run_dir.exists() and not resume:
-        shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    _save_settings(settings, run_dir / "settings.yaml")
-    if settings.trainer.mode == "sync":
-        settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
-    use_tiny(settings)
-    place_threads(settings)
     server = None
-    if not settings.redis.url:
-        server = redis_server.start(run_dir / "redis")
-        settings.redis.url = server.url
-    print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
-    supervisor = Supervisor(pids_path=run_dir / "pids.json")
+    supervisor = Supervisor(
+        settings.run.max_restarts,
+        run_dir / "pids.json",
+        restart_window_s=settings.run.restart_window_s,
+        grace_s=stop_grace_s(settings),
+    )
     try:
+        if settings.redis.url:  # a shared Redis: may this run start there? (before touching its directory)
+            asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
+        if run_dir.exists() and not resume:
+            shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        _save_settings(settings, run_dir / "settings.yaml")
+        if settings.trainer.mode == "sync":
+            settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
+        use_tiny(settings)
+        place_threads(settings)
+        if not settings.redis.url:
+            server = redis_server.start(run_dir / "redis")
+            settings.redis.url = server.url
+            asyncio.run(check_start(server.url, settings, fresh=not resume, resume=resume))
+        print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
         for w in workers(settings):
             supervisor.start(w)
         return asyncio.run(_watch(settings, supervisor, resume, server.pid if server else None))
-    except KeyboardInterrupt:  # before the watch began: nothing to report yet
-        print("stopping (Ctrl-C)", flush=True)
-        return 130
+    except (KeyboardInterrupt, Stopped) as e:  # before the watch began: nothing to report yet
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(f"stopping ({STOP_SIGNALS[signum]})", flush=True)
+        return exit_status(signum)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         supervisor.stop()
         if server is not None and not keep_redis:
             server.stop()
 
 
+def stop_grace_s(settings: Settings) -> float:
+    """How long a stopping worker may take before it is killed: a RaaS's grace for its in-flight groups
+    (`raas.grace_s`) plus a margin for what follows it (its release, a trainer's last checkpoint)."""
+    return settings.raas.grace_s + STOP_MARGIN_S
+
+
 async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis_pid: int | None) -> int:
     r = settings.run
+    received: list[int] = []  # stop like at a target, with the report
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, received.append, sig)
     bus = Bus.connect(settings.redis.url or "", r.name, settings.redis, settings.streams)
     await bus.bootstrap(r.models)
     live = _live() if sys.stdout.isatty() else None
@@ -171,15 +201,13 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     if resume:  # metrics.jsonl already holds what came before
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")
-    evaluator = _Eval(settings, progress)
+    evaluator = PeriodicEval(settings, progress)
     reason, last_line = None, 0.0
-    interrupted = asyncio.Event()  # Ctrl-C: stop like at a target, with the report
-    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted.set)
     try:
         while reason is None:
             await asyncio.sleep(1.0)
-            if interrupted.is_set():
-                reason = "interrupted (Ctrl-C)"
+            if received:
+                reason = f"interrupted ({STOP_SIGNALS[received[0]]})"
                 break
             try:
                 restarted = supervisor.check()
@@ -221,11 +249,12 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         "ledger": (await progress.poll()).ledger.as_dict(),
     }
     data = report.write(r.path, progress, r.reward_window, extra)
+    await mark_stopped(bus)  # a worker started later does not join it unless resuming
     await bus.close()
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
     print(report.busy_line(data), flush=True)
-    return 130 if interrupted.is_set() else 0
+    return exit_status(received[0]) if received else 0
 
 
 def _reached(steps: list, window: int, target: float, recent: int = 200) -> bool:
@@ -247,54 +276,6 @@ def _stop_reason(settings: Settings, progress: Progress) -> str | None:
     if r.max_time_s is not None and time.time() - progress.started >= r.max_time_s:
         return f"time limit {r.max_time_s:.0f}s"
     return None
-
-
-class _Eval:
-    """Held-out greedy accuracy of the latest checkpoint, in a thread, every `run.eval_every_s`."""
-
-    def __init__(self, settings: Settings, progress: Progress) -> None:
-        self.settings, self.progress = settings, progress
-        ds = settings.dataflow.dataset
-        self.task = ds.task if ds.type == "task" else None
-        self._thread: threading.Thread | None = None
-        self._last = 0.0
-        self._evaluator = None
-
-    def _checkpoint(self) -> Path | None:
-        from astraflow.trainer import checkpoint
-
-        model = self.settings.run.models[0]
-        root = self.settings.trainer.checkpoint_dir or self.settings.run.path / "checkpoints" / model
-        return checkpoint.latest(root)
-
-    def _run(self) -> None:
-        from astraflow.launch.evaluate import Evaluator
-
-        path = self._checkpoint()
-        if self.task is None or (path is None and self.progress.evals):
-            return
-        if self._evaluator is None:
-            self._evaluator = Evaluator(self.settings.trainer.model or self.settings.engine.model, self.task)
-        try:  # no checkpoint yet: the starting weights, as version 0
-            version = int(json.loads((path / "meta.json").read_text())["version"]) if path else 0
-            accuracy = self._evaluator.accuracy(path)
-        except FileNotFoundError:  # the trainer rotated that checkpoint away meanwhile: next time
-            return
-        self.progress.evals.append((version, time.time() - self.progress.started, accuracy))
-
-    def maybe_start(self) -> None:
-        busy = self._thread is not None and self._thread.is_alive()
-        if busy or self.task is None or time.monotonic() - self._last < self.settings.run.eval_every_s:
-            return
-        self._last = time.monotonic()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def final(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self.task is not None:
-            self._run()
 
 
 def _live():

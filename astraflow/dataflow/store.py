@@ -154,7 +154,7 @@ class Store:
         """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired)."""
         k, s, b = self.keys, self.settings, self.settings.batch
         keys = [k.ready(model), k.samples(model), k.refs(model), k.replay(model), k.batches(model)]
-        keys += [k.ledger, k.state, k.formed(model)]
+        keys += [k.ledger, k.state, k.formed(model), k.identity]
         quota = round(b.replay_ratio * b.size)
         capacity = b.replay_capacity if b.replay_ratio > 0 else 0
         args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]

@@ -12,6 +12,7 @@ weights, and the chunks it was running are retried.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import structlog
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.openai import answers
 from astraflow.engines.settings import EngineSettings
+from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
 
 log = structlog.get_logger(__name__)
@@ -52,6 +54,7 @@ class VLLMEngine(Engine):
         import httpx
 
         self._http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=5.0))
+        atexit.register(self._kill_group)  # an exit that skips `close` (an error at start) ends it too
         await self._spawn()
         self._watch = asyncio.create_task(self._watchdog())
 
@@ -65,6 +68,8 @@ class VLLMEngine(Engine):
             s.model,
             "--served-model-name",
             "policy",
+            # Loopback only: with VLLM_SERVER_DEV_MODE the server also exposes control endpoints (/pause,
+            # /collective_rpc, /reset_prefix_cache, ...) that load arbitrary weights, on this same socket.
             "--host",
             "127.0.0.1",
             "--port",
@@ -86,7 +91,9 @@ class VLLMEngine(Engine):
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True,  # its engine processes join its session: `_kill_group` ends them all
+            # SIGTERM when this RaaS dies, even by SIGKILL: the server shuts down its engine processes.
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         deadline = time.monotonic() + s.start_timeout_s
         while not await self.healthy():
@@ -122,6 +129,7 @@ class VLLMEngine(Engine):
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
         self._kill_group()
+        atexit.unregister(self._kill_group)
         await self._http.aclose()
 
     def _kill_group(self) -> None:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from pathlib import Path
 
+from astraflow.config import Settings
+from astraflow.launch.progress import Progress
 from astraflow.workflows.tasks import get_task, rows
 
 HELD_OUT_SEED = 1_000_003
@@ -46,3 +51,49 @@ class Evaluator:
         completions = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
         right = sum(c.strip() == r["answer"] for c, r in zip(completions, self.rows, strict=True))
         return right / len(self.rows)
+
+
+class PeriodicEval:
+    """Held-out greedy accuracy of the latest checkpoint, in a thread, every `run.eval_every_s`."""
+
+    def __init__(self, settings: Settings, progress: Progress) -> None:
+        self.settings, self.progress = settings, progress
+        ds = settings.dataflow.dataset
+        self.task = ds.task if ds.type == "task" else None
+        self._thread: threading.Thread | None = None
+        self._last = 0.0
+        self._evaluator = None
+
+    def _checkpoint(self) -> Path | None:
+        from astraflow.trainer import checkpoint
+
+        model = self.settings.run.models[0]
+        root = self.settings.trainer.checkpoint_dir or self.settings.run.path / "checkpoints" / model
+        return checkpoint.latest(root)
+
+    def _run(self) -> None:
+        path = self._checkpoint()
+        if self.task is None or (path is None and self.progress.evals):
+            return
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.settings.trainer.model or self.settings.engine.model, self.task)
+        try:  # no checkpoint yet: the starting weights, as version 0
+            version = int(json.loads((path / "meta.json").read_text())["version"]) if path else 0
+            accuracy = self._evaluator.accuracy(path)
+        except FileNotFoundError:  # the trainer rotated that checkpoint away meanwhile: next time
+            return
+        self.progress.evals.append((version, time.time() - self.progress.started, accuracy))
+
+    def maybe_start(self) -> None:
+        busy = self._thread is not None and self._thread.is_alive()
+        if busy or self.task is None or time.monotonic() - self._last < self.settings.run.eval_every_s:
+            return
+        self._last = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def final(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.task is not None:
+            self._run()

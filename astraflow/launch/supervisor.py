@@ -12,10 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+
+from astraflow.processes import die_with_parent
 
 log = structlog.get_logger(__name__)
 
@@ -30,13 +34,29 @@ class Worker:
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    """Restarts over the whole run (for the report)."""
     exit_codes: list[int] = field(default_factory=list)
+    restarted_at: deque[float] = field(default_factory=deque)
+    """When it was restarted, within the supervisor's restart window."""
 
 
 class Supervisor:
-    def __init__(self, max_restarts: int = 5, pids_path: Path | None = None) -> None:
+    """Starts workers, restarts one that dies - at most `max_restarts` times in any `restart_window_s`
+    (a worker that crashes now and then over a long run is restarted each time; one that keeps crashing
+    stops the run) - and stops them all, allowing each `grace_s` to finish cleanly."""
+
+    def __init__(
+        self,
+        max_restarts: int = 5,
+        pids_path: Path | None = None,
+        *,
+        restart_window_s: float = 600.0,
+        grace_s: float = 20.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_restarts, self.pids_path = max_restarts, pids_path
         """`pids.json` in the run directory: name -> pid of every live worker (for operators and tests)."""
+        self.restart_window_s, self.grace_s, self.clock = restart_window_s, grace_s, clock
         self.workers: dict[str, Worker] = {}
 
     def start(self, worker: Worker) -> None:
@@ -49,6 +69,7 @@ class Supervisor:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # a killed launcher still stops its workers
         )
         out.close()
         self.workers[worker.name] = worker
@@ -59,7 +80,8 @@ class Supervisor:
             tmp.replace(self.pids_path)
 
     def check(self) -> list[str]:
-        """Restart workers that died; returns the names restarted. Raises when one dies too often."""
+        """Restart workers that died; returns the names restarted. Raises when one died more than
+        `max_restarts` times within the last `restart_window_s`."""
         restarted = []
         for w in self.workers.values():
             if w.proc is None or w.proc.poll() is None:
@@ -67,10 +89,15 @@ class Supervisor:
             code = w.proc.returncode
             w.exit_codes.append(code)
             _end_session(w.proc.pid)
-            if w.restarts >= self.max_restarts:
+            now = self.clock()
+            while w.restarted_at and now - w.restarted_at[0] >= self.restart_window_s:
+                w.restarted_at.popleft()
+            if len(w.restarted_at) >= self.max_restarts:
                 raise RuntimeError(
-                    f"{w.name} died {w.restarts + 1} times (last exit {code}); see {w.log_path}"
+                    f"{w.name} died {len(w.restarted_at) + 1} times in {self.restart_window_s:.0f}s"
+                    f" (last exit {code}); see {w.log_path}"
                 )
+            w.restarted_at.append(now)
             w.restarts += 1
             log.warning("worker_restarting", worker=w.name, exit=code, restarts=w.restarts)
             self.start(w)
@@ -86,12 +113,12 @@ class Supervisor:
         """CPU seconds (user + system) of each live worker's current process so far."""
         return {n: cpu_seconds(pid) for n, pid in self.pids().items()}
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def stop(self) -> None:
         """SIGTERM every worker, wait up to `grace_s`, then SIGKILL what is left (sessions included)."""
         live = [w.proc for w in self.workers.values() if w.proc is not None and w.proc.poll() is None]
         for p in live:
             p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + self.grace_s
         for p in live:
             try:
                 p.wait(timeout=max(deadline - time.monotonic(), 0.1))

@@ -17,6 +17,7 @@ from redis.exceptions import ResponseError
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.connection import make_client, reconnecting, register_scripts
 from astraflow.streams.keys import Keys
+from astraflow.streams.runs import RunIdentity, new_identity_args
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 # Statuses of one hand-off item.
@@ -83,10 +84,18 @@ class Bus:
         await self.redis.aclose()
         await self.blocking.aclose()
 
-    async def bootstrap(self, models: Sequence[str]) -> None:
-        """Create every stream and consumer group of the run; safe to call any number of times."""
+    async def bootstrap(self, models: Sequence[str]) -> RunIdentity:
+        """Create the run's identity (unless it has one), every stream and every consumer group of the
+        run; safe to call any number of times. Returns the identity."""
+        identity = await self.identity()  # first: keys without an identity are another run's leftovers
         for stream, group in self.keys.grouped_streams(list(models)).items():
             await self.ensure_group(stream, group)
+        return identity
+
+    async def identity(self) -> RunIdentity:
+        """The run's identity, created now if it has none (atomic: concurrent bootstraps get the same)."""
+        reply = await self._script("create_run", [self.keys.identity], new_identity_args())
+        return RunIdentity.parse(*reply)
 
     async def ensure_group(self, stream: str, group: str) -> None:
         try:

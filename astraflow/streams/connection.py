@@ -20,7 +20,7 @@ from astraflow.streams.settings import RedisSettings
 T = TypeVar("T")
 
 BACKOFF_CAP_S = 0.5
-SCRIPT_NAMES = ("handoff", "renew", "release", "claim", "trim")
+SCRIPT_NAMES = ("handoff", "renew", "release", "claim", "trim", "create_run")
 
 
 def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | None = None) -> aioredis.Redis:

@@ -39,6 +39,12 @@ class Keys:
         return self.prefix + name
 
     @property
+    def identity(self) -> str:
+        """Hash `run`: the run's identity - `nonce`, `created` (unix s), `stopped` (unix s, once the launcher
+        ended it) - written when the run is bootstrapped (see `streams.runs`)."""
+        return self._k("run")
+
+    @property
     def prompts(self) -> str:
         return self._k("prompts")
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from astraflow.errors import ForeignCheckpointError
+
 META = "meta.json"
 MAX_CONSUMED = 100_000
 """Batch uids remembered (the newest): enough to recognise any batch still pending after a crash."""
@@ -27,6 +29,25 @@ class State:
     """Optimizer steps taken."""
     consumed: list[str] = field(default_factory=list)
     """Uids of the batches trained into this version."""
+    run: str = ""
+    """The nonce of the run it belongs to (see `streams.runs`)."""
+    last_batch: str = "0-0"
+    """Stream id of the newest batch entry trained into it. A batch with a uid in `consumed` and a
+    newer id is not the one trained: a Redis that lost its last writes (AOF) may hand out a uid again,
+    never an older id."""
+
+    def trained(self, uid: str, entry_id: str) -> bool:
+        """Whether the batch `uid` delivered as entry `entry_id` is one trained into this state."""
+        return uid in self.consumed and entry_order(entry_id) <= entry_order(self.last_batch)
+
+    def add(self, uid: str, entry_id: str) -> None:
+        self.consumed.append(uid)
+        self.last_batch = max(self.last_batch, entry_id, key=entry_order)
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
 
 
 def _fsync(path: Path) -> None:
@@ -54,7 +75,13 @@ def save(
     torch.save(model_state, tmp / "model.pt")
     torch.save({"optimizer": optim_state, "scheduler": scheduler_state}, tmp / "optim.pt")
     torch.save({"torch": rng_state}, tmp / "rng.pt")
-    meta = {"version": state.version, "step": state.step, "consumed": state.consumed[-MAX_CONSUMED:]}
+    meta = {
+        "version": state.version,
+        "step": state.step,
+        "run": state.run,
+        "last_batch": state.last_batch,
+        "consumed": state.consumed[-MAX_CONSUMED:],
+    }
     (tmp / META).write_text(json.dumps(meta))
     for f in tmp.iterdir():
         _fsync(f)
@@ -71,11 +98,20 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path) -> tuple[State, dict, dict, dict]:
-    """(state, model state dict, optimizer state dict, scheduler state dict); restores the RNG."""
-    model_state = torch.load(path / "model.pt", weights_only=True)
-    optim = torch.load(path / "optim.pt", weights_only=False)
-    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=False)["torch"])
+def load(path: Path, run: str) -> tuple[State, dict, dict, dict]:
+    """(state, model state dict, optimizer state dict, scheduler state dict); restores the RNG.
+    Raises ForeignCheckpointError, before loading anything, for a checkpoint of a run other than `run`
+    (a nonce)."""
     meta = json.loads((path / META).read_text())
-    state = State(version=meta["version"], step=meta["step"], consumed=list(meta["consumed"]))
+    if meta.get("run") != run:  # checkpoints written before runs had a nonce have none
+        raise ForeignCheckpointError(
+            f"checkpoint {path} belongs to another run (nonce {meta.get('run')!r}, this run {run!r}):"
+            " point trainer.checkpoint_dir at this run's checkpoints, or move that directory away"
+        )
+    model_state = torch.load(path / "model.pt", weights_only=True)
+    # weights_only everywhere: a checkpoint file is data (tensors, numbers, strings, containers - what
+    # optimizer, LambdaLR and RNG states are made of), never code that unpickling would run.
+    optim = torch.load(path / "optim.pt", weights_only=True)
+    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
+    state = State(meta["version"], meta["step"], list(meta["consumed"]), run, meta["last_batch"])
     return state, model_state, optim["optimizer"], optim["scheduler"]

@@ -106,10 +106,11 @@ class TrainerService:
                 distributed.broadcast(("stop", None))
 
     async def _run(self, stop: asyncio.Event) -> None:
-        await self.bus.bootstrap(self.settings.run.models)
+        identity = await self.bus.bootstrap(self.settings.run.models)
+        self.state.run = identity.nonce
         latest = checkpoint.latest(self.ckpt_root)
         if latest is not None:
-            restored = await asyncio.to_thread(checkpoint.load, latest)
+            restored = await asyncio.to_thread(checkpoint.load, latest, identity.nonce)
             self.state = restored[0]
             await asyncio.to_thread(self._all, "restore", restored)
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
@@ -164,14 +165,14 @@ class TrainerService:
             log.error("batch_dead_lettered", id=entry.id, error=str(e))
             await self.consumer.dead_letter(entry, f"DecodeError: {e}")
             return
-        if batch.uid in self.state.consumed:  # trained before the crash, its ack was lost
+        if self.state.trained(batch.uid, entry.id):  # trained before the crash, its ack was lost
             await self._ack([entry])
             log.info("batch_already_trained", batch=batch.uid)
             return
         stats = await asyncio.to_thread(self._all, "train", batch)
         self.state.version += 1
         self.state.step += self.settings.trainer.minibatches
-        self.state.consumed.append(batch.uid)
+        self.state.add(batch.uid, entry.id)
         self._unacked.append(entry)
         log.info(
             "trained",

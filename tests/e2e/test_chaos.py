@@ -103,12 +103,17 @@ def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
             server.stop()
 
 
-def test_ctrl_c_stops_every_process_and_leaves_the_report(tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "astraflow.cli", "run", "recipes/addition-tiny.yaml", "--run", "ctrl-c"]
+def start_run(run_dir, name: str) -> subprocess.Popen:
+    """`astraflow run` of the default recipe in `run_dir`, hf engine, no stop condition."""
+    cmd = [sys.executable, "-m", "astraflow.cli", "run", "recipes/addition-tiny.yaml", "--run", name]
     for s in (f"run.dir={run_dir}", "engine.type=hf", "run.target_reward=null"):
         cmd += ["--set", s]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_ctrl_c_stops_every_process_and_leaves_the_report(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = start_run(run_dir, "ctrl-c")
     try:
         wait_for(lambda: steps_done(run_dir) >= 3, 180, "the first steps")
         pids = json.loads((run_dir / "pids.json").read_text())

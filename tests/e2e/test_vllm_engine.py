@@ -1,14 +1,18 @@
-"""The real vLLM engine on a tiny local model: generation, versioned weight loads, restart on death."""
+"""The real vLLM engine on a tiny local model: generation, versioned weight loads, restart on death; the
+server ends with its RaaS, even one killed with SIGKILL."""
 
 import asyncio
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.settings import EngineSettings
+from tests.e2e.test_chaos import running_in_group, wait_for
 
 pytestmark = [
     pytest.mark.vllm,
@@ -86,3 +90,45 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
     again = await asyncio.wait_for(engine.generate(GREEDY), 300)
     assert again.token_ids == after.token_ids and set(again.versions) == {1}
     assert engine.stats["restarts"] == 1
+
+
+RAAS = """
+import asyncio, sys
+from astraflow.engines.settings import EngineSettings
+from astraflow.engines.vllm import VLLMEngine
+
+async def main():
+    settings = EngineSettings(type="vllm", model=sys.argv[1], dtype="bfloat16", chunk_tokens=8)
+    engine = VLLMEngine(settings, log_path=sys.argv[2])
+    await engine.start()
+    print("server", engine._proc.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_vllm_server_ends_when_its_raas_is_killed(tiny_model, tmp_path):
+    raas = subprocess.Popen(
+        [sys.executable, "-c", RAAS, tiny_model, str(tmp_path / "server.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server = None
+    try:
+        line = ""
+        while not line.startswith("server "):  # past the engine's own log lines
+            line = raas.stdout.readline()
+            assert line, "the RaaS ended before its server was up"
+        server = int(line.split()[1])
+        assert running_in_group(server)  # the server leads its own session, with its engine processes
+        raas.kill()  # SIGKILL: the RaaS's own clean-up never runs
+        raas.wait()
+        wait_for(lambda: not running_in_group(server), 120, "the vLLM server's session gone")
+    finally:
+        if raas.poll() is None:
+            raas.kill()
+            raas.wait()
+        if server is not None and running_in_group(server):
+            os.killpg(server, signal.SIGKILL)

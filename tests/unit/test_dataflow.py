@@ -55,9 +55,11 @@ def test_advantages_by_hand():
 
 async def test_batches_hold_whole_groups_with_normalised_advantages():
     bus, df = make("dataflow.feeder.min_backlog=4")
-    await bus.bootstrap(["policy"])
+    run = await bus.bootstrap(["policy"])
     batches = await cycle(bus, df)
     assert len(batches) == 2  # 4 groups x 4 samples, batches of 8 samples
+    # The run's nonce is in every batch uid: no batch of another run of this name passes for one of it.
+    assert [b.uid for b in batches] == [f"policy:{run.nonce}:1", f"policy:{run.nonce}:2"]
     for b in batches:
         assert [len(g.trajectories) for g in b.groups] == [4, 4]
         for g in b.groups:

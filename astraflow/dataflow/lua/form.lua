@@ -5,18 +5,21 @@
 -- put until the trainer has acknowledged every batch holding them.
 -- KEYS[1] ready set, KEYS[2] samples hash, KEYS[3] refs hash, KEYS[4] replay set, KEYS[5] batches
 -- stream, KEYS[6] ledger, KEYS[7] state, KEYS[8] formed index (batches not yet acknowledged, by id;
--- member 'sortable_id id ref1 ref2 ...')
+-- member 'sortable_id id ref1 ref2 ...'), KEYS[9] the run's identity (its nonce is part of every batch
+-- uid: `model:nonce:n`, so no batch of another run of this name passes for one of this run)
 -- ARGV: model, max_staleness, size, unit ('samples'/'groups'), replay_quota (in units), replay_selection
 --   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, key_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
 -- replayed groups, expired groups}.
 local ready, samples, refs, replay, batches = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local ledger, state, formed = KEYS[6], KEYS[7], KEYS[8]
+local ledger, state, formed, identity = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local replay_quota, selection, capacity, prefetch = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local trainer_group, prefix, ttl, order, now = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 
+local nonce = redis.call('HGET', identity, 'nonce')  -- before any write: an error here changes nothing
+if not nonce then return redis.error_reply('ERR run not bootstrapped: no identity at ' .. identity) end
 local version = trainer_version(state, model)
 local count, flush = counter()
 
@@ -95,7 +98,7 @@ if fresh_units + replayed_units < size then
 end
 
 local seq = redis.call('HINCRBY', state, 'seq', 1)
-local batch_uid = model .. ':' .. redis.call('HINCRBY', state, 'batches:' .. model, 1)
+local batch_uid = model .. ':' .. nonce .. ':' .. redis.call('HINCRBY', state, 'batches:' .. model, 1)
 local uids, replayed_uids, batch_refs = {}, {}, {}
 for _, member in ipairs(fresh) do
   local uid, _, _, ref = parse_member(member)

@@ -1,0 +1,118 @@
+"""A run's identity: created once, when the run is bootstrapped, and checked by whoever starts one.
+
+The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R)
+and its `created` time; `astraflow run` adds `stopped` when it ends the run. The nonce is part of every
+batch uid and of every trainer checkpoint, so that nothing of another run of the same name (keys left
+on a shared Redis, a checkpoint directory outside the run directory) passes for this run's.
+
+Starting a process of run R is one of:
+- fresh: no key of R exists; the first process to bootstrap creates the identity (the launcher, or on
+  a cluster whichever worker comes first: the others join it);
+- join: the run exists and was not stopped - a worker joining a running run (RaaS added to a cluster);
+- resume (`--resume`): continue a stopped run, or adopt keys that have no identity.
+`astraflow run` without `--resume` is always fresh: it refuses as soon as any key of R exists.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from astraflow.errors import RunExistsError
+
+if TYPE_CHECKING:
+    from astraflow.streams.bus import Bus
+
+SCAN_COUNT = 1000
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    nonce: str
+    created: float
+    """Unix seconds."""
+    stopped: float | None = None
+
+    @classmethod
+    def parse(cls, nonce: bytes, created: bytes, stopped: bytes | None) -> RunIdentity:
+        return cls(nonce.decode(), float(created), float(stopped) if stopped else None)
+
+
+def new_identity_args() -> list[str]:
+    """ARGV of `create_run.lua`: a fresh nonce and the creation time."""
+    return [secrets.token_hex(6), f"{time.time():.3f}"]
+
+
+async def existing(bus: Bus) -> RunIdentity | None:
+    """The run's identity, or None (never creates one)."""
+    fields = ["nonce", "created", "stopped"]
+    nonce, created, stopped = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, fields))
+    return None if nonce is None else RunIdentity.parse(nonce, created, stopped)
+
+
+async def keys_of(bus: Bus, first_only: bool = False) -> list[bytes]:
+    """Every key of the run (SCAN on its prefix; the first one found, with `first_only`)."""
+    found: list[bytes] = []
+    pattern = bus.keys.prefix + "*"
+    async for key in bus.redis.scan_iter(match=pattern, count=SCAN_COUNT):
+        found.append(key)
+        if first_only:
+            break
+    return found
+
+
+async def open_run(bus: Bus, *, fresh: bool, resume: bool) -> RunIdentity:
+    """Check that this process may start as asked, and return the run's identity (created if fresh).
+
+    `fresh` (`astraflow run` without `--resume`): refuse when any key of the run exists. Otherwise (a
+    worker): join a run that exists and was not stopped, create one where no key exists, and refuse a
+    stopped run or keys without an identity. `resume`: continue a stopped run, or adopt keys without an
+    identity; refuse when there is nothing to resume."""
+    current = await existing(bus)
+    if current is None and await keys_of(bus, first_only=True):
+        current = await existing(bus)  # created meanwhile by a process bootstrapping this run: join it
+        if current is None and not resume:
+            raise RunExistsError(f"{_describe(bus, None)} {_how(bus)}")
+    if resume:
+        if current is None and not await keys_of(bus, first_only=True):
+            raise RunExistsError(f"nothing to resume: no key of run {bus.keys.run!r} on this Redis")
+        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped"))
+        return await bus.identity()
+    if current is not None and (fresh or current.stopped is not None):
+        raise RunExistsError(f"{_describe(bus, current)} {_how(bus)}")
+    return await bus.identity()
+
+
+async def mark_stopped(bus: Bus) -> None:
+    """Record that the run was ended: a worker started later does not join it unless resuming."""
+    await bus.call(lambda: bus.redis.hset(bus.keys.identity, "stopped", f"{time.time():.3f}"))
+
+
+async def clear(bus: Bus) -> int:
+    """Delete every key of the run; returns how many."""
+    keys = await keys_of(bus)
+    for i in range(0, len(keys), SCAN_COUNT):
+        chunk = keys[i : i + SCAN_COUNT]
+        await bus.call(lambda c=chunk: bus.redis.unlink(*c))
+    return len(keys)
+
+
+def _describe(bus: Bus, run: RunIdentity | None) -> str:
+    if run is None:
+        return f"keys of run {bus.keys.run!r} ({bus.keys.prefix}*) exist on this Redis, but no run identity;"
+    when = f"created {_utc(run.created)}" + (f", stopped {_utc(run.stopped)}" if run.stopped else "")
+    return f"run {bus.keys.run!r} already exists on this Redis ({when});"
+
+
+def _how(bus: Bus) -> str:
+    return (
+        "continue it with --resume (`astraflow run --resume RUN_DIR`), delete its keys with"
+        f" `astraflow clear --run {bus.keys.run}`, or give this run another name (--run NAME)"
+    )
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,100 @@
+"""Trainer checkpoints: they round-trip (model, optimizer, scheduler, RNG, run, trained batches) with
+every file loaded `weights_only`; a pickle payload in one is refused unrun; a checkpoint of another run
+is refused; a batch uid handed out again after Redis lost its last writes is not taken as trained."""
+
+import asyncio
+import pickle
+
+import pytest
+import torch
+
+from astraflow.errors import ForeignCheckpointError
+from astraflow.trainer import checkpoint
+from astraflow.trainer.checkpoint import State
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def trained_model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / 10))
+    for _ in range(2):
+        model(torch.randn(4, 3)).sum().backward()
+        optim.step()
+        sched.step()
+    return model, optim, sched
+
+
+def save(root, run: str = "n1"):
+    model, optim, sched = trained_model()
+    state = State(version=2, step=2, run=run)
+    state.add("policy:n1:1", "5-0")
+    state.add("policy:n1:2", "9-1")
+    rng = torch.get_rng_state()
+    path = checkpoint.save(root, state, model.state_dict(), optim.state_dict(), sched.state_dict(), rng, 3)
+    return path, model, optim, sched, rng
+
+
+def test_a_checkpoint_round_trips(tmp_path):
+    path, model, optim, sched, rng = save(tmp_path)
+    torch.rand(5)  # moves the RNG on: loading restores it
+    state, model_state, optim_state, sched_state = checkpoint.load(path, "n1")
+    assert (state.version, state.step, state.run, state.last_batch) == (2, 2, "n1", "9-1")
+    assert state.consumed == ["policy:n1:1", "policy:n1:2"]
+    assert all(torch.equal(model_state[k], v) for k, v in model.state_dict().items())
+    fresh = trained_model()[1]
+    fresh.load_state_dict(optim_state)
+    for k, v in optim.state_dict()["state"][0].items():
+        assert torch.equal(fresh.state_dict()["state"][0][k], v)
+    assert sched_state == sched.state_dict()
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+class Payload:
+    """Unpickling it would create a file: code in a checkpoint, run by whoever loads it."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (self.marker.touch, ())
+
+
+def test_a_pickle_payload_in_the_optimizer_file_is_refused_unrun(tmp_path):
+    path = save(tmp_path)[0]
+    marker = tmp_path / "payload-ran"
+    torch.save({"optimizer": Payload(marker), "scheduler": {}}, path / "optim.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load(path, "n1")
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    path = save(tmp_path, run="n1")[0]
+    with pytest.raises(ForeignCheckpointError, match="belongs to another run"):
+        checkpoint.load(path, "n2")  # a checkpoint directory shared by two runs of one name
+
+
+def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_trained():
+    state = State(run="n1")
+    state.add("policy:n1:7", "1000-0")
+    assert state.trained("policy:n1:7", "1000-0")  # redelivered after a crash: trained, skip it
+    assert state.trained("policy:n1:7", "999-3")
+    # Redis restarted without its last second of writes: the batch counter handed out 7 again, to a new
+    # batch with a newer entry id - a batch to train.
+    assert not state.trained("policy:n1:7", "1500-0")
+    assert not state.trained("policy:n1:8", "900-0")
+
+
+async def test_the_trainer_refuses_a_checkpoint_directory_of_another_run(bus, tiny_model, tmp_path):
+    from astraflow.config import load_settings
+    from astraflow.trainer.service import TrainerService
+
+    ckpt = tmp_path / "shared-checkpoints"  # trainer.checkpoint_dir outside the run directory
+    save(ckpt, run="0123456789ab")  # left there by an earlier run of the same name
+    sets = [f"trainer.model={tiny_model}", f"trainer.checkpoint_dir={ckpt}", f"run.dir={tmp_path / 'run'}"]
+    service = TrainerService(load_settings(None, sets), bus, "policy")
+    with pytest.raises(ForeignCheckpointError, match="belongs to another run"):
+        await service.run(asyncio.Event())
