@@ -13,8 +13,10 @@ import torch
 from astraflow.weights import layout
 from astraflow.weights.publisher import WeightPublisher, run_secret
 from astraflow.weights.receiver import WeightReceiver
+from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
-from astraflow.weights.transport import AuthenticationError, Connection, TransferError, WeightServer
+from astraflow.weights.transport import Connection
+from astraflow.weights.wire import AuthenticationError, TransferError
 
 pytestmark = pytest.mark.integration
 MODEL = "policy"
@@ -157,7 +159,7 @@ async def test_a_client_without_the_secret_is_refused(bus, tmp_path, trainer_sid
     pub, state, _, settings = trainer_side
     await publish(pub, state, 0)
     with pytest.raises(AuthenticationError):
-        Connection(pub.server.endpoint, b"not the secret")
+        Connection(pub.server.endpoint, b"not the secret", MODEL, 0, "full")
     assert pub.server.stats["refused"] == 1
     rx = receiver(bus, settings, b"not the secret", tmp_path, "rx")
     with pytest.raises(TransferError):

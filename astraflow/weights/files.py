@@ -1,0 +1,102 @@
+"""Where weight buffers live on disk, who may read them, and checking a checkpoint against its manifest.
+
+A process's buffers are under `<base>/<run>/<role>.<pid>`: the run directory is private (0700, owned by
+this user, else refused), files in it are 0600, and a process starting there removes the buffers of the
+run's processes that are gone (killed before they could clean up).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import structlog
+
+from astraflow.errors import WeightIntegrityError
+from astraflow.messages import WeightManifest
+from astraflow.weights import layout
+from astraflow.weights.buffer import WEIGHTS_FILE
+from astraflow.weights.settings import WeightsSettings
+
+log = structlog.get_logger(__name__)
+OWNED = re.compile(r".+\.(\d+)")
+"""Name of a process's buffer directory: `<role>.<pid>`."""
+
+
+def private_dir(path: Path) -> Path:
+    """`path` as a directory only this user can enter (created 0700 where missing); PermissionError when
+    it is someone else's or a symlink (another user could swap what it holds)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"{path} is not a directory of this user")
+    os.chmod(path, 0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` into a new file only this user can read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(fd, 0o600)
+        f.write(data)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def sweep(run_dir: Path) -> list[Path]:
+    """Remove the buffer directories of the run's processes that are gone; returns what was removed."""
+    gone = []
+    for entry in run_dir.iterdir():
+        m = OWNED.fullmatch(entry.name)
+        if m and entry.is_dir() and not entry.is_symlink() and not _alive(int(m.group(1))):
+            shutil.rmtree(entry, ignore_errors=True)
+            gone.append(entry)
+    if gone:
+        log.info("stale_weight_buffers_removed", paths=[str(p) for p in gone])
+    return gone
+
+
+def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
+    """This process's private buffer directory (created): under `weights.dir`, else shared memory, else
+    the temp dir. Buffers that processes of the run left behind when they died are removed first."""
+    if settings.dir is not None:
+        base = settings.dir
+    else:
+        shm = Path("/dev/shm")
+        tmp = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        base = private_dir(tmp / f"astraflow-{os.getuid()}")
+    run_dir = private_dir(base / run)
+    sweep(run_dir)
+    return private_dir(run_dir / f"{role}.{os.getpid()}")
+
+
+def verify_checkpoint(path: Path, manifest: WeightManifest) -> None:
+    """Check that a checkpoint directory holds exactly the manifest's weights: its weight file has the
+    manifest's layout and digest. WeightIntegrityError otherwise (nothing may load it)."""
+    head = layout.header(manifest.tensors)
+    try:
+        with open(Path(path) / WEIGHTS_FILE, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            if m[: len(head)] != head or len(m) - len(head) != manifest.nbytes:
+                raise WeightIntegrityError(
+                    f"checkpoint {path}: not the layout of {manifest.model} v{manifest.version}"
+                )
+            with memoryview(m) as view:
+                whole, _ = layout.digests(view[len(head) :], manifest.chunk_bytes)
+    except (OSError, ValueError) as e:  # missing, unreadable or empty
+        raise WeightIntegrityError(f"checkpoint {path}: {e}") from None
+    if whole != manifest.digest:
+        raise WeightIntegrityError(f"checkpoint {path}: digest {whole} != manifest {manifest.digest}")
