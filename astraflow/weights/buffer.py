@@ -62,6 +62,7 @@ class DoubleBuffer:
     def __init__(self, root: Path, specs: list[TensorSpec], grace_s: float = 10.0) -> None:
         self.root, self.specs, self.grace_s = Path(root), specs, grace_s
         self.itemsize = layout.itemsize(specs)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._halves = [Half(self.root / "a", specs), Half(self.root / "b", specs)]
         self.served: Half | None = None
         self._cond = threading.Condition()

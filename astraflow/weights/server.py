@@ -103,9 +103,8 @@ class WeightServer:
                 with self._lock:
                     self._open.discard(raw)
                     self._open.add(sock)
-            scope = wire.accept(sock, self.secret)
+            scope = wire.accept(sock, self.secret, self._refused)
             if scope is None:
-                self.stats["refused"] += 1
                 return
             while True:
                 try:
@@ -167,6 +166,9 @@ class WeightServer:
             poll.register(sock, select.POLLOUT)
             if not poll.poll(self.io_timeout_s * 1000):
                 raise TimeoutError(f"peer read nothing for {self.io_timeout_s} s")
+
+    def _refused(self) -> None:
+        self.stats["refused"] += 1
 
     def _cut_off(self, sock: socket.socket) -> None:
         self.stats["cut"] += 1

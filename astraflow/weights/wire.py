@@ -22,6 +22,7 @@ import secrets
 import socket
 import ssl
 import struct
+from collections.abc import Callable
 
 from astraflow.errors import AstraflowError
 from astraflow.weights.settings import WeightsSettings
@@ -82,14 +83,16 @@ def _proof(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes,
     return hmac.new(secret, transcript, hashlib.sha256).digest()
 
 
-def accept(sock: socket.socket, secret: bytes) -> dict | None:
-    """Server side of the handshake: the client's scope, or None when its proof is wrong (refused)."""
+def accept(sock: socket.socket, secret: bytes, refused: Callable[[], None]) -> dict | None:
+    """Server side of the handshake: the client's scope, or None when its proof is wrong (then
+    `refused()` is called before the client hears so)."""
     server_nonce = secrets.token_bytes(NONCE_BYTES)
     sock.sendall(MAGIC + server_nonce)
     client_nonce = recv_exact(sock, NONCE_BYTES)
     scope = recv_frame(sock)
     proof = recv_exact(sock, 32)
     if not hmac.compare_digest(proof, _proof(secret, b"client", server_nonce, client_nonce, scope)):
+        refused()
         sock.sendall(b"NO")
         return None
     sock.sendall(b"OK" + _proof(secret, b"server", server_nonce, client_nonce, scope))
