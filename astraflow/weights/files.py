@@ -1,8 +1,8 @@
 """Where weight buffers live on disk, who may read them, and checking a checkpoint against its manifest.
 
-A process's buffers are under `<base>/<run>/<role>.<pid>`: the run directory is private (0700, owned by
-this user, else refused), files in it are 0600, and a process starting there removes the buffers of the
-run's processes that are gone (killed before they could clean up).
+A process's buffers are under `<base>/<run>/<role>.pid<pid>@<host>`: the run directory is private (0700,
+owned by this user, else refused), files in it are 0600, and a process starting there removes the
+buffers of the run's processes on its host that are gone (killed before they could clean up).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import mmap
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -24,8 +25,8 @@ from astraflow.weights.buffer import WEIGHTS_FILE
 from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
-OWNED = re.compile(r".+\.(\d+)")
-"""Name of a process's buffer directory: `<role>.<pid>`."""
+OWNED = re.compile(r".+\.pid(\d+)@(.+)")
+"""Name of a process's buffer directory: `<role>.pid<pid>@<host>`."""
 
 
 def private_dir(path: Path) -> Path:
@@ -58,11 +59,13 @@ def _alive(pid: int) -> bool:
 
 
 def sweep(run_dir: Path) -> list[Path]:
-    """Remove the buffer directories of the run's processes that are gone; returns what was removed."""
-    gone = []
+    """Remove the buffer directories of the run's processes on this host that are gone (`weights.dir`
+    may be shared by hosts); returns what was removed."""
+    gone, host = [], socket.gethostname()
     for entry in run_dir.iterdir():
         m = OWNED.fullmatch(entry.name)
-        if m and entry.is_dir() and not entry.is_symlink() and not _alive(int(m.group(1))):
+        mine = m is not None and m.group(2) == host and entry.is_dir() and not entry.is_symlink()
+        if mine and not _alive(int(m.group(1))):  # type: ignore[union-attr]
             shutil.rmtree(entry, ignore_errors=True)
             gone.append(entry)
     if gone:
@@ -81,7 +84,7 @@ def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
         base = private_dir(tmp / f"astraflow-{os.getuid()}")
     run_dir = private_dir(base / run)
     sweep(run_dir)
-    return private_dir(run_dir / f"{role}.{os.getpid()}")
+    return private_dir(run_dir / f"{role}.pid{os.getpid()}@{socket.gethostname()}")
 
 
 def verify_checkpoint(path: Path, manifest: WeightManifest) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import stat
 import subprocess
 
@@ -47,14 +48,17 @@ def test_buffers_of_dead_processes_are_removed_at_start(tmp_path):
     settings = WeightsSettings(dir=tmp_path)
     gone = subprocess.Popen(["true"])
     gone.wait()
-    dead = tmp_path / "run" / f"raas-1.{gone.pid}"
+    host = socket.gethostname()
+    dead = tmp_path / "run" / f"raas-1.pid{gone.pid}@{host}"
     (dead / "policy" / "a").mkdir(parents=True)
     (dead / "policy" / "a" / "model.safetensors").write_bytes(b"old weights")
-    live = tmp_path / "run" / f"raas-2.{os.getppid()}"
-    live.mkdir()
+    live = tmp_path / "run" / f"raas-2.pid{os.getppid()}@{host}"
+    elsewhere = tmp_path / "run" / f"raas-4.pid{gone.pid}@another-host"  # may live on a shared dir
+    for d in (live, elsewhere):
+        d.mkdir()
     root = buffer_root(settings, "run", "raas-3")
-    assert not dead.exists() and live.exists()
-    assert root.name == f"raas-3.{os.getpid()}" and root.is_dir()
+    assert not dead.exists() and live.exists() and elsewhere.exists()
+    assert root.name == f"raas-3.pid{os.getpid()}@{host}" and root.is_dir()
 
 
 class FakeEngine:
