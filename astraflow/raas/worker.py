@@ -184,17 +184,17 @@ class RaasWorker:
 
     async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> bool:
         """Get the version's weights (pulled and verified while generation goes on), then pause, load,
-        resume. A shared checkpoint directory in the notice is loaded once its weights match the digest
-        of the version's manifest (WeightIntegrityError otherwise). False: the notice names no weights
-        of `model`."""
+        resume. A shared checkpoint directory in the notice is loaded instead, once its weights match the
+        digest of the version's manifest (WeightIntegrityError otherwise). False: the notice names no
+        weights of `model`."""
         started = time.perf_counter()
         receiver, manifest = self.receivers.get(model), notice.manifests.get(model)
-        if receiver is not None and manifest:
+        if model in notice.checkpoints:  # no transfer, but no trust either: checked against the manifest
+            hold, path = nullcontext(), notice.checkpoints[model]
+            await self._verify_checkpoint(path, manifest)
+        elif receiver is not None and manifest:
             half = await receiver.sync(manifest, version)
             hold, path = receiver.buffer.reading(half), str(half.dir)  # type: ignore[union-attr]
-        elif model in notice.checkpoints:
-            hold, path = nullcontext(), notice.checkpoints[model]
-            await self._verify_checkpoint(path, notice.manifests.get(model))
         else:
             return False
         pulled = time.perf_counter()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import time
 
 import structlog
@@ -143,6 +144,7 @@ class TrainerService:
             await cancel_and_wait([renew])
             await self._committed()
             await self.publisher.close()
+            shutil.rmtree(root, ignore_errors=True)  # shared memory; a crash leaves it to the next start
 
     async def _announced(self, model: str) -> int:
         """The newest version of `model` published (-1 = none)."""

@@ -7,19 +7,21 @@ buffers of the run's processes on its host that are gone (killed before they cou
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
 import shutil
 import socket
 import stat
+import struct
 import tempfile
 from pathlib import Path
 
 import structlog
 
 from astraflow.errors import WeightIntegrityError
-from astraflow.messages import WeightManifest
+from astraflow.messages import TensorSpec, WeightManifest
 from astraflow.weights import layout
 from astraflow.weights.buffer import WEIGHTS_FILE
 from astraflow.weights.settings import WeightsSettings
@@ -88,18 +90,30 @@ def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
 
 
 def verify_checkpoint(path: Path, manifest: WeightManifest) -> None:
-    """Check that a checkpoint directory holds exactly the manifest's weights: its weight file has the
-    manifest's layout and digest. WeightIntegrityError otherwise (nothing may load it)."""
-    head = layout.header(manifest.tensors)
+    """Check that a checkpoint directory holds exactly the manifest's weights: its safetensors weight file
+    has each of the manifest's tensors (same dtype and shape; any header, any order), and laid out as the
+    manifest says they have its digest. WeightIntegrityError otherwise (nothing may load it)."""
     try:
         with open(Path(path) / WEIGHTS_FILE, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-            if m[: len(head)] != head or len(m) - len(head) != manifest.nbytes:
-                raise WeightIntegrityError(
-                    f"checkpoint {path}: not the layout of {manifest.model} v{manifest.version}"
-                )
+            (n,) = struct.unpack_from("<Q", m)
+            header, base = json.loads(m[8 : 8 + n]), 8 + n
+            ranges = [_tensor_range(header, spec, base, len(m)) for spec in manifest.tensors]
+            if sum(e - s for s, e in ranges) != manifest.nbytes:
+                raise WeightIntegrityError(f"checkpoint {path}: its tensors are not {manifest.nbytes} bytes")
             with memoryview(m) as view:
-                whole, _ = layout.digests(view[len(head) :], manifest.chunk_bytes)
-    except (OSError, ValueError) as e:  # missing, unreadable or empty
+                whole, _ = layout.digests_of((view[s:e] for s, e in ranges), manifest.chunk_bytes)
+    except (OSError, ValueError, struct.error) as e:  # missing, unreadable, empty, not safetensors
         raise WeightIntegrityError(f"checkpoint {path}: {e}") from None
     if whole != manifest.digest:
         raise WeightIntegrityError(f"checkpoint {path}: digest {whole} != manifest {manifest.digest}")
+
+
+def _tensor_range(header: dict, spec: TensorSpec, base: int, size: int) -> tuple[int, int]:
+    entry = header.get(spec.name)
+    want = {"dtype": layout.SAFETENSORS_DTYPES[spec.dtype], "shape": spec.shape}
+    if not isinstance(entry, dict) or {k: entry.get(k) for k in want} != want:
+        raise WeightIntegrityError(f"checkpoint tensor {spec.name}: {entry} is not {want}")
+    start, end = (base + int(x) for x in entry["data_offsets"])
+    if not base <= start <= end <= size or end - start != spec.nbytes:
+        raise WeightIntegrityError(f"checkpoint tensor {spec.name}: bad data offsets")
+    return start, end
