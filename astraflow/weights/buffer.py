@@ -1,7 +1,7 @@
 """A double buffer of served weights: two safetensors files, one served, one being written.
 
 Writers fill the idle half and flip. A half that a transfer (or an engine load) is reading is never
-written: readers hold it with `reading`, and `writing` waits until the half it is about to overwrite has
+written: readers hold it with `reading`, and `claim` waits until the half it is about to overwrite has
 no readers left. That wait is bounded: after `grace_s` the readers that can be cut off (transfers) are,
 and a half still held another `grace_s` later raises TransferError rather than blocking its writer
 forever. Files are created 0600 (weights are not for other users). Each half lives in its own
@@ -91,10 +91,10 @@ class DoubleBuffer:
                 del half.readers[token]
                 self._cond.notify_all()
 
-    @contextmanager
-    def writing(self) -> Iterator[Half]:
-        """The idle half, once nobody reads it; its version is unknown until `flip`. Readers still there
-        after `grace_s` are cut off; TransferError if any is left `grace_s` after that."""
+    def claim(self) -> Half:
+        """The idle half, to be written, once nobody reads it; its version is unknown until `flip`.
+        Readers still there after `grace_s` are cut off; TransferError if any is left `grace_s` after
+        that. Blocks: call it off the event loop."""
         half = self.idle
         with self._cond:
             if not self._cond.wait_for(lambda: not half.readers, self.grace_s):
@@ -103,7 +103,7 @@ class DoubleBuffer:
                 if not self._cond.wait_for(lambda: not half.readers, self.grace_s):
                     raise TransferError(f"{len(half.readers)} readers hold {half.dir.name} past the grace")
             half.version = None
-        yield half
+        return half
 
     def flip(self, version: int) -> Half:
         """Serve the idle half as `version`; the previously served half becomes idle."""
@@ -118,12 +118,12 @@ class DoubleBuffer:
         import torch
 
         dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-        with self.writing() as half:
-            for spec in self.specs:
-                dtype = dtypes[spec.dtype]
-                count = spec.nbytes // dtype.itemsize
-                target = torch.frombuffer(half.data, dtype=dtype, count=count, offset=spec.offset)
-                target.view(spec.shape).copy_(state[spec.name].detach())
+        half = self.claim()
+        for spec in self.specs:
+            dtype = dtypes[spec.dtype]
+            count = spec.nbytes // dtype.itemsize
+            target = torch.frombuffer(half.data, dtype=dtype, count=count, offset=spec.offset)
+            target.view(spec.shape).copy_(state[spec.name].detach())
         return half
 
     def close(self) -> None:

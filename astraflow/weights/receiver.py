@@ -95,21 +95,21 @@ class WeightReceiver:
         base = (manifest.base_version, manifest.base_digest)
         deadline = time.monotonic() + self.settings.pull_deadline_s
         use_delta = first_try and manifest.delta_digest and self.held == base and manifest.kind == "delta"
-        with buffer.writing() as half:
-            if use_delta:
-                delta = await self._pull_delta(manifest, deadline)
-                await asyncio.to_thread(self._to_base, half, idle_version)
-                await asyncio.to_thread(codec.apply, half.data, delta)
-                self.stats["delta_pulls"] += 1
-            else:
-                await self._pull_full(manifest, half, first_try, deadline)
-                delta = None
-            whole, _ = await asyncio.to_thread(layout.digests, half.data, manifest.chunk_bytes)
-            if whole != manifest.digest:
-                self.server.unregister(self.model, manifest.version, "full")
-                raise WeightIntegrityError(
-                    f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
-                )
+        half = await asyncio.to_thread(buffer.claim)
+        if use_delta:
+            delta = await self._pull_delta(manifest, deadline)
+            await asyncio.to_thread(self._to_base, half, idle_version)
+            await asyncio.to_thread(codec.apply, half.data, delta)
+            self.stats["delta_pulls"] += 1
+        else:
+            await self._pull_full(manifest, half, first_try, deadline)
+            delta = None
+        whole, _ = await asyncio.to_thread(layout.digests, half.data, manifest.chunk_bytes)
+        if whole != manifest.digest:
+            self.server.unregister(self.model, manifest.version, "full")
+            raise WeightIntegrityError(
+                f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
+            )
         buffer.flip(manifest.version)
         self.held = (manifest.version, manifest.digest)
         self._last_delta = (base[0], manifest.version, delta) if delta is not None else None  # type: ignore[assignment]

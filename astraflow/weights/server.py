@@ -8,7 +8,7 @@ received (a relay) is sent as its bytes arrive, so chains pipeline.
 No peer can hold the server: at most `max_connections` are served at once (one thread each; more are
 closed at once and counted `busy`), every send and receive waits at most `io_timeout_s`, and a transfer
 reading a buffer half is cut off (its socket shut down) when the writer of that half has waited long
-enough (`DoubleBuffer.writing`).
+enough (`DoubleBuffer.claim`).
 """
 
 from __future__ import annotations

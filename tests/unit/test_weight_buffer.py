@@ -25,8 +25,8 @@ def test_a_transfer_reading_the_half_to_write_is_cut_off(tmp_path):
     reader = threading.Thread(target=transfer)
     reader.start()
     held.wait(30)
-    with buffer.writing() as half:
-        assert release.is_set() and not half.readers
+    half = buffer.claim()
+    assert release.is_set() and not half.readers
     reader.join()
     buffer.close()
 
@@ -34,8 +34,6 @@ def test_a_transfer_reading_the_half_to_write_is_cut_off(tmp_path):
 def test_a_reader_that_cannot_be_cut_fails_the_write_instead_of_blocking_it(tmp_path):
     buffer = DoubleBuffer(tmp_path, SPECS, grace_s=0.05)
     with buffer.reading(buffer.idle), pytest.raises(TransferError, match="readers hold"):
-        with buffer.writing():
-            pass
-    with buffer.writing() as half:  # once released, the half is written
-        assert half.version is None
+        buffer.claim()
+    assert buffer.claim().version is None  # once released, the half is written
     buffer.close()
