@@ -109,3 +109,24 @@ async def test_weights_move_over_tls_and_a_plaintext_peer_gets_nothing(bus, tmp_
 def test_tls_needs_its_files():
     with pytest.raises(ValueError, match="tls_key"):
         WeightsSettings(tls=True, tls_cert="c.pem", tls_ca="ca.pem")
+
+
+async def test_an_impostor_in_the_peers_set_is_refused_pruned_and_the_trainer_serves(bus, tmp_path):
+    settings = WeightsSettings(full_every=100)
+    secret = await run_secret(bus, settings)
+    state = state_dict()
+    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    impostor = Impostor()
+    rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
+    try:
+        key = await publish(pub, state, 0)
+        peers = bus.keys.weight_peers(MODEL, 0)
+        await bus.redis.zadd(peers, {f"local|{impostor.endpoint}": 1})  # anyone who may write the run's keys
+        half = await rx.sync(key, 0)
+        assert bytes(half.data) == bytes(pub.buffer.served.data)
+        assert f"local|{impostor.endpoint}".encode() not in await bus.redis.zrange(peers, 0, -1)
+    finally:
+        impostor.sock.close()
+        rx.close()
+        rx.server.close()
+        await pub.close()
