@@ -11,14 +11,13 @@ import threading
 
 import pytest
 
-from astraflow.weights import layout, wire
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights import wire
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Connection
 from astraflow.weights.wire import AuthenticationError, TransferError
-from tests.integration.test_weights import MODEL, publish, state_dict
+from tests.integration.test_weights import MODEL, publish, trainer
 
 pytestmark = pytest.mark.integration
 
@@ -86,9 +85,7 @@ async def test_weights_move_over_tls_and_a_plaintext_peer_gets_nothing(bus, tmp_
     certs = tmp_path / "certs"
     certs.mkdir()
     tls = WeightsSettings(full_every=100, **make_certs(certs))
-    secret = await run_secret(bus, tls)
-    state = state_dict()
-    pub = WeightPublisher(bus, tls, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, secret = await trainer(bus, tls, tmp_path / "t")
     rx = WeightReceiver(bus, tls, MODEL, tmp_path / "rx", secret, WeightServer.from_settings(secret, tls))
     plain_settings = WeightsSettings(io_timeout_s=0.5)
     plain = WeightReceiver(bus, plain_settings, MODEL, tmp_path / "p", secret, WeightServer(secret))
@@ -113,9 +110,7 @@ def test_tls_needs_its_files():
 
 async def test_an_impostor_in_the_peers_set_is_refused_pruned_and_the_trainer_serves(bus, tmp_path):
     settings = WeightsSettings(full_every=100)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     impostor = Impostor()
     rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
     try:

@@ -12,13 +12,12 @@ import threading
 import pytest
 import torch
 
-from astraflow.weights import layout, wire
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights import wire
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Connection, Source
-from tests.integration.test_weights import MODEL, publish, state_dict
+from tests.integration.test_weights import MODEL, publish, trainer
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +32,8 @@ def recv_all(sock: socket.socket) -> int:
 
 async def test_a_reader_that_stops_reading_does_not_stop_the_trainer_publishing(bus, tmp_path):
     settings = WeightsSettings(full_every=100, reader_grace_s=0.5)
-    secret = await run_secret(bus, settings)
     state = {"w": torch.randn(2048, 4096)}  # 16 MB served: more than the socket buffers hold
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t", state)
     try:
         await publish(pub, state, 0)
         stalled = Connection(pub.server.endpoint, secret, MODEL, 0, "full")
@@ -81,9 +79,7 @@ def test_connections_past_the_limit_are_refused():
 
 async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_path):
     settings = WeightsSettings(full_every=100, io_timeout_s=0.5)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     stalled = socket.create_server(("127.0.0.1", 0))  # accepts (in the kernel), never says a word
     endpoint = f"127.0.0.1:{stalled.getsockname()[1]}"
     rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
@@ -103,9 +99,7 @@ async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_
 
 async def test_a_trickling_peer_is_given_up_at_the_pull_deadline(bus, tmp_path):
     settings = WeightsSettings(full_every=100, pull_deadline_s=1.0)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     # A peer that knows the secret and sends 512 bytes every 0.1 s: never silent, never done.
     key = await publish(pub, state, 0)
     nbytes = len(pub.buffer.served.data)

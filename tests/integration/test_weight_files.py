@@ -16,21 +16,18 @@ from astraflow.config import Settings
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import VersionNotice
 from astraflow.raas.worker import RaasWorker
-from astraflow.weights import layout
 from astraflow.weights.files import buffer_root
-from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
+from astraflow.weights.publisher import newest_published
 from astraflow.weights.settings import WeightsSettings
-from tests.integration.test_weights import MODEL, publish, state_dict, step
+from tests.integration.test_weights import MODEL, publish, step, trainer
 
 pytestmark = pytest.mark.integration
 
 
 async def test_weight_files_are_private_to_their_user(bus, tmp_path):
     settings = WeightsSettings(full_every=100, dir=tmp_path / "shm")
-    secret = await run_secret(bus, settings)
-    state = state_dict()
     root = buffer_root(settings, "run", "trainer-policy")
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), root, secret)
+    pub, state, _ = await trainer(bus, settings, root)
     try:
         await publish(pub, state, 0)
         step(state, 0.01, 1)
@@ -80,9 +77,7 @@ class FakeEngine:
 
 async def test_a_checkpoint_that_differs_from_its_manifest_is_refused(bus, tmp_path):
     settings = WeightsSettings(full_every=100)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, _ = await trainer(bus, settings, tmp_path / "t")
     engine = FakeEngine()
     worker = RaasWorker(Settings(), bus, {MODEL: engine}, "raas-x", {})
     try:
@@ -113,9 +108,7 @@ async def test_a_checkpoint_that_differs_from_its_manifest_is_refused(bus, tmp_p
 
 async def test_the_newest_published_version_is_found_in_a_trimmed_versions_stream(bus, tmp_path):
     settings = WeightsSettings(full_every=100)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "t", secret)
+    pub, state, _ = await trainer(bus, settings, tmp_path / "t")
     try:
         for version in range(3):
             await publish(pub, state, version)

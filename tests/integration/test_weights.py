@@ -41,14 +41,21 @@ def step(state: dict[str, torch.Tensor], frac: float, seed: int) -> None:
         t.add_(mask * torch.randn(t.shape, generator=g))
 
 
+async def trainer(bus, settings: WeightsSettings, root, state=None):
+    """A publisher of `state` (default `state_dict()`) under `root`: (publisher, state, secret)."""
+    secret = await run_secret(bus, settings)
+    state = state_dict() if state is None else state
+    return (
+        WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), root, secret),
+        state,
+        secret,
+    )
+
+
 @pytest.fixture
 async def trainer_side(bus, tmp_path):
     settings = WeightsSettings(full_every=100)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(
-        bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "trainer", secret
-    )
+    pub, state, secret = await trainer(bus, settings, tmp_path / "trainer")
     yield pub, state, secret, settings
     await pub.close()
 
