@@ -14,9 +14,10 @@ from astraflow.config import Settings, load_settings
 from astraflow.engines import make_engine, resolve_type
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Bus
-from astraflow.weights.publisher import buffer_root, run_secret
+from astraflow.weights.files import buffer_root
+from astraflow.weights.publisher import run_secret
 from astraflow.weights.receiver import WeightReceiver
-from astraflow.weights.transport import WeightServer
+from astraflow.weights.server import WeightServer
 
 
 def worker_id(settings: Settings) -> str:
@@ -47,7 +48,7 @@ async def serve(settings: Settings, url: str) -> None:
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
     w = settings.weights
     secret = await run_secret(bus, w)
-    server = WeightServer(secret, w.host, w.port, w.egress_bps)
+    server = WeightServer.from_settings(secret, w)
     root = buffer_root(w, settings.run.name, wid)
     model_dir = Path(settings.engine.model) if settings.engine.model else None
     receivers = {

@@ -12,16 +12,19 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
+from pathlib import Path
 
 import structlog
 
 from astraflow.config import Settings
 from astraflow.engines import Engine, SamplingParams, resolve_type
+from astraflow.errors import WeightIntegrityError
 from astraflow.messages import (
     Heartbeat,
     PromptGroup,
     RolloutGroup,
     VersionNotice,
+    WeightManifest,
     decode,
     encode,
 )
@@ -29,6 +32,7 @@ from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
+from astraflow.weights.files import verify_checkpoint
 from astraflow.weights.publisher import newest_published
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.workflows.api import (
@@ -188,15 +192,17 @@ class RaasWorker:
 
     async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> bool:
         """Get the version's weights (pulled and verified while generation goes on), then pause, load,
-        resume. A shared checkpoint directory in the notice is loaded as it is. False: the notice names
-        no weights of `model`."""
+        resume. A shared checkpoint directory in the notice is loaded instead, once its weights match the
+        digest of the version's manifest (WeightIntegrityError otherwise). False: the notice names no
+        weights of `model`."""
         started = time.perf_counter()
         receiver, manifest = self.receivers.get(model), notice.manifests.get(model)
-        if receiver is not None and manifest:
+        if model in notice.checkpoints:  # no transfer, but no trust either: checked against the manifest
+            hold, path = nullcontext(), notice.checkpoints[model]
+            await self._verify_checkpoint(path, manifest)
+        elif receiver is not None and manifest:
             half = await receiver.sync(manifest, version)
             hold, path = receiver.buffer.reading(half), str(half.dir)  # type: ignore[union-attr]
-        elif model in notice.checkpoints:
-            hold, path = nullcontext(), notice.checkpoints[model]
         else:
             return False
         pulled = time.perf_counter()
@@ -217,6 +223,12 @@ class RaasWorker:
             load_s=time.perf_counter() - pulled,
         )
         return True
+
+    async def _verify_checkpoint(self, path: str, manifest_key: str | None) -> None:
+        fields = await self.bus.call(lambda: self.bus.redis.hgetall(manifest_key)) if manifest_key else {}
+        if not fields:
+            raise WeightIntegrityError(f"checkpoint {path}: no manifest to check it against")
+        await asyncio.to_thread(verify_checkpoint, Path(path), decode(fields, WeightManifest))
 
     async def _apply(self, fields: dict, newest: bool = False) -> bool:
         """Load what the notice names (with `newest`, each model's newest published version where that is
@@ -248,11 +260,12 @@ class RaasWorker:
         return True
 
     async def _with_newest(self, notice: VersionNotice) -> VersionNotice:
-        """`notice` with each model's newest version in `versions`, where newer than the notice's."""
+        """`notice` with each model's newest published version, where newer than the notice's."""
         models, manifests = dict(notice.models), dict(notice.manifests)
         incarnations = dict(notice.incarnations)
         for model, msg in (await newest_published(self.bus, list(models))).items():
             if msg.version > models[model]:
                 models[model], manifests[model] = msg.version, msg.manifest_key
-                incarnations[model] = msg.incarnation
+                if msg.incarnation is not None:
+                    incarnations[model] = msg.incarnation
         return dataclasses.replace(notice, models=models, manifests=manifests, incarnations=incarnations)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import shutil
 import time
 
 import structlog
@@ -31,7 +32,8 @@ from astraflow.streams.keys import GROUP_TRAINER
 from astraflow.trainer import checkpoint, distributed
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, buffer_root, newest_published, run_secret
+from astraflow.weights.files import buffer_root
+from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
 
 log = structlog.get_logger(__name__)
 
@@ -143,16 +145,12 @@ class TrainerService:
             await cancel_and_wait([renew])
             await self._committed()
             await self.publisher.close()
+            shutil.rmtree(root, ignore_errors=True)  # shared memory; a crash leaves it to the next start
 
     async def _announced(self, model: str) -> int:
-        """The newest version of `model` published: in `versions` (what the dataflow has not recorded
-        yet; it trims what it has), else as the dataflow recorded it (-1 = none). The stream is read
-        first, so an entry recorded and trimmed in between is still seen."""
-        unrecorded = await newest_published(self.bus, [model])
-        recorded = await self.bus.call(lambda: self.bus.redis.hget(self.bus.keys.state, f"v:{model}"))
-        versions = [int(recorded)] if recorded is not None else []
-        versions += [m.version for m in unrecorded.values()]
-        return max(versions, default=-1)
+        """The newest version of `model` published (-1 = none)."""
+        newest = (await newest_published(self.bus, [model])).get(model)
+        return newest.version if newest is not None else -1
 
     def _done(self) -> bool:
         limit = self.settings.trainer.max_steps

@@ -1,22 +1,27 @@
 """A double buffer of served weights: two safetensors files, one served, one being written.
 
 Writers fill the idle half and flip. A half that a transfer (or an engine load) is reading is never
-written: readers hold it with `reading`, and `writing` waits until the half it is about to overwrite has
-no readers left. Each half lives in its own directory, so a served half is a loadable checkpoint
-directory (the caller adds the model's config files with `add_files`).
+written: readers hold it with `reading`, and `claim` waits until the half it is about to overwrite has
+no readers left. That wait is bounded: after `grace_s` the readers that can be cut off (transfers) are,
+and a half still held another `grace_s` later raises TransferError rather than blocking its writer
+forever. Files are created 0600 (weights are not for other users). Each half lives in its own
+directory, so a served half is a loadable checkpoint directory (the caller adds the model's config
+files with `add_files`).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import shutil
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from astraflow.messages import TensorSpec
 from astraflow.weights import layout
+from astraflow.weights.wire import TransferError
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -24,19 +29,22 @@ WEIGHTS_FILE = "model.safetensors"
 class Half:
     def __init__(self, directory: Path, specs: list[TensorSpec]) -> None:
         self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = directory / WEIGHTS_FILE
         head = layout.header(specs)
         self.data_offset = len(head)
         size = len(head) + layout.data_bytes(specs)
-        with open(self.path, "wb") as f:
-            f.write(head)
-            f.truncate(size)
-        self._file = open(self.path, "r+b")  # kept open as long as the mapping
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # also when the file was there before
+        self._file = os.fdopen(fd, "r+b")  # kept open as long as the mapping
+        self._file.write(head)
+        self._file.truncate(size)
+        self._file.flush()
         self._map = mmap.mmap(self._file.fileno(), size)
         self.data = memoryview(self._map)[self.data_offset :]
         self.version: int | None = None
-        self.readers = 0
+        self.readers: dict[object, Callable[[], None] | None] = {}
+        """One entry per reader: how to cut it off (None: it cannot be)."""
 
     def fileno(self) -> int:
         return self._file.fileno()
@@ -51,9 +59,10 @@ class Half:
 
 
 class DoubleBuffer:
-    def __init__(self, root: Path, specs: list[TensorSpec]) -> None:
-        self.root, self.specs = Path(root), specs
+    def __init__(self, root: Path, specs: list[TensorSpec], grace_s: float = 10.0) -> None:
+        self.root, self.specs, self.grace_s = Path(root), specs, grace_s
         self.itemsize = layout.itemsize(specs)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._halves = [Half(self.root / "a", specs), Half(self.root / "b", specs)]
         self.served: Half | None = None
         self._cond = threading.Condition()
@@ -69,25 +78,32 @@ class DoubleBuffer:
                 shutil.copyfile(src, half.dir / name)
 
     @contextmanager
-    def reading(self, half: Half) -> Iterator[Half]:
-        """Hold `half` for reading: it is not written until released."""
+    def reading(self, half: Half, cut: Callable[[], None] | None = None) -> Iterator[Half]:
+        """Hold `half` for reading: it is not written until released. `cut` makes the holder let go soon
+        (a transfer: shut its socket), called when a writer has waited `grace_s` for it."""
+        token = object()
         with self._cond:
-            half.readers += 1
+            half.readers[token] = cut
         try:
             yield half
         finally:
             with self._cond:
-                half.readers -= 1
+                del half.readers[token]
                 self._cond.notify_all()
 
-    @contextmanager
-    def writing(self) -> Iterator[Half]:
-        """The idle half, once nobody reads it; its version is unknown until `flip`."""
+    def claim(self) -> Half:
+        """The idle half, to be written, once nobody reads it; its version is unknown until `flip`.
+        Readers still there after `grace_s` are cut off; TransferError if any is left `grace_s` after
+        that. Blocks: call it off the event loop."""
         half = self.idle
         with self._cond:
-            self._cond.wait_for(lambda: half.readers == 0)
+            if not self._cond.wait_for(lambda: not half.readers, self.grace_s):
+                for cut in [c for c in half.readers.values() if c is not None]:
+                    cut()
+                if not self._cond.wait_for(lambda: not half.readers, self.grace_s):
+                    raise TransferError(f"{len(half.readers)} readers hold {half.dir.name} past the grace")
             half.version = None
-        yield half
+        return half
 
     def flip(self, version: int) -> Half:
         """Serve the idle half as `version`; the previously served half becomes idle."""
@@ -102,12 +118,12 @@ class DoubleBuffer:
         import torch
 
         dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-        with self.writing() as half:
-            for spec in self.specs:
-                dtype = dtypes[spec.dtype]
-                count = spec.nbytes // dtype.itemsize
-                target = torch.frombuffer(half.data, dtype=dtype, count=count, offset=spec.offset)
-                target.view(spec.shape).copy_(state[spec.name].detach())
+        half = self.claim()
+        for spec in self.specs:
+            dtype = dtypes[spec.dtype]
+            count = spec.nbytes // dtype.itemsize
+            target = torch.frombuffer(half.data, dtype=dtype, count=count, offset=spec.offset)
+            target.view(spec.shape).copy_(state[spec.name].detach())
         return half
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from astraflow.messages import TensorSpec
 
@@ -72,10 +72,23 @@ def itemsize(specs: list[TensorSpec]) -> int:
 def digests(data, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, list[str]]:
     """(whole, per-chunk) blake2b digests of a weight data region. The whole digest covers the chunk
     digests and the size, so one pass over the bytes gives both."""
-    view = memoryview(data).cast("B")
-    chunks = [
-        hashlib.blake2b(view[i : i + chunk_bytes], digest_size=16).hexdigest()
-        for i in range(0, len(view), chunk_bytes)
-    ]
-    whole = hashlib.blake2b(f"{len(view)}:".encode() + "".join(chunks).encode(), digest_size=16)
+    return digests_of([data], chunk_bytes)
+
+
+def digests_of(pieces: Iterable, chunk_bytes: int = CHUNK_BYTES) -> tuple[str, list[str]]:
+    """`digests` of the concatenation of `pieces` (buffers), without concatenating them."""
+    chunks: list[str] = []
+    h, filled, total = hashlib.blake2b(digest_size=16), 0, 0
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while len(view):
+            take = min(chunk_bytes - filled, len(view))
+            h.update(view[:take])
+            view, filled, total = view[take:], filled + take, total + take
+            if filled == chunk_bytes:
+                chunks.append(h.hexdigest())
+                h, filled = hashlib.blake2b(digest_size=16), 0
+    if filled:
+        chunks.append(h.hexdigest())
+    whole = hashlib.blake2b(f"{total}:".encode() + "".join(chunks).encode(), digest_size=16)
     return whole.hexdigest(), chunks

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import secrets
-import tempfile
 import uuid
 from collections.abc import Awaitable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -22,10 +21,11 @@ import structlog
 from astraflow.errors import DecodeError
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
-from astraflow.weights import codec, layout
+from astraflow.weights import codec, files, layout
 from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
-from astraflow.weights.transport import Source, WeightServer
+from astraflow.weights.transport import Source
 
 log = structlog.get_logger(__name__)
 
@@ -39,30 +39,38 @@ async def run_secret(bus: Bus, settings: WeightsSettings) -> bytes:
     return await bus.call(lambda: bus.redis.get(key))
 
 
-async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, VersionPublished]:
-    """The newest entry of each of `models` among the last 256 of `versions` (the dataflow trims the
-    entries it has recorded: a model may have none here)."""
-    newest: dict[str, VersionPublished] = {}
-    for _, fields in await bus.call(lambda: bus.redis.xrevrange(bus.keys.versions, count=256)):
+@dataclass(frozen=True)
+class Published:
+    """A model's newest published version and where its manifest is."""
+
+    version: int
+    manifest_key: str
+    incarnation: str | None
+
+
+async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Published]:
+    """The newest published version of each of `models` that has one: as the dataflow recorded it (the
+    run state's `v:<model>` and `inc:<model>`), or newer and not recorded yet, in `versions` (the dataflow
+    trims the entries it has recorded). The stream is read first, so an entry recorded and trimmed in
+    between is found in the state."""
+    models = list(models)
+    entries = await bus.call(lambda: bus.redis.xrevrange(bus.keys.versions, count=256))
+    names = [name for m in models for name in (f"v:{m}", f"inc:{m}")]
+    recorded = await bus.call(lambda: bus.redis.hmget(bus.keys.state, names)) if models else []
+    newest: dict[str, Published] = {}
+    for i, model in enumerate(models):
+        version, incarnation = recorded[2 * i], recorded[2 * i + 1]
+        if version is not None:
+            v = int(version)
+            newest[model] = Published(v, bus.keys.weights(model, v), incarnation and incarnation.decode())
+    for _, fields in entries:
         try:
             msg = decode(fields, VersionPublished)
         except DecodeError:
             continue
-        if msg.model in models and msg.model not in newest:
-            newest[msg.model] = msg
+        if msg.model in models and (msg.model not in newest or msg.version > newest[msg.model].version):
+            newest[msg.model] = Published(msg.version, msg.manifest_key, msg.incarnation)
     return newest
-
-
-def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
-    """Where a process keeps its weight buffers: `weights.dir`, else shared memory, else the temp dir."""
-    if settings.dir is not None:
-        base = settings.dir
-    else:
-        shm = Path("/dev/shm")
-        base = (
-            shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-        ) / "astraflow"
-    return base / run / role
 
 
 class WeightPublisher:
@@ -71,10 +79,9 @@ class WeightPublisher:
     ) -> None:
         self.bus, self.settings, self.model, self.specs = bus, settings, model, specs
         self.incarnation = uuid.uuid4().hex[:12]
-        self.buffer = DoubleBuffer(root / model, specs)
-        self.deltas = root / model / "deltas"
-        self.deltas.mkdir(parents=True, exist_ok=True)
-        self.server = WeightServer(secret, settings.host, settings.port, settings.egress_bps)
+        self.buffer = DoubleBuffer(root / model, specs, settings.reader_grace_s)
+        self.deltas = files.private_dir(root / model / "deltas")
+        self.server = WeightServer.from_settings(secret, settings)
         self._finishing: asyncio.Task | None = None
         self._publishing = asyncio.Lock()
         self._digest = ""  # of the served version
@@ -124,7 +131,7 @@ class WeightPublisher:
         old = base.version if base is not None else None
         self.buffer.flip(version)
         source = Source(
-            half.fileno(), half.data_offset, len(half.data), hold=lambda: self.buffer.reading(half)
+            half.fileno(), half.data_offset, len(half.data), hold=lambda cut: self.buffer.reading(half, cut)
         )
         self.server.register(self.model, version, "full", source)
         if old is not None:
@@ -151,7 +158,7 @@ class WeightPublisher:
 
     def _serve_delta(self, version: int, delta: bytes) -> None:
         path = self.deltas / f"{version}.bin"
-        path.write_bytes(delta)
+        files.write_private(path, delta)
         f = open(path, "rb")  # served until the delta is dropped
         self._delta_files[version] = f
         self.server.register(self.model, version, "delta", Source(f.fileno(), 0, len(delta)))

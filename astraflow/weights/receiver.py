@@ -6,6 +6,8 @@ region that holds or is receiving the version, else the trainer); verify the who
 sees the bytes. A mismatch raises WeightIntegrityError inside, is logged and counted, and the version is
 pulled again in full from the trainer. While a full pull runs, this process already serves the bytes it
 has to later peers (a pipelined relay chain); once verified it serves the version until it is replaced.
+A source that fails or stalls (past `io_timeout_s`) is left for the next one, and a failed peer is
+removed from the version's peers; each attempt gives up after `pull_deadline_s` over all its sources.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import structlog
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Bus
-from astraflow.weights import codec, layout
+from astraflow.weights import codec, layout, wire
 from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
-from astraflow.weights.transport import Source, TransferError, WeightServer, pull
+from astraflow.weights.transport import Source, pull
+from astraflow.weights.wire import TransferError
 
 log = structlog.get_logger(__name__)
 CONFIG_SUFFIXES = (".json", ".txt", ".model", ".jinja")
@@ -49,6 +53,7 @@ class WeightReceiver:
         self.held: tuple[int, str] | None = None
         """(version, digest) of the verified served half."""
         self.stats: Counter[str] = Counter()
+        self._tls = wire.tls_contexts(settings)[1]
         self._last_delta: tuple[int, int, bytes] | None = None
         """(from, to, bytes) of the delta that made the served version: replayed on the idle half."""
 
@@ -75,7 +80,7 @@ class WeightReceiver:
             return
         if self.buffer is not None:
             self.buffer.close()
-        self.buffer = DoubleBuffer(self.root, manifest.tensors)
+        self.buffer = DoubleBuffer(self.root, manifest.tensors, self.settings.reader_grace_s)
         if self.model_dir is not None:
             files = {p.name: p for p in self.model_dir.iterdir() if p.suffix in CONFIG_SUFFIXES}
             self.buffer.add_files(files)
@@ -88,32 +93,35 @@ class WeightReceiver:
         if idle_version is not None:
             self.server.unregister(self.model, idle_version, "full")  # no new readers of what we overwrite
         base = (manifest.base_version, manifest.base_digest)
+        deadline = time.monotonic() + self.settings.pull_deadline_s
         use_delta = first_try and manifest.delta_digest and self.held == base and manifest.kind == "delta"
-        with buffer.writing() as half:
-            if use_delta:
-                delta = await asyncio.to_thread(self._pull_delta, manifest)
-                await asyncio.to_thread(self._to_base, half, idle_version)
-                await asyncio.to_thread(codec.apply, half.data, delta)
-                self.stats["delta_pulls"] += 1
-            else:
-                await self._pull_full(manifest, half, peers=first_try)
-                delta = None
-            whole, _ = await asyncio.to_thread(layout.digests, half.data, manifest.chunk_bytes)
-            if whole != manifest.digest:
-                self.server.unregister(self.model, manifest.version, "full")
-                raise WeightIntegrityError(
-                    f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
-                )
+        half = await asyncio.to_thread(buffer.claim)
+        if use_delta:
+            delta = await self._pull_delta(manifest, deadline)
+            await asyncio.to_thread(self._to_base, half, idle_version)
+            await asyncio.to_thread(codec.apply, half.data, delta)
+            self.stats["delta_pulls"] += 1
+        else:
+            await self._pull_full(manifest, half, first_try, deadline)
+            delta = None
+        whole, _ = await asyncio.to_thread(layout.digests, half.data, manifest.chunk_bytes)
+        if whole != manifest.digest:
+            self.server.unregister(self.model, manifest.version, "full")
+            raise WeightIntegrityError(
+                f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
+            )
         buffer.flip(manifest.version)
         self.held = (manifest.version, manifest.digest)
         self._last_delta = (base[0], manifest.version, delta) if delta is not None else None  # type: ignore[assignment]
-        source = Source(half.fileno(), half.data_offset, len(half.data), hold=lambda: buffer.reading(half))
+        source = Source(
+            half.fileno(), half.data_offset, len(half.data), hold=lambda cut: buffer.reading(half, cut)
+        )
         self.server.register(self.model, manifest.version, "full", source)
         return half
 
-    def _pull_delta(self, manifest: WeightManifest) -> bytes:
+    async def _pull_delta(self, manifest: WeightManifest, deadline: float) -> bytes:
         delta = bytearray(manifest.delta_nbytes)
-        self._from_any(manifest.endpoints, manifest.version, "delta", memoryview(delta))
+        await self._from_any(manifest.endpoints, [], manifest.version, "delta", memoryview(delta), deadline)
         if hashlib.blake2b(delta, digest_size=16).hexdigest() != manifest.delta_digest:
             raise WeightIntegrityError(f"{self.model} v{manifest.version}: delta digest mismatch")
         return bytes(delta)
@@ -133,35 +141,62 @@ class WeightReceiver:
         else:
             half.data[:] = served.data
 
-    async def _pull_full(self, manifest: WeightManifest, half: Half, peers: bool) -> None:
-        """Pull the full buffer into `half`, serving what has arrived to peers meanwhile (relay)."""
+    async def _pull_full(self, manifest: WeightManifest, half: Half, peers: bool, deadline: float) -> None:
+        """Pull the full buffer into `half` (from peers first with `peers`), serving what has arrived to
+        peers meanwhile (relay)."""
         relay = Source(half.fileno(), half.data_offset, len(half.data), complete=False)
         self.server.register(self.model, manifest.version, "full", relay)
-        endpoints = list(manifest.endpoints)
+        holders = await self._peers(manifest.version) if peers else []
         if peers:
-            endpoints = await self._peers(manifest.version) + endpoints
             await self._join_peers(manifest.version)
         try:
-            await asyncio.to_thread(
-                self._from_any, endpoints, manifest.version, "full", half.data, relay.arrived
+            await self._from_any(
+                holders + list(manifest.endpoints),
+                holders,
+                manifest.version,
+                "full",
+                half.data,
+                deadline,
+                relay.arrived,
             )
         except BaseException:
             relay.fail()
             raise
         self.stats["full_pulls"] += 1
 
-    def _from_any(self, endpoints: list[str], version: int, what: str, into, on_bytes=None) -> None:
+    async def _from_any(
+        self, endpoints: list[str], peers: list[str], version: int, what: str, into, deadline, on_bytes=None
+    ) -> None:
+        """Pull from the first of `endpoints` that works before `deadline`; those of `peers` that fail are
+        removed from the version's peers."""
         errors = []
         for endpoint in endpoints:
             if endpoint == self.server.endpoint:
                 continue
             try:
-                parallel = self.settings.parallel
-                pull(endpoint, self.secret, self.model, version, what, into, parallel, on_bytes)
+                await asyncio.to_thread(
+                    pull,
+                    endpoint,
+                    self.secret,
+                    self.model,
+                    version,
+                    what,
+                    into,
+                    self.settings.parallel,
+                    on_bytes,
+                    tls=self._tls,
+                    io_timeout_s=self.settings.io_timeout_s,
+                    deadline=deadline,
+                )
                 self.stats["bytes"] += len(into)
                 return
-            except TransferError as e:
-                errors.append(f"{endpoint}: {e}")
+            except (TransferError, OSError) as e:  # refused, reset, timed out: the next source
+                errors.append(f"{endpoint}: {e!r}")
+                log.warning("weights_source_failed", model=self.model, version=version, endpoint=endpoint)
+                if endpoint in peers:
+                    await self._leave_peers(version, endpoint)
+            if time.monotonic() >= deadline:
+                break
         raise TransferError(f"{self.model} v{version} {what}: no source worked ({'; '.join(errors)})")
 
     async def _peers(self, version: int) -> list[str]:
@@ -175,6 +210,12 @@ class WeightReceiver:
             if region == self.region:
                 out.append(endpoint)
         return out
+
+    async def _leave_peers(self, version: int, endpoint: str) -> None:
+        """Remove a peer that failed to serve `version` from its peers (it would fail the next puller)."""
+        key, member = self.bus.keys.weight_peers(self.model, version), f"{self.region}|{endpoint}"
+        await self.bus.call(lambda: self.bus.redis.zrem(key, member))
+        self.stats["peers_pruned"] += 1
 
     async def _join_peers(self, version: int) -> None:
         key = self.bus.keys.weight_peers(self.model, version)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class WeightsSettings(BaseModel):
@@ -17,7 +17,7 @@ class WeightsSettings(BaseModel):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Dtype of the served weights (what engines load)."""
     dir: Path | None = None
-    """Where weight buffers live; default /dev/shm/astraflow/<run> (else the temp dir)."""
+    """Where weight buffers live; default /dev/shm/astraflow-<uid>/<run> (else the temp dir)."""
     host: str = "127.0.0.1"
     """Address the weight server listens on and advertises (a routable one on a cluster)."""
     port: int = Field(0, ge=0)
@@ -32,3 +32,26 @@ class WeightsSettings(BaseModel):
     """Cap on the bytes/s this process sends (cross-region links); 0 = none."""
     manifest_ttl_s: int = Field(3600, gt=0)
     """How long a version's manifest stays in Redis."""
+    io_timeout_s: float = Field(30.0, gt=0)
+    """Longest a weight connection waits on its peer for one send or receive; a silent peer is dropped."""
+    max_connections: int = Field(64, ge=1)
+    """Connections a weight server serves at once; more are refused (the puller tries another source)."""
+    reader_grace_s: float = Field(10.0, gt=0)
+    """How long writing a buffer half waits for transfers still reading it before cutting them off."""
+    pull_deadline_s: float = Field(600.0, gt=0)
+    """Longest one pull of a version may take over all the sources it tries."""
+    tls: bool = False
+    """Encrypt weight transfers with TLS (`tls_cert`, `tls_key`, `tls_ca`); plaintext by default."""
+    tls_cert: Path | None = None
+    """PEM certificate this process's weight server presents (its SAN must name `host`)."""
+    tls_key: Path | None = None
+    """PEM private key of `tls_cert`."""
+    tls_ca: Path | None = None
+    """PEM CA bundle that weight servers' certificates are checked against."""
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> WeightsSettings:
+        missing = [n for n in ("tls_cert", "tls_key", "tls_ca") if getattr(self, n) is None]
+        if self.tls and missing:
+            raise ValueError(f"weights.tls needs {', '.join(missing)}")
+        return self

@@ -31,7 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` helpers, run as a script
 
 from astraflow.weights import codec
-from astraflow.weights.transport import Source, WeightServer, pull
+from astraflow.weights.server import WeightServer
+from astraflow.weights.transport import Source, pull
 
 SECRET = b"bench"
 

@@ -6,10 +6,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from astraflow.config import Settings, to_env
-from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
+from astraflow.messages import PromptGroup, RolloutGroup, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
+from astraflow.weights import layout
 from astraflow.workflows.tasks import rows
 
 
@@ -86,3 +88,30 @@ def kill_session(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+async def checkpoint_manifest(bus: Bus, directory: str, model: str, version: int) -> str:
+    """Write the manifest of a checkpoint directory's weights (what its trainer would have published);
+    returns its key. A RaaS loads a checkpoint only if it matches its manifest."""
+    from safetensors.torch import load_file
+
+    state = load_file(Path(directory) / "model.safetensors")
+    specs = layout.layout(state, "float32")  # tiny models are saved in float32
+    data = b"".join(state[s.name].contiguous().numpy().tobytes() for s in specs)
+    whole, chunks = layout.digests(data)
+    manifest = WeightManifest(
+        uid=f"{model}:{version}:checkpoint",
+        model=model,
+        version=version,
+        kind="full",
+        base_version=None,
+        endpoints=[],
+        nbytes=len(data),
+        digest=whole,
+        chunk_digests=chunks,
+        tensors=specs,
+        incarnation="checkpoint",
+    )
+    key = bus.keys.weights(model, version)
+    await bus.redis.hset(key, mapping=encode(manifest))
+    return key

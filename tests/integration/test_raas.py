@@ -11,6 +11,7 @@ from astraflow.redis_server import free_port
 from astraflow.streams import Out
 from astraflow.streams.keys import GROUP_RAAS
 from tests.integration.raas_helpers import (
+    checkpoint_manifest,
     kill_session,
     raas_settings,
     rollouts,
@@ -51,8 +52,13 @@ async def test_prompts_become_rollout_groups_and_weights_follow_notices(
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert "astraflow_raas_episodes_total 18.0" in metrics and "astraflow_raas_slots 4.0" in metrics
 
+        manifest = await checkpoint_manifest(bus, tiny_model_v2, "policy", 1)
         notice = VersionNotice(
-            uid="v1", version=1, models={"policy": 1}, manifests={}, checkpoints={"policy": tiny_model_v2}
+            uid="v1",
+            version=1,
+            models={"policy": 1},
+            manifests={"policy": manifest},
+            checkpoints={"policy": tiny_model_v2},
         )
         await bus.publish(Out(bus.keys.notices, encode(notice), "notice:1"))
 

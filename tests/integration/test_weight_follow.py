@@ -19,7 +19,7 @@ from astraflow.raas.worker import RaasWorker
 from astraflow.weights import layout
 from astraflow.weights.publisher import WeightPublisher, run_secret
 from astraflow.weights.receiver import WeightReceiver
-from astraflow.weights.transport import WeightServer
+from astraflow.weights.server import WeightServer
 from tests.integration.raas_helpers import wait_for
 
 pytestmark = pytest.mark.integration

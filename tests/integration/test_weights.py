@@ -13,8 +13,10 @@ import torch
 from astraflow.weights import layout
 from astraflow.weights.publisher import WeightPublisher, run_secret
 from astraflow.weights.receiver import WeightReceiver
+from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
-from astraflow.weights.transport import AuthenticationError, Connection, TransferError, WeightServer
+from astraflow.weights.transport import Connection
+from astraflow.weights.wire import AuthenticationError, TransferError
 
 pytestmark = pytest.mark.integration
 MODEL = "policy"
@@ -39,14 +41,21 @@ def step(state: dict[str, torch.Tensor], frac: float, seed: int) -> None:
         t.add_(mask * torch.randn(t.shape, generator=g))
 
 
+async def trainer(bus, settings: WeightsSettings, root, state=None):
+    """A publisher of `state` (default `state_dict()`) under `root`: (publisher, state, secret)."""
+    secret = await run_secret(bus, settings)
+    state = state_dict() if state is None else state
+    return (
+        WeightPublisher(bus, settings, MODEL, layout.layout(state, "bfloat16"), root, secret),
+        state,
+        secret,
+    )
+
+
 @pytest.fixture
 async def trainer_side(bus, tmp_path):
     settings = WeightsSettings(full_every=100)
-    secret = await run_secret(bus, settings)
-    state = state_dict()
-    pub = WeightPublisher(
-        bus, settings, MODEL, layout.layout(state, "bfloat16"), tmp_path / "trainer", secret
-    )
+    pub, state, secret = await trainer(bus, settings, tmp_path / "trainer")
     yield pub, state, secret, settings
     await pub.close()
 
@@ -157,7 +166,7 @@ async def test_a_client_without_the_secret_is_refused(bus, tmp_path, trainer_sid
     pub, state, _, settings = trainer_side
     await publish(pub, state, 0)
     with pytest.raises(AuthenticationError):
-        Connection(pub.server.endpoint, b"not the secret")
+        Connection(pub.server.endpoint, b"not the secret", MODEL, 0, "full")
     assert pub.server.stats["refused"] == 1
     rx = receiver(bus, settings, b"not the secret", tmp_path, "rx")
     with pytest.raises(TransferError):

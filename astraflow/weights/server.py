@@ -1,0 +1,175 @@
+"""The weight server: serves registered sources to authenticated peers (see `wire` for the handshake).
+
+After the handshake, any number of requests within its scope: a u32-length-prefixed JSON {model, version,
+what, offset, length}, answered by a u32-length-prefixed JSON {ok, nbytes | error} and the raw bytes, sent
+with `sendfile` from the source file (read and sent through TLS when it is on). A source still being
+received (a relay) is sent as its bytes arrive, so chains pipeline.
+
+No peer can hold the server: at most `max_connections` are served at once (one thread each; more are
+closed at once and counted `busy`), every send and receive waits at most `io_timeout_s`, and a transfer
+reading a buffer half is cut off (its socket shut down) when the writer of that half has waited long
+enough (`DoubleBuffer.claim`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import ssl
+import threading
+from collections import Counter
+
+from astraflow.weights import wire
+from astraflow.weights.settings import WeightsSettings
+from astraflow.weights.transport import PIECE, Source, TokenBucket
+from astraflow.weights.wire import TransferError
+
+
+class WeightServer:
+    """Serves registered sources to authenticated peers; `endpoint` is host:port."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        egress_bps: float = 0,
+        *,
+        tls: ssl.SSLContext | None = None,
+        io_timeout_s: float = 30.0,
+        max_connections: int = 64,
+    ) -> None:
+        self.secret, self.tls, self.io_timeout_s = secret, tls, io_timeout_s
+        self.bucket = TokenBucket(egress_bps)
+        self.stats: Counter[str] = Counter()
+        self._sources: dict[tuple[str, int, str], Source] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._open: set[socket.socket] = set()
+        self._listener = socket.create_server((host, port))
+        self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept_loop, name="weight-server", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, secret: bytes, settings: WeightsSettings) -> WeightServer:
+        return cls(
+            secret,
+            settings.host,
+            settings.port,
+            settings.egress_bps,
+            tls=wire.tls_contexts(settings)[0],
+            io_timeout_s=settings.io_timeout_s,
+            max_connections=settings.max_connections,
+        )
+
+    def register(self, model: str, version: int, what: str, source: Source) -> None:
+        with self._lock:
+            self._sources[(model, version, what)] = source
+
+    def unregister(self, model: str, version: int, what: str) -> None:
+        with self._lock:
+            self._sources.pop((model, version, what), None)
+
+    def close(self) -> None:
+        wire.shut(self._listener)  # wakes the accept loop
+        self._listener.close()
+        self._thread.join()
+        with self._lock:
+            for sock in list(self._open):
+                wire.shut(sock)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            if not self._slots.acquire(blocking=False):
+                self.stats["busy"] += 1
+                sock.close()
+                continue
+            with self._lock:
+                self._open.add(sock)
+            threading.Thread(target=self._serve, args=(sock,), name="weight-send", daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        sock = raw
+        try:
+            raw.settimeout(self.io_timeout_s)
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(raw, server_side=True)
+                with self._lock:
+                    self._open.discard(raw)
+                    self._open.add(sock)
+            scope = wire.accept(sock, self.secret, self._refused)
+            if scope is None:
+                return
+            while True:
+                try:
+                    req = wire.recv_frame(sock)
+                except TransferError:
+                    return  # the client is done
+                self._answer(sock, scope, req)
+        except (OSError, TransferError, ValueError):
+            self.stats["broken"] += 1
+        finally:
+            with self._lock:
+                self._open.discard(sock)
+            sock.close()
+            self._slots.release()
+
+    def _answer(self, sock: socket.socket, scope: dict, req: dict) -> None:
+        key = (req.get("model"), req.get("version"), req.get("what"))
+        if key != (scope.get("model"), scope.get("version"), scope.get("what")):
+            wire.send_frame(sock, {"ok": False, "error": "outside the handshake's scope"})
+            return
+        with self._lock:
+            source = self._sources.get(key)  # type: ignore[arg-type]
+        start, length = int(req.get("offset", 0)), int(req.get("length", -1))
+        if source is None:
+            wire.send_frame(sock, {"ok": False, "error": "not served here"})
+            return
+        end = source.nbytes if length < 0 else start + length
+        if not 0 <= start <= end <= source.nbytes:
+            wire.send_frame(sock, {"ok": False, "error": f"range {start}..{end} outside {source.nbytes}"})
+            return
+        with source.hold(lambda: self._cut_off(sock)):
+            wire.send_frame(sock, {"ok": True, "nbytes": end - start})
+            pos = start
+            while pos < end:
+                ready = min(source.wait_past(pos), end)
+                while pos < ready:
+                    n = min(PIECE, ready - pos)
+                    self.bucket.consume(n)
+                    sent = self._send(sock, source.fileno, source.offset + pos, n)
+                    pos += sent
+                    self.stats["bytes"] += sent
+
+    def _send(self, sock: socket.socket, fileno: int, offset: int, n: int) -> int:
+        """Send up to `n` bytes of the file from `offset`; waits at most `io_timeout_s` for the peer."""
+        if isinstance(sock, ssl.SSLSocket):
+            data = os.pread(fileno, n, offset)
+            sock.sendall(data)
+            return len(data)
+        while True:  # the socket is non-blocking underneath (it has a timeout)
+            try:
+                sent = os.sendfile(sock.fileno(), fileno, offset, n)
+            except BlockingIOError:
+                sent = None
+            if sent == 0:
+                raise TransferError("peer stopped reading")
+            if sent is not None:
+                return sent
+            poll = select.poll()
+            poll.register(sock, select.POLLOUT)
+            if not poll.poll(self.io_timeout_s * 1000):
+                raise TimeoutError(f"peer read nothing for {self.io_timeout_s} s")
+
+    def _refused(self) -> None:
+        self.stats["refused"] += 1
+
+    def _cut_off(self, sock: socket.socket) -> None:
+        self.stats["cut"] += 1
+        wire.shut(sock)

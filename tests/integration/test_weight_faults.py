@@ -1,0 +1,134 @@
+"""The weight transport under stalled and misbehaving peers: a reader that stops reading cannot stop the
+trainer publishing, a peer silent in the handshake is dropped, connections past the limit are refused,
+and a receiver skips (and prunes) a stalled or trickling peer and still gets the version."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+
+import pytest
+import torch
+
+from astraflow.weights import wire
+from astraflow.weights.receiver import WeightReceiver
+from astraflow.weights.server import WeightServer
+from astraflow.weights.settings import WeightsSettings
+from astraflow.weights.transport import Connection, Source
+from tests.integration.test_weights import MODEL, publish, trainer
+
+pytestmark = pytest.mark.integration
+
+
+def recv_all(sock: socket.socket) -> int:
+    """Bytes read until the peer closes."""
+    total = 0
+    while chunk := sock.recv(1 << 20):
+        total += len(chunk)
+    return total
+
+
+async def test_a_reader_that_stops_reading_does_not_stop_the_trainer_publishing(bus, tmp_path):
+    settings = WeightsSettings(full_every=100, reader_grace_s=0.5)
+    state = {"w": torch.randn(2048, 4096)}  # 16 MB served: more than the socket buffers hold
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t", state)
+    try:
+        await publish(pub, state, 0)
+        stalled = Connection(pub.server.endpoint, secret, MODEL, 0, "full")
+        wire.send_frame(stalled.sock, {**stalled.scope, "offset": 0, "length": -1})
+        nbytes = wire.recv_frame(stalled.sock)["nbytes"]  # the server holds version 0's half from here
+        for version in (1, 2):  # version 2 is written into the half the stalled peer reads
+            state["w"][version] += 1
+            await asyncio.wait_for(publish(pub, state, version), 60)  # a hang guard, not a timing check
+        assert pub.buffer.served.version == 2
+        stalled.sock.settimeout(30)
+        assert recv_all(stalled.sock) < nbytes  # it was cut off
+        stalled.close()
+    finally:
+        await pub.close()
+
+
+def test_a_peer_silent_in_the_handshake_is_dropped():
+    server = WeightServer(b"secret", io_timeout_s=0.5)
+    try:
+        sock = socket.create_connection(server.endpoint.rsplit(":", 1), timeout=20)
+        assert len(wire.recv_exact(sock, 36)) == 36  # the server's hello; we never answer
+        assert sock.recv(1) == b""  # dropped, not held
+        sock.close()
+    finally:
+        server.close()
+
+
+def test_connections_past_the_limit_are_refused():
+    server = WeightServer(b"secret", max_connections=2)
+    address = server.endpoint.rsplit(":", 1)
+    try:
+        held = [socket.create_connection(address, timeout=20) for _ in range(2)]
+        for sock in held:
+            wire.recv_exact(sock, 36)  # being served (in the handshake)
+        extra = socket.create_connection(address, timeout=20)
+        assert extra.recv(36) == b""  # closed at once: no thread for it
+        assert server.stats["busy"] == 1
+        for sock in [*held, extra]:
+            sock.close()
+    finally:
+        server.close()
+
+
+async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_path):
+    settings = WeightsSettings(full_every=100, io_timeout_s=0.5)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t")
+    stalled = socket.create_server(("127.0.0.1", 0))  # accepts (in the kernel), never says a word
+    endpoint = f"127.0.0.1:{stalled.getsockname()[1]}"
+    rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
+    try:
+        key = await publish(pub, state, 0)
+        peers = bus.keys.weight_peers(MODEL, 0)
+        await bus.redis.zadd(peers, {f"local|{endpoint}": 1})
+        half = await rx.sync(key, 0)
+        assert bytes(half.data) == bytes(pub.buffer.served.data)
+        assert f"local|{endpoint}".encode() not in await bus.redis.zrange(peers, 0, -1)
+    finally:
+        stalled.close()
+        rx.close()
+        rx.server.close()
+        await pub.close()
+
+
+async def test_a_trickling_peer_is_given_up_at_the_pull_deadline(bus, tmp_path):
+    settings = WeightsSettings(full_every=100, pull_deadline_s=1.0)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t")
+    # A peer that knows the secret and sends 512 bytes every 0.1 s: never silent, never done.
+    key = await publish(pub, state, 0)
+    nbytes = len(pub.buffer.served.data)
+    path = tmp_path / "slow.bin"
+    path.write_bytes(bytes(pub.buffer.served.data))
+    fd = os.open(path, os.O_RDONLY)
+    slow, source, done = WeightServer(secret), Source(fd, 0, nbytes, complete=False), threading.Event()
+    slow.register(MODEL, 0, "full", source)
+
+    def trickle() -> None:
+        for start in range(0, nbytes, 512):
+            if done.wait(0.1):
+                return
+            source.arrived(start, min(start + 512, nbytes))
+
+    threading.Thread(target=trickle, daemon=True).start()
+    rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
+    try:
+        peers = bus.keys.weight_peers(MODEL, 0)
+        await bus.redis.zadd(peers, {f"local|{slow.endpoint}": 1})
+        half = await rx.sync(key, 0)
+        assert bytes(half.data) == bytes(pub.buffer.served.data)
+        assert rx.stats["transfer_errors"] == 1  # the first attempt ran out of time on the peer
+        assert f"local|{slow.endpoint}".encode() not in await bus.redis.zrange(peers, 0, -1)
+    finally:
+        done.set()
+        source.fail()
+        slow.close()
+        os.close(fd)
+        rx.close()
+        rx.server.close()
+        await pub.close()
