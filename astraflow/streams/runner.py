@@ -140,10 +140,9 @@ class Runner:
             self._committing = len(batch)
             try:
                 statuses = await self.consumer.complete(batch)
-            except Exception as e:  # Redis gone past the reconnect budget: leave the entries to be reclaimed.
+            except Exception as e:  # taken back at the next read; released (counted) unless Redis was away
                 self.log.error("handoff_failed", entries=len(batch), error=repr(e))
-                for entry, _ in batch:
-                    self.consumer.forget(entry.id)
+                await self.consumer.give_back([entry for entry, _ in batch], e)
                 statuses = ["failed"] * len(batch)
             finally:
                 self._committing = 0
