@@ -5,10 +5,13 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from astraflow.streams import Consumer, Runner
+from astraflow import redis_server
+from astraflow.messages import RolloutGroup, decode
+from astraflow.streams import Bus, Consumer, Runner
 from astraflow.streams.keys import GROUP_RAAS
+from tests.integration.conftest import BINARIES
 from tests.integration.test_faults import passthrough, run_until
-from tests.integration.workers import feed, rollout_uids
+from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +50,42 @@ async def test_handoffs_refused_for_oom_are_waited_out_and_never_dead_letter_pro
     assert await bus.redis.xlen(bus.keys.dead) == 0
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
     assert runner.stats["ok"] == len(uids) and runner.stats["released"] == 0
+
+
+@pytest.mark.slow
+async def test_worker_waits_out_a_redis_restart_and_keeps_its_entries(tmp_path):
+    """Redis down longer than both the reconnect budget and the lease: the RaaS process waits instead of
+    exiting, and the entries it holds are not reclaimed by another consumer just because their idle time
+    includes the downtime."""
+    server = redis_server.start(tmp_path / "redis", binary=BINARIES["system"], appendfsync="always")
+    settings = settings_for(server.url, episode_ms=6_000)
+    settings.redis.reconnect_max_s = 0.5  # the one-shot budget: shorter than the outage
+    bus = Bus.connect(server.url, "it", settings.redis, settings.streams, wait_out=True)
+    await bus.bootstrap(["policy"])
+    owner = spawn_worker(settings, "owner")
+    stop = asyncio.Event()
+    thief = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "thief"), await passthrough(bus, "thief"), 4)
+    running = None
+    try:
+        uids = await feed(bus, 4)
+        await wait_pending(bus, "owner", 4)
+        running = asyncio.create_task(thief.run(stop))
+        server.kill()
+        await asyncio.sleep(8 * settings.streams.lease_ms / 1000)
+        server = redis_server.start(
+            tmp_path / "redis", binary=BINARIES["system"], port=server.port, password=server.password
+        )
+        while await bus.call(lambda: bus.redis.xlen(bus.keys.rollouts)) < len(uids):
+            await asyncio.sleep(0.1)
+        rollouts = [decode(f, RolloutGroup) for _, f in await bus.redis.xrange(bus.keys.rollouts)]
+        assert {r.uid: r.raas for r in rollouts} == dict.fromkeys(uids, "owner")
+        assert owner.poll() is None  # waited the outage out
+        assert thief.stats["ok"] == 0
+    finally:
+        stop.set()
+        owner.terminate()
+        owner.wait(timeout=30)
+        if running is not None:
+            await running
+        await bus.close()
+        server.stop()
