@@ -119,17 +119,17 @@ class Consumer:
         self.forget(entry.id)  # should this fail, the next read takes the entry back
         await self.bus.dead_letter(entry, self.group, self.name, reason)
 
-    async def give_back(self, entries: Sequence[Entry], error: BaseException) -> None:
-        """Settling `entries` failed with `error`. Redis away or refusing: take them back at the next read
-        without counting a delivery. Anything else: release them with the error as the reason, so an
-        error that repeats still ends in `dead` after max_deliveries. Never raises."""
-        for entry in entries:
-            self.forget(entry.id)
+    async def give_back(self, entry_ids: Sequence[str], error: BaseException) -> None:
+        """Settling the entries `entry_ids` failed with `error`; the next read takes them back. Redis away
+        or refusing: without counting a delivery. Anything else: they are released with the error as the
+        reason, so an error that repeats still ends in `dead` after max_deliveries. Never raises."""
+        for entry_id in entry_ids:
+            self.forget(entry_id)
             if is_transient(error):
                 continue
             try:
                 reason = f"settling failed: {error!r}"
-                await self.bus.release(self.stream, self.group, self.name, entry.id, reason)
+                await self.bus.release(self.stream, self.group, self.name, entry_id, reason)
             except Exception:  # Redis gone meanwhile: taken back by the next read all the same
                 continue
 

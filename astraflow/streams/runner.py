@@ -142,7 +142,7 @@ class Runner:
                 statuses = await self.consumer.complete(batch)
             except Exception as e:  # taken back at the next read; released (counted) unless Redis was away
                 self.log.error("handoff_failed", entries=len(batch), error=repr(e))
-                await self.consumer.give_back([entry for entry, _ in batch], e)
+                await self.consumer.give_back([entry.id for entry, _ in batch], e)
                 statuses = ["failed"] * len(batch)
             finally:
                 self._committing = 0
