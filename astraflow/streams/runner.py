@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from astraflow.errors import DecodeError, MessageTooLarge
+from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy
 from astraflow.streams.bus import LOST, Entry, Out
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
@@ -27,7 +27,10 @@ class Runner:
     entries overlaps with committing the last ones. Fault handling is the point of this class:
     - DecodeError or an oversized output: the entry can never succeed, it goes to `dead` at once;
     - any other exception: the entry is released for redelivery and reaches `dead` after max_deliveries;
-    - an entry reclaimed by another consumer (our lease lapsed) is cancelled and its output dropped.
+    - an entry reclaimed by another consumer (our lease lapsed) is cancelled and its output dropped;
+    - a handler running past `streams.handler_timeout_s` is cancelled and its entry released; the worker
+      is then `unhealthy` (a hung handler may hold threads, locks or an engine): `run` stops reading,
+      drains and raises WorkerUnhealthy, so the process exits non-zero and its supervisor restarts it.
     """
 
     def __init__(self, consumer: Consumer, handler: Handler, capacity: int) -> None:
@@ -39,6 +42,8 @@ class Runner:
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
+        self.unhealthy: str | None = None
+        """Why this worker should be restarted (None while healthy)."""
         self.log = log.bind(stream=consumer.bus.keys.short(consumer.stream), consumer=consumer.name)
 
     @property
@@ -52,12 +57,13 @@ class Runner:
         return min(self.capacity - len(self._tasks), 2 * self.capacity - self.held)
 
     async def run(self, stop: asyncio.Event, drain_s: float = 30.0) -> None:
-        """Consume until `stop` is set; then finish in-flight entries within `drain_s`, release the rest."""
+        """Consume until `stop` is set; then finish in-flight entries within `drain_s`, release the rest.
+        Raises WorkerUnhealthy (after the same drain) once a handler hung."""
         settings = self.consumer.bus.settings
         loops = (self._commit_loop(), self._lease_loop(), self._trim_loop(), self._watch(stop))
         helpers = [asyncio.create_task(c) for c in loops]
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self.unhealthy is None:
                 free = self.free
                 if free <= 0:
                     self._freed.clear()
@@ -69,6 +75,8 @@ class Runner:
                     self._tasks[entry.id] = task
                     task.add_done_callback(lambda t, i=entry.id: self._task_done(i, t))
             await self._drain(drain_s)
+            if self.unhealthy is not None:
+                raise WorkerUnhealthy(self.unhealthy)
         finally:
             # Also on an exception or cancellation: no handler outlives the runner. What they held and
             # did not hand off stays pending and is taken back after the lease.
@@ -108,8 +116,16 @@ class Runner:
             self.consumer.forget(entry.id)
 
     async def _process(self, entry: Entry) -> None:
+        timeout_s = self.consumer.bus.settings.handler_timeout_s
         try:
-            outs = await self.handler(entry)
+            outs = await self._call_handler(entry, timeout_s)
+            if outs is None:
+                self.unhealthy = f"handler timed out after {timeout_s:g} s"
+                self.log.error("handler_timed_out", id=entry.id, timeout_s=timeout_s)
+                self._freed.set()  # wake the read loop: it stops reading
+                await self.consumer.release(entry, self.unhealthy)
+                self.stats["released"] += 1
+                return
             for out in outs:
                 self.consumer.bus.check_size(out)
         except (DecodeError, MessageTooLarge) as e:
@@ -124,6 +140,17 @@ class Runner:
             return
         self._done.append((entry, outs))
         self._wake.set()
+
+    async def _call_handler(self, entry: Entry, timeout_s: float) -> Sequence[Out] | None:
+        """The handler's outputs, or None when it ran past `timeout_s` (it is cancelled, not awaited: a
+        handler that ignores cancellation must not hold the entry)."""
+        task = asyncio.ensure_future(self.handler(entry))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        finally:
+            if not task.done():
+                task.cancel()
+        return task.result() if done else None
 
     async def _commit_loop(self) -> None:
         while True:

@@ -37,3 +37,5 @@ class StreamsSettings(BaseModel):
     """Approximate length kept of streams without a group (notices, dead, metrics)."""
     trim_interval_ms: int = Field(10_000, gt=0)
     """How often a consumer trims its input stream up to what every group acknowledged."""
+    handler_timeout_s: float = Field(600.0, gt=0)
+    """A handler running longer is cancelled, its entry released, and its worker ends as unhealthy."""
