@@ -17,7 +17,8 @@ class RedisSettings(BaseModel):
     socket_timeout_s: float = 5.0
     """Socket timeout of command connections (blocking reads use block_ms plus this)."""
     reconnect_max_s: float = 60.0
-    """How long an operation keeps reconnecting (with backoff) before it raises BusConnectionError."""
+    """How long a one-shot command keeps reconnecting (with backoff) before it raises BusConnectionError;
+    long-running workers wait out any outage instead."""
 
 
 class StreamsSettings(BaseModel):
