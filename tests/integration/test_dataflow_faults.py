@@ -57,6 +57,7 @@ async def test_a_collect_that_failed_once_is_collected_by_the_same_single_replic
     assert ledger.collected == len(uids) > 0 and not ledger.problems(), ledger.render()
     assert await pending(bus, bus.keys.rollouts) == 0
     assert await bus.redis.xlen(bus.keys.dead) == 0
+    assert await bus.redis.hlen(bus.keys.errors) == 0  # what the failure recorded went with the ack
 
 
 async def test_a_version_whose_recording_failed_once_is_recorded_by_the_same_single_replica(bus):
@@ -70,3 +71,4 @@ async def test_a_version_whose_recording_failed_once_is_recorded_by_the_same_sin
             break
     assert (await df.store.state()).get("v:policy") == "1"
     assert await pending(bus, bus.keys.versions) == 0
+    assert await bus.redis.hlen(bus.keys.errors) == 0

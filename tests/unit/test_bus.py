@@ -276,3 +276,16 @@ async def test_large_fields_of_a_dead_letter_are_replaced_by_size_and_digest(bus
     assert letters[0][b"field.data"].startswith(b"omitted: 100000 bytes, sha1 ")
     assert letters[0][b"field.uid"] == b"u0"
     assert letters[1][b"field.data"].startswith(b"omitted: 100000 bytes")
+
+
+async def test_acknowledging_an_entry_clears_its_recorded_error(bus):
+    await fill(bus, 2)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    for entry in await c.read(2, block_ms=10):
+        await c.release(entry, "ValueError: once")
+    a, b = await c.read(2, block_ms=10)
+    assert await bus.redis.hlen(bus.keys.errors) == 2
+    await c.complete([(a, [])])
+    await bus.ack(bus.keys.prompts, GROUP_RAAS, [b.id])  # e.g. a trainer's checkpointed batch
+    assert await bus.redis.hlen(bus.keys.errors) == 0
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
