@@ -201,6 +201,19 @@ class Bus:
             for entry_id, fields in items
         ]
 
+    async def ack(self, stream: str, group: str, ids: Sequence[str]) -> None:
+        """Acknowledge entries that need no hand-off (their effect is durable elsewhere), clearing any
+        error recorded for them, in one transaction."""
+
+        async def ack() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(stream, group, *ids)
+                pipe.hdel(self.keys.errors, *(f"{stream}|{i}" for i in ids))
+                await pipe.execute()
+
+        if ids:
+            await self.call(ack)
+
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
         if not ids:
@@ -223,20 +236,21 @@ class Bus:
         start: str,
         count: int,
         skip: Sequence[str] = (),
-        age_ms: int = 0,
+        since_ms: int = 0,
     ) -> tuple[str, list[Entry]]:
         """Claim pending entries; an entry to be delivered once more than max_deliveries goes to `dead`.
 
         `own=False`: other consumers' entries idle past the lease (a delivery). `own=True`: this
         consumer's own pending entries except `skip` (what it still holds); a delivery only for those
-        released or delivered before the consumer started `age_ms` ago (to a crashed predecessor of the
-        same name), not for those it lost track of (see claim.lua). Scans from `start`; returns where the
-        next call should start ('-' once the scan reached the end) and the claimed entries.
+        released or delivered before `since_ms` (Redis time when the consumer started: to a crashed
+        predecessor of the same name), not for those it lost track of (see claim.lua). Scans from
+        `start`; returns where the next call should start ('-' once the scan reached the end) and the
+        claimed entries.
         """
         s = self.settings
         mode = "own" if own else "others"
         tracked = int(stream in self.keys.tracked_streams())
-        min_idle = age_ms if own else s.lease_ms
+        min_idle = since_ms if own else s.lease_ms
         args = [mode, group, consumer, min_idle, start, count, s.max_deliveries, s.capped_maxlen, tracked]
         args.append(DEAD_FIELD_MAX_BYTES)
         keys = [stream, self.keys.dead, self.keys.errors, self.keys.in_flight, self.keys.ledger]

@@ -35,7 +35,7 @@ class Consumer:
     def __init__(self, bus: Bus, stream: str, group: str, name: str) -> None:
         self.bus, self.stream, self.group, self.name = bus, stream, group, name
         self.in_flight: dict[str, Entry] = {}
-        self._started = time.monotonic()
+        self._since_ms: int | None = None  # Redis time of the first read: deliveries before are not ours
         self._own_cursor: str | None = None
         self._rescan = True  # set from anywhere; the next read starts a new scan of own entries
         self._others_cursor = "-"
@@ -57,6 +57,9 @@ class Consumer:
 
     async def _read(self, count: int, block_ms: int) -> list[Entry]:
         out: list[Entry] = []
+        if self._since_ms is None:
+            seconds, micros = await self.bus.redis.time()
+            self._since_ms = seconds * 1000 + micros // 1000
         if self._rescan:
             self._rescan, self._own_cursor = False, "-"
         while self._own_cursor is not None and len(out) < count:
@@ -68,7 +71,7 @@ class Consumer:
                 start=self._own_cursor,
                 count=count - len(out),
                 skip=list(self.in_flight),
-                age_ms=int((time.monotonic() - self._started) * 1000),
+                since_ms=self._since_ms,
             )
             out += got
             self._own_cursor = None if cursor == "-" else cursor

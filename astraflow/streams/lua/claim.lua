@@ -3,9 +3,10 @@
 --   'others': entries of other consumers idle longer than the lease (their owner stopped renewing, or
 --             released them). Counts a delivery.
 --   'own':    this consumer's own pending entries after `start`, except the ids it says it still holds.
---             Counts a delivery only for an entry idle longer than `min_idle` (the consumer's age: it was
---             delivered to a previous process under the same name, which crashed) or released (idle set
---             to RELEASED_IDLE by release.lua: its handler failed). One the consumer merely lost track of
+--             Counts a delivery only for an entry delivered before `since` (Redis time in ms when this
+--             consumer started: it was delivered to a previous process under the same name, which
+--             crashed) or released (idle set to RELEASED_IDLE by release.lua: its handler failed). Both
+--             times are Redis's, so no clock skew or latency enters. One the consumer merely lost track of
 --             in this process (a lost reply, a hand-off that failed while Redis was away) is not a new
 --             delivery: the attempt did not fail, so it neither counts nor dead-letters.
 -- A counted claim of an entry that was not released records why the last attempt ended in the errors
@@ -17,11 +18,12 @@
 -- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group: the
 -- uid leaves the in-flight set and the ledger counts it dead.
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash, KEYS[4] in-flight set, KEYS[5] ledger
--- ARGV: mode, group, consumer, min_idle_ms, start, count, max_deliveries, dead_maxlen, tracked ('1'/'0'),
+-- ARGV: mode, group, consumer, min_idle_ms ('others') or since (ms, 'own'), start, count, max_deliveries,
+--       dead_maxlen, tracked ('1'/'0'),
 --       max_field_bytes (larger fields of a dead letter are replaced by their size and digest), skip ids...
 -- Returns {next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end.
 local stream, dead, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local count, max_deliveries, dead_maxlen, tracked = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
 local max_field_bytes = tonumber(ARGV[10])
 local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
@@ -30,8 +32,10 @@ local RELEASED_IDLE = 2147483647  -- release.lua marks an entry released with th
 local skip = {}
 for i = 11, #ARGV do skip[ARGV[i]] = true end
 
-local pending
+local pending, since, now
 if mode == 'own' then
+  local t = redis.call('TIME')
+  since, now = tonumber(ARGV[4]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   pending = redis.call('XPENDING', stream, group, start, '+', count, consumer)
 else
   pending = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', count)
@@ -83,7 +87,8 @@ for _, p in ipairs(pending) do
     local entry = redis.call('XRANGE', stream, id, id)[1]
     local err_field = stream .. '|' .. id
     local released = idle >= RELEASED_IDLE
-    local counted = mode == 'others' or released or idle > min_idle
+    -- (1 ms of slack: idle times and TIME are rounded differently)
+    local counted = mode == 'others' or released or now - idle < since - 1
     local why = nil  -- how the last attempt ended, when this claim is what tells
     if counted and not released then
       why = owner .. (mode == 'own' and ' restarted (crashed) before acknowledging it'
