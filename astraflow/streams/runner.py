@@ -70,17 +70,38 @@ class Runner:
                     await self._freed.wait()
                     continue
                 block = settings.block_ms if not self.held else min(settings.block_ms, 50)
-                for entry in await self.consumer.read(free, block):
+                for entry in await self._read_until(stop, free, block):
                     task = asyncio.create_task(self._handle(entry))
                     self._tasks[entry.id] = task
                     task.add_done_callback(lambda t, i=entry.id: self._task_done(i, t))
-            await self._drain(drain_s)
+            try:
+                await asyncio.wait_for(self._drain(drain_s), 2 * drain_s)
+            except TimeoutError:  # Redis away: what is not settled stays pending, reclaimed after the lease
+                self.log.error("drain_incomplete", held=self.held)
             if self.unhealthy is not None:
                 raise WorkerUnhealthy(self.unhealthy)
         finally:
             # Also on an exception or cancellation: no handler outlives the runner. What they held and
             # did not hand off stays pending and is taken back after the lease.
             await cancel_and_wait([*self._tasks.values(), *helpers])
+
+    async def _read_until(self, stop: asyncio.Event, count: int, block_ms: int) -> list[Entry]:
+        """The next entries. A read still waiting for Redis when `stop` is set gets its block time and a
+        socket timeout to end, then is abandoned (a worker stops during an outage too): entries it may
+        have been given stay pending and are reclaimed after the lease."""
+        read = asyncio.ensure_future(self.consumer.read(count, block_ms))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                socket_s = self.consumer.bus.settings.block_ms / 1000  # on top of this read's own block
+                await asyncio.wait({read}, timeout=block_ms / 1000 + socket_s)
+        finally:
+            stopped.cancel()
+            if not read.done():
+                read.cancel()
+                self.log.warning("read_abandoned", reason="stopping while redis is unreachable")
+        return [] if read.cancelled() else read.result()
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()

@@ -1,8 +1,10 @@
 """The consume loop: capacity, dead letters, cancellation leaves no handler behind."""
 
 import asyncio
+import math
 
 import pytest
+from redis.exceptions import ConnectionError
 
 from astraflow.errors import DecodeError, WorkerUnhealthy
 from astraflow.streams import Consumer, Out, Runner
@@ -126,3 +128,25 @@ async def test_hung_handler_is_cancelled_its_entry_released_and_the_worker_ends_
     other = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "other")
     [again] = await other.read(1, block_ms=10)  # released: anyone may take it at once
     assert again.fields["uid"] == b"u1" and again.deliveries == 2
+
+
+async def test_worker_told_to_stop_during_a_redis_outage_stops(bus):
+    await fill(bus, 1)
+    bus.reconnect_max_s = math.inf  # a long-running worker waits outages out
+
+    async def unreachable(*args, **kwargs):
+        raise ConnectionError("Connection refused")
+
+    async def handle(entry):
+        bus.blocking.xreadgroup = unreachable  # Redis goes away after the first entry
+        bus._scripts["handoff"] = unreachable
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop, drain_s=0.2))
+    while not runner.stats and not runner.held:
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 10)  # returns although every call would wait forever
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1  # left for a reclaim
