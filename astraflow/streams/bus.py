@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.connection import make_client, reconnecting, register_scripts
-from astraflow.streams.keys import Keys
+from astraflow.streams.keys import CONSUMER_FORGET_MS, Keys
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 # Statuses of one hand-off item.
@@ -285,11 +285,12 @@ class Bus:
     # -- housekeeping ----------------------------------------------------------------------------------
 
     async def trim(self, stream: str) -> int:
-        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams)."""
+        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams); forget
+        consumers that hold nothing and were not seen for CONSUMER_FORGET_MS."""
         if stream in self.keys.capped_streams():
             maxlen = self.settings.capped_maxlen
             return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
-        return int(await self._script("trim", [stream], []))
+        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS]))
 
 
 def dead_field_value(value: bytes | str) -> bytes | str:

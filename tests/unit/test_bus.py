@@ -289,3 +289,17 @@ async def test_acknowledging_an_entry_clears_its_recorded_error(bus):
     await bus.ack(bus.keys.prompts, GROUP_RAAS, [b.id])  # e.g. a trainer's checkpointed batch
     assert await bus.redis.hlen(bus.keys.errors) == 0
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_trim_forgets_consumers_of_past_processes_that_hold_nothing(bus, monkeypatch):
+    await fill(bus, 2)
+    gone = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas-host-1-a1b2")
+    holder = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas-host-2-c3d4")
+    [done] = await gone.read(1, block_ms=10)
+    await gone.complete([(done, [])])
+    await holder.read(1, block_ms=10)
+    monkeypatch.setattr("astraflow.streams.bus.CONSUMER_FORGET_MS", 50)
+    await asyncio.sleep(0.1)
+    await bus.trim(bus.keys.prompts)
+    consumers = await bus.redis.xinfo_consumers(bus.keys.prompts, GROUP_RAAS)
+    assert [c["name"] for c in consumers] == [b"raas-host-2-c3d4"]  # still holds an entry
