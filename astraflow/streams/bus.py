@@ -62,7 +62,8 @@ class Bus:
 
     `reconnect_max_s` is how long a call waits for an unreachable or refusing Redis before it raises
     BusConnectionError: a budget for one-shot commands, `math.inf` for long-running workers, which wait
-    out any outage. `reconnected_at` is when a call last got through after failures (monotonic).
+    out any outage. `reconnected_at` is when a call last got through after failures (monotonic);
+    `failures` counts failed attempts (a consumer rescans its own entries after a claim's lost reply).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class Bus:
         self.blocking = blocking
         self._scripts = register_scripts(client)
         self.reconnected_at = -math.inf
+        self.failures = 0
 
     @classmethod
     def connect(
@@ -121,7 +123,13 @@ class Bus:
     async def call(self, call, on_lost=None):
         """Run `call` (an idempotent command or script) through reconnects, within the budget; `on_lost`
         runs after each failure."""
-        return await reconnecting(call, self.reconnect_max_s, on_lost, self._reconnected)
+
+        def lost() -> None:
+            self.failures += 1
+            if on_lost is not None:
+                on_lost()
+
+        return await reconnecting(call, self.reconnect_max_s, lost, self._reconnected)
 
     def _reconnected(self) -> None:
         self.reconnected_at = time.monotonic()

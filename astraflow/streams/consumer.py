@@ -56,12 +56,20 @@ class Consumer:
         return entries
 
     async def _read(self, count: int, block_ms: int) -> list[Entry]:
-        out: list[Entry] = []
         if self._since_ms is None:
             seconds, micros = await self.bus.redis.time()
             self._since_ms = seconds * 1000 + micros // 1000
         if self._rescan:
             self._rescan, self._own_cursor = False, "-"
+        failures = self.bus.failures
+        try:
+            return await self._claim_and_read(count, block_ms)
+        finally:
+            if self.bus.failures != failures:  # a claim retried after a lost reply: what it got is ours
+                self._rescan = True
+
+    async def _claim_and_read(self, count: int, block_ms: int) -> list[Entry]:
+        out: list[Entry] = []
         while self._own_cursor is not None and len(out) < count:
             cursor, got = await self.bus.claim(
                 self.stream,
