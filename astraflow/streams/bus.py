@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,8 +61,8 @@ class Bus:
 
     `reconnect_max_s` is how long a call waits for an unreachable or refusing Redis before it raises
     BusConnectionError: a budget for one-shot commands, `math.inf` for long-running workers, which wait
-    out any outage. `reconnected_at` is when a call last got through after failures (monotonic);
-    `failures` counts failed attempts (a consumer rescans its own entries after a claim's lost reply).
+    out any outage. `failures` counts failed attempts: a consumer rescans its own entries after a claim's
+    lost reply, and waits a lease after Redis was away before it reclaims other consumers' entries.
     """
 
     def __init__(
@@ -80,7 +79,6 @@ class Bus:
         self.redis = client
         self.blocking = blocking
         self._scripts = register_scripts(client)
-        self.reconnected_at = -math.inf
         self.failures = 0
 
     @classmethod
@@ -129,10 +127,7 @@ class Bus:
             if on_lost is not None:
                 on_lost()
 
-        return await reconnecting(call, self.reconnect_max_s, lost, self._reconnected)
-
-    def _reconnected(self) -> None:
-        self.reconnected_at = time.monotonic()
+        return await reconnecting(call, self.reconnect_max_s, lost)
 
     async def _script(self, name: str, keys: list[str], args: list):
         return await self.call(lambda: self._scripts[name](keys=keys, args=args))
@@ -262,7 +257,14 @@ class Bus:
         args = [mode, group, consumer, min_idle, start, count, s.max_deliveries, s.capped_maxlen, tracked]
         args.append(DEAD_FIELD_MAX_BYTES)
         keys = [stream, self.keys.dead, self.keys.errors, self.keys.in_flight, self.keys.ledger]
-        reply = await self._script("claim", keys, [*args, *skip])
+        failures = self.failures
+
+        async def attempt():
+            if not own and self.failures != failures:  # Redis went away meanwhile: idle times now
+                return [b""]  # include the outage, so no reclaim until the consumer's wait has passed
+            return await self._scripts["claim"](keys=keys, args=[*args, *skip])
+
+        reply = await self.call(attempt)
         entries = []
         for r in reply[1:]:
             fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}

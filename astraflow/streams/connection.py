@@ -81,7 +81,6 @@ async def reconnecting(
     call: Callable[[], Awaitable[T]],
     budget_s: float,
     on_lost: Callable[[], None] | None = None,
-    on_back: Callable[[], None] | None = None,
 ) -> T:
     """Run `call` until it gets through, backing off while Redis is unreachable or refusing (restart,
     network, `is_transient` error replies such as OOM).
@@ -89,7 +88,7 @@ async def reconnecting(
     Only for idempotent calls: every write of the bus is (owner checks, dedup keys), so a call whose reply
     was lost may run again. Past `budget_s` of failures it raises BusConnectionError; `math.inf` waits out
     any outage, logging `redis_unreachable` every REPORT_EVERY_S. `on_lost` runs after each failure (e.g.
-    to re-read state), `on_back` once the call got through after failures.
+    to re-read state).
     """
     delay, down_since, reported = 0.02, 0.0, 0.0
     while True:
@@ -109,8 +108,6 @@ async def reconnecting(
                 reported = now
                 log.warning("redis_unreachable", down_s=round(now - down_since), error=repr(e))
         else:
-            if down_since and on_back is not None:
-                on_back()
             if reported:
                 log.info("redis_reachable", down_s=round(time.monotonic() - down_since))
             return result

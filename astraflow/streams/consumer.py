@@ -27,9 +27,10 @@ class Consumer:
     After a Redis outage every pending entry looks idle for the whole downtime. So that an entry is
     reclaimed only when its owner really stopped renewing for a lease *while Redis was up*, owners renew
     at once when Redis is back (a renewal in flight gets through within RENEW_LAG_S), and this consumer
-    reclaims other consumers' entries only once a lease (plus RENEW_LAG_S) has passed since its own last
-    reconnect. A live owner renews within a third of a lease, so only the entries of owners that are
-    really gone are idle past the lease by then.
+    reclaims other consumers' entries only once a lease (plus RENEW_LAG_S) has passed since any call of its
+    bus last failed (a reclaim that was being retried across an outage is dropped). A live owner renews
+    within a third of a lease, so only the entries of owners that are really gone are idle past the lease
+    by then.
     """
 
     def __init__(self, bus: Bus, stream: str, group: str, name: str) -> None:
@@ -40,6 +41,8 @@ class Consumer:
         self._rescan = True  # set from anywhere; the next read starts a new scan of own entries
         self._others_cursor = "-"
         self._next_reclaim = 0.0
+        self._failures_seen = 0  # the bus's failure count at the last reclaim check
+        self._quiet_until = 0.0  # no reclaim before (monotonic): a lease after Redis was last away
 
     def rescan(self) -> None:
         """Take back own pending entries at the next read (after losing track of some)."""
@@ -101,9 +104,13 @@ class Consumer:
         return out
 
     def _may_reclaim(self) -> bool:
-        """Time for a scan of other consumers' entries, and a lease since the last reconnect."""
-        now, lease_s = time.monotonic(), self.bus.settings.lease_ms / 1000
-        return now >= self._next_reclaim and now >= self.bus.reconnected_at + lease_s + RENEW_LAG_S
+        """Time for a scan of other consumers' entries, and a lease since Redis was last away (the first
+        check after a failed call restarts the wait; a check while Redis is still away fails again)."""
+        now = time.monotonic()
+        if self.bus.failures != self._failures_seen:
+            self._failures_seen = self.bus.failures
+            self._quiet_until = now + self.bus.settings.lease_ms / 1000 + RENEW_LAG_S
+        return now >= self._next_reclaim and now >= self._quiet_until
 
     async def renew(self) -> list[Entry]:
         """Renew the leases of everything held; returns (and forgets) entries lost to a reclaim."""

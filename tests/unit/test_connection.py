@@ -39,7 +39,7 @@ def test_a_wrong_call_is_not_transient(error):
 
 async def test_oom_replies_are_retried_until_redis_takes_the_write():
     replies = [OutOfMemoryError("command not allowed", status_code="OOM")] * 3 + ["ok"]
-    back = []
+    lost = []
 
     async def call():
         reply = replies.pop(0)
@@ -47,8 +47,8 @@ async def test_oom_replies_are_retried_until_redis_takes_the_write():
             raise reply
         return reply
 
-    assert await reconnecting(call, math.inf, on_back=lambda: back.append(True)) == "ok"
-    assert back == [True]
+    assert await reconnecting(call, math.inf, on_lost=lambda: lost.append(True)) == "ok"
+    assert lost == [True] * 3
 
 
 async def test_a_one_shot_budget_still_gives_up():
