@@ -129,27 +129,31 @@ class Consumer:
 
         Any consumer may take it next, this one included (its next read rescans its own entries). If the
         release itself fails, the entry is still taken back by the next read (without counting)."""
-        self.forget(entry.id)
-        await self.bus.release(self.stream, self.group, self.name, entry.id, reason)
+        try:  # held meanwhile, so that no rescan takes it back before it is marked released
+            await self.bus.release(self.stream, self.group, self.name, entry.id, reason)
+        finally:
+            self.forget(entry.id)
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Send an entry that can never succeed (undecodable, invalid) straight to `dead`."""
-        self.forget(entry.id)  # should this fail, the next read takes the entry back
-        await self.bus.dead_letter(entry, self.group, self.name, reason)
+        try:
+            await self.bus.dead_letter(entry, self.group, self.name, reason)
+        finally:
+            self.forget(entry.id)  # should it have failed, the next read takes the entry back
 
     async def give_back(self, entry_ids: Sequence[str], error: BaseException) -> None:
         """Settling the entries `entry_ids` failed with `error`; the next read takes them back. Redis away
         or refusing: without counting a delivery. Anything else: they are released with the error as the
         reason, so an error that repeats still ends in `dead` after max_deliveries. Never raises."""
         for entry_id in entry_ids:
-            self.forget(entry_id)
-            if is_transient(error):
-                continue
             try:
-                reason = f"settling failed: {error!r}"
-                await self.bus.release(self.stream, self.group, self.name, entry_id, reason)
+                if not is_transient(error):
+                    reason = f"settling failed: {error!r}"
+                    await self.bus.release(self.stream, self.group, self.name, entry_id, reason)
             except Exception:  # Redis gone meanwhile: taken back by the next read all the same
-                continue
+                pass
+            finally:
+                self.forget(entry_id)
 
     def settled(self, entry_ids: Sequence[str]) -> None:
         """Stop holding entries that were acknowledged by other means (a caller's own script)."""
