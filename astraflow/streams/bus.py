@@ -78,7 +78,7 @@ class Bus:
         self.settings = settings
         self.redis = client
         self.blocking = blocking
-        self._scripts = register_scripts(client)
+        self._scripts = register_scripts(client, prelude="common.lua")
         self.failures = 0
 
     @classmethod

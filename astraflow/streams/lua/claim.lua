@@ -27,7 +27,6 @@ local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], ARGV[4
 local count, max_deliveries, dead_maxlen, tracked = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
 local max_field_bytes = tonumber(ARGV[10])
 local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
-local RELEASED_IDLE = 2147483647  -- release.lua marks an entry released with this idle time
 
 local skip = {}
 for i = 11, #ARGV do skip[ARGV[i]] = true end

@@ -4,7 +4,6 @@
 -- the release must not turn the failed attempt into one that never happened.
 -- KEYS[1] stream; ARGV: group, consumer, ids... Returns the ids this consumer no longer owns.
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
-local RELEASED_IDLE = 2147483647
 local lost = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
