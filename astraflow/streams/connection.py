@@ -95,7 +95,7 @@ async def reconnecting(
         try:
             result = await call()
         except Exception as e:
-            if not is_transient(e):
+            if isinstance(e, BusConnectionError) or not is_transient(e):  # (a nested budget ran out)
                 raise
             raise_if_cancelled()
             now = time.monotonic()
