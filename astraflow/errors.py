@@ -21,6 +21,11 @@ class MessageTooLarge(BusError):
     """An entry is larger than `streams.max_entry_bytes`."""
 
 
+class WorkerUnhealthy(AstraflowError):
+    """A worker cannot be trusted to go on (a handler hung past `streams.handler_timeout_s`): its process
+    exits non-zero so that its supervisor restarts it."""
+
+
 class DecodeError(AstraflowError):
     """A stream entry or hash could not be decoded; the message names the offending field."""
 

@@ -6,16 +6,14 @@ Run as many as you like against one Redis; each is stateless and may be killed a
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 
 from astraflow.config import Settings, load_settings
 from astraflow.dataflow.service import Dataflow
-from workers.process import run_until_signalled
+from workers.process import process_name, run_until_signalled
 
 
 def replica_name(settings: Settings) -> str:
-    return settings.dataflow.id or f"dataflow-{socket.gethostname()}-{os.getpid()}"
+    return process_name("dataflow", settings.dataflow.id)
 
 
 def main(settings: Settings, url: str) -> None:

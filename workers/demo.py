@@ -29,7 +29,7 @@ log = structlog.get_logger("demo")
 
 
 def connect(settings: Settings, url: str) -> Bus:
-    return Bus.connect(url, settings.run.name, settings.redis, settings.streams)
+    return Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
 
 
 def prompt(i: int) -> PromptGroup:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 
 from astraflow import logs
@@ -11,16 +14,24 @@ from astraflow.config import Settings
 from astraflow.streams import Bus
 
 
+def process_name(kind: str, configured: str | None = None) -> str:
+    """`configured`, else `<kind>-<host>-<pid>-<4 hex>`: unique to this process start (pids repeat across
+    container restarts), so a new process never mistakes its predecessor's pending entries for entries it
+    merely lost track of, and still readable in `redis-cli XINFO CONSUMERS`."""
+    return configured or f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
 async def run_until_signalled(
     settings: Settings, url: str, worker: str, body: Callable[[Bus, asyncio.Event], Awaitable[None]]
 ) -> None:
-    """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns)."""
+    """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns). The bus waits
+    out Redis outages (logging `redis_unreachable`) rather than ending the process."""
     logs.configure(worker=worker, run=settings.run.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
+    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
         await body(bus, stop)
     finally:

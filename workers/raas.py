@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
-import socket
 from pathlib import Path
 
 from astraflow import logs
@@ -18,10 +16,11 @@ from astraflow.weights.files import buffer_root
 from astraflow.weights.publisher import run_secret
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
+from workers.process import process_name
 
 
 def worker_id(settings: Settings) -> str:
-    return settings.raas.id or f"raas-{socket.gethostname()}-{os.getpid()}"
+    return process_name("raas", settings.raas.id)
 
 
 async def serve(settings: Settings, url: str) -> None:
@@ -45,7 +44,7 @@ async def serve(settings: Settings, url: str) -> None:
         from transformers import AutoTokenizer
 
         tokenizers = {m: AutoTokenizer.from_pretrained(settings.engine.model) for m in settings.run.models}
-    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
+    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     w = settings.weights
     secret = await run_secret(bus, w)
     server = WeightServer.from_settings(secret, w)

@@ -16,7 +16,7 @@ import structlog
 from astraflow.dataflow.store import Store
 from astraflow.errors import DecodeError
 from astraflow.messages import VersionNotice, VersionPublished, decode, encode
-from astraflow.streams import Consumer
+from astraflow.streams import Consumer, Entry
 from astraflow.streams.keys import GROUP_DATAFLOW
 
 log = structlog.get_logger(__name__)
@@ -34,20 +34,27 @@ class Barrier:
     async def step(self, block_ms: int | None) -> int:
         """Record the versions published since the last step, then announce what is due."""
         entries = await self.consumer.read(64, block_ms)
-        for entry in entries:
+        for i, entry in enumerate(entries):
             try:
-                msg = decode(entry.fields, VersionPublished)
-                if msg.model not in self.store.models:
-                    raise DecodeError(f"model: {msg.model!r} is not trained in this run")
-            except DecodeError as e:
-                log.error("version_dead_lettered", id=entry.id, error=str(e))
-                await self.consumer.dead_letter(entry, f"DecodeError: {e}")
-                continue
-            status = await self.store.record_version(self.consumer.name, entry.id, msg)
-            self.consumer.settled([entry.id])
-            log.debug("version_recorded", model=msg.model, version=msg.version, status=status)
+                await self._record(entry)
+            except Exception as e:  # the next read takes back this entry and the rest
+                await self.consumer.give_back([x.id for x in entries[i:]], e)
+                raise
         await self.announce()
         return len(entries)
+
+    async def _record(self, entry: Entry) -> None:
+        try:
+            msg = decode(entry.fields, VersionPublished)
+            if msg.model not in self.store.models:
+                raise DecodeError(f"model: {msg.model!r} is not trained in this run")
+        except DecodeError as e:
+            log.error("version_dead_lettered", id=entry.id, error=str(e))
+            await self.consumer.dead_letter(entry, f"DecodeError: {e}")
+            return
+        status = await self.store.record_version(self.consumer.name, entry.id, msg)
+        self.consumer.settled([entry.id])
+        log.debug("version_recorded", model=msg.model, version=msg.version, status=status)
 
     async def announce(self) -> int:
         """Announce the versions every model has reached; returns how many notices went out."""

@@ -12,6 +12,7 @@ from astraflow.dataflow.store import Collected, Store
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
+from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
 
 log = structlog.get_logger(__name__)
@@ -45,10 +46,13 @@ class Collector:
         """Settle decided entries in one atomic step."""
         if not items:
             return
+        ids = [it.entry_id for it in items]
         try:
             replies = await self.store.collect(self.consumer.name, items)
-        finally:
-            self.consumer.settled([it.entry_id for it in items])
+        except Exception as e:  # not settled: the next read takes them back (this replica may be alone)
+            await self.consumer.give_back(ids, e)
+            raise
+        self.consumer.settled(ids)
         settled = []
         for item, (status, *outcomes) in zip(items, replies, strict=True):
             if status in ("lost", "unknown"):
@@ -90,7 +94,17 @@ class Collector:
         await bus.call(add)
 
     async def _judge(self, entry: Entry) -> Collected | None:
-        """The decision for `entry`, or None when it was dead-lettered or released."""
+        """The decision for `entry`, or None when it was dead-lettered or released (or settling that
+        failed: then the next read takes it back)."""
+        try:
+            return await self._decide(entry)
+        except Exception as e:
+            raise_if_cancelled()
+            log.error("rollout_unsettled", id=entry.id, error=repr(e))
+            await self.consumer.give_back([entry.id], e)
+            return None
+
+    async def _decide(self, entry: Entry) -> Collected | None:
         try:
             group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
             if not UID.fullmatch(group.uid):

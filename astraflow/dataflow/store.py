@@ -120,7 +120,7 @@ class Store:
         """Settle collected rollout entries (see collect.lua); returns per item [status, outcomes...]."""
         k, s = self.keys, self.settings
         keys = [k.rollouts, k.in_flight, k.ledger, k.state, k.curator("ewma"), k.curator("streak")]
-        keys.append(k.curator("greso"))
+        keys += [k.curator("greso"), k.errors]
         index = {}
         for m in self.models:
             index[m] = len(keys) + 1
@@ -165,7 +165,7 @@ class Store:
 
     async def record_version(self, consumer: str, entry_id: str, msg: VersionPublished) -> str:
         """Record a published version with the XACK of its entry; returns 'ok', 'dup' or 'lost'."""
-        keys = [self.keys.versions, self.keys.state]
+        keys = [self.keys.versions, self.keys.state, self.keys.errors]
         args = [GROUP_DATAFLOW, consumer, entry_id, msg.model, msg.version, msg.manifest_key, int(msg.eval)]
         args += [msg.checkpoint, msg.incarnation]
         return (await self._run("version", keys, args)).decode()

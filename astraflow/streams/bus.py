@@ -6,6 +6,8 @@ dedup keys, and acknowledgements, renewals and releases are owner-checked Lua sc
 
 from __future__ import annotations
 
+import hashlib
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.connection import make_client, reconnecting, register_scripts
-from astraflow.streams.keys import Keys
+from astraflow.streams.keys import CONSUMER_FORGET_MS, Keys
 from astraflow.streams.runs import RunIdentity, new_identity_args
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
@@ -24,6 +26,8 @@ from astraflow.streams.settings import RedisSettings, StreamsSettings
 OK, DUP, LOST = "ok", "dup", "lost"
 MAX_FIELDS = 1000
 """Most fields an entry may have (Lua's unpack limit is near 4000; entries have a handful)."""
+DEAD_FIELD_MAX_BYTES = 4096
+"""A dead letter copies fields up to this size; a larger one is replaced by its size and sha1."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,13 @@ class Item(NamedTuple):
 
 
 class Bus:
-    """One run's streams on one Redis. Commands use `client`; blocking reads use `blocking`."""
+    """One run's streams on one Redis. Commands use `client`; blocking reads use `blocking`.
+
+    `reconnect_max_s` is how long a call waits for an unreachable or refusing Redis before it raises
+    BusConnectionError: a budget for one-shot commands, `math.inf` for long-running workers, which wait
+    out any outage. `failures` counts failed attempts: a consumer rescans its own entries after a claim's
+    lost reply, and waits a lease after Redis was away before it reclaims other consumers' entries.
+    """
 
     def __init__(
         self,
@@ -69,16 +79,28 @@ class Bus:
         self.settings = settings
         self.redis = client
         self.blocking = blocking
-        self._scripts = register_scripts(client)
+        self._scripts = register_scripts(client, prelude="common.lua")
+        self.failures = 0
 
     @classmethod
-    def connect(cls, url: str, run: str, redis_settings: RedisSettings, settings: StreamsSettings) -> Bus:
+    def connect(
+        cls,
+        url: str,
+        run: str,
+        redis_settings: RedisSettings,
+        settings: StreamsSettings,
+        *,
+        wait_out: bool = False,
+    ) -> Bus:
+        """A bus on `url`. `wait_out`: calls wait out any Redis outage (long-running workers) instead of
+        raising after `redis.reconnect_max_s`."""
         client = make_client(url, redis_settings)
         # Blocking reads get their own pool with a socket timeout longer than the block.
         blocking = make_client(
             url, redis_settings, read_timeout_s=settings.block_ms / 1000 + redis_settings.socket_timeout_s
         )
-        return cls(Keys(run), settings, client, blocking, redis_settings.reconnect_max_s)
+        budget = math.inf if wait_out else redis_settings.reconnect_max_s
+        return cls(Keys(run), settings, client, blocking, budget)
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -105,9 +127,16 @@ class Bus:
             if "BUSYGROUP" not in str(e):
                 raise
 
-    async def call(self, call):
-        """Run `call` (an idempotent command or script) through reconnects, within the budget."""
-        return await reconnecting(call, self.reconnect_max_s)
+    async def call(self, call, on_lost=None):
+        """Run `call` (an idempotent command or script) through reconnects, within the budget; `on_lost`
+        runs after each failure."""
+
+        def lost() -> None:
+            self.failures += 1
+            if on_lost is not None:
+                on_lost()
+
+        return await reconnecting(call, self.reconnect_max_s, lost)
 
     async def _script(self, name: str, keys: list[str], args: list):
         return await self.call(lambda: self._scripts[name](keys=keys, args=args))
@@ -149,9 +178,7 @@ class Bus:
         args: list[bytes | str | int] = [group, consumer, self.settings.dedup_ttl_ms, len(items)]
         for item in items:
             entry, outs, dead_uid = Item(*item)
-            # An entry delivered before may have a recorded error to clear; a bare id is assumed to.
-            redelivered = entry.deliveries > 1 if isinstance(entry, Entry) else bool(entry)
-            args += [entry.id if isinstance(entry, Entry) else entry, int(redelivered), dead_uid, len(outs)]
+            args += [entry.id if isinstance(entry, Entry) else entry, dead_uid, len(outs)]
             for out in outs:
                 self.check_size(out)
                 dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
@@ -186,6 +213,19 @@ class Bus:
             for entry_id, fields in items
         ]
 
+    async def ack(self, stream: str, group: str, ids: Sequence[str]) -> None:
+        """Acknowledge entries that need no hand-off (their effect is durable elsewhere), clearing any
+        error recorded for them, in one transaction."""
+
+        async def ack() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(stream, group, *ids)
+                pipe.hdel(self.keys.errors, *(f"{stream}|{i}" for i in ids))
+                await pipe.execute()
+
+        if ids:
+            await self.call(ack)
+
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
         if not ids:
@@ -208,19 +248,32 @@ class Bus:
         start: str,
         count: int,
         skip: Sequence[str] = (),
+        since_ms: int = 0,
     ) -> tuple[str, list[Entry]]:
-        """Claim pending entries, counting the delivery; those delivered max_deliveries times go to `dead`.
+        """Claim pending entries; an entry to be delivered once more than max_deliveries goes to `dead`.
 
-        `own=False`: other consumers' entries idle past the lease. `own=True`: this consumer's own pending
-        entries except `skip` (what it still holds). Scans from `start`; returns where the next call
-        should start ('-' once the scan reached the end) and the claimed entries.
+        `own=False`: other consumers' entries idle past the lease (a delivery). `own=True`: this
+        consumer's own pending entries except `skip` (what it still holds); a delivery only for those
+        released or delivered before `since_ms` (Redis time when the consumer started: to a crashed
+        predecessor of the same name), not for those it lost track of (see claim.lua). Scans from
+        `start`; returns where the next call should start ('-' once the scan reached the end) and the
+        claimed entries.
         """
         s = self.settings
         mode = "own" if own else "others"
         tracked = int(stream in self.keys.tracked_streams())
-        args = [mode, group, consumer, s.lease_ms, start, count, s.max_deliveries, s.capped_maxlen, tracked]
+        min_idle = since_ms if own else s.lease_ms
+        args = [mode, group, consumer, min_idle, start, count, s.max_deliveries, s.capped_maxlen, tracked]
+        args.append(DEAD_FIELD_MAX_BYTES)
         keys = [stream, self.keys.dead, self.keys.errors, self.keys.in_flight, self.keys.ledger]
-        reply = await self._script("claim", keys, [*args, *skip])
+        failures = self.failures
+
+        async def attempt():
+            if not own and self.failures != failures:  # Redis went away meanwhile: idle times now
+                return [b""]  # include the outage, so no reclaim until the consumer's wait has passed
+            return await self._scripts["claim"](keys=keys, args=[*args, *skip])
+
+        reply = await self.call(attempt)
         entries = []
         for r in reply[1:]:
             fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
@@ -239,7 +292,7 @@ class Bus:
             "deliveries": str(entry.deliveries),
             "reason": reason,
         }
-        fields.update({f"field.{k}": v for k, v in entry.fields.items()})
+        fields.update({f"field.{k}": dead_field_value(v) for k, v in entry.fields.items()})
         out = Out(self.keys.dead, fields, dedup=f"dead:{entry.stream}:{entry.id}")
         dead_uid = ""
         if entry.stream in self.keys.tracked_streams():
@@ -251,8 +304,18 @@ class Bus:
     # -- housekeeping ----------------------------------------------------------------------------------
 
     async def trim(self, stream: str) -> int:
-        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams)."""
+        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams); forget
+        consumers that hold nothing and were not seen for CONSUMER_FORGET_MS."""
         if stream in self.keys.capped_streams():
             maxlen = self.settings.capped_maxlen
             return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
-        return int(await self._script("trim", [stream], []))
+        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS]))
+
+
+def dead_field_value(value: bytes | str) -> bytes | str:
+    """A field as a dead letter copies it: itself, or when over DEAD_FIELD_MAX_BYTES its size and sha1 (the
+    same text as claim.lua writes), so a dead letter stays small whatever it holds."""
+    raw = value.encode() if isinstance(value, str) else value
+    if len(raw) <= DEAD_FIELD_MAX_BYTES:
+        return value
+    return f"omitted: {len(raw)} bytes, sha1 {hashlib.sha1(raw).hexdigest()}"

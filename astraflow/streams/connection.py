@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+import structlog
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
 
 from astraflow.errors import BusConnectionError
 from astraflow.streams.settings import RedisSettings
 
 T = TypeVar("T")
+log = structlog.get_logger(__name__)
 
 BACKOFF_CAP_S = 0.5
 SCRIPT_NAMES = ("handoff", "renew", "release", "claim", "trim", "create_run")
@@ -53,26 +56,61 @@ def register_scripts(
     return {name: client.register_script(head + (lua / f"{name}.lua").read_text()) for name in names}
 
 
+TRANSIENT_CODES = frozenset(
+    {"OOM", "BUSY", "LOADING", "READONLY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"}
+)
+"""Error replies of a Redis that is up but cannot serve writes for now (out of memory, loading its data,
+a replica being promoted, a failing disk): waited out like a lost connection, never blamed on an entry."""
+_SCRIPT_CODE = re.compile(r": -([A-Z]+) ")  # Redis 6.2 wraps a script's failed call as "...: -OOM ..."
+REPORT_EVERY_S = 10.0
+"""While Redis stays unreachable, `reconnecting` logs `redis_unreachable` this often."""
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether `e` says Redis is away or refusing for now (retry later), not that the call is wrong."""
+    if isinstance(e, ConnectionError | TimeoutError | BusConnectionError):
+        return True
+    if not isinstance(e, ResponseError):
+        return False
+    code = getattr(e, "status_code", None) or str(e).split(" ", 1)[0]
+    script = _SCRIPT_CODE.search(str(e))
+    return code in TRANSIENT_CODES or (script is not None and script.group(1) in TRANSIENT_CODES)
+
+
 async def reconnecting(
-    call: Callable[[], Awaitable[T]], budget_s: float, on_lost: Callable[[], None] | None = None
+    call: Callable[[], Awaitable[T]],
+    budget_s: float,
+    on_lost: Callable[[], None] | None = None,
 ) -> T:
-    """Run `call` until it gets through, backing off while Redis is unreachable (restart, network).
+    """Run `call` until it gets through, backing off while Redis is unreachable or refusing (restart,
+    network, `is_transient` error replies such as OOM).
 
     Only for idempotent calls: every write of the bus is (owner checks, dedup keys), so a call whose reply
-    was lost may run again. Past `budget_s` of failures it raises BusConnectionError. `on_lost` runs
-    after each failure (e.g. to re-read state).
+    was lost may run again. Past `budget_s` of failures it raises BusConnectionError; `math.inf` waits out
+    any outage, logging `redis_unreachable` every REPORT_EVERY_S. `on_lost` runs after each failure (e.g.
+    to re-read state).
     """
-    deadline = time.monotonic() + budget_s
-    delay = 0.02
+    delay, down_since, reported = 0.02, 0.0, 0.0
     while True:
         try:
-            return await call()
-        except (ConnectionError, TimeoutError) as e:
+            result = await call()
+        except Exception as e:
+            if isinstance(e, BusConnectionError) or not is_transient(e):  # (a nested budget ran out)
+                raise
             raise_if_cancelled()
+            now = time.monotonic()
+            down_since = down_since or now
             if on_lost is not None:
                 on_lost()
-            if time.monotonic() > deadline:
+            if now - down_since >= budget_s:
                 raise BusConnectionError(f"redis unreachable for {budget_s:.0f}s: {e}") from None
+            if now - (reported or down_since) >= REPORT_EVERY_S:
+                reported = now
+                log.warning("redis_unreachable", down_s=round(now - down_since), error=repr(e))
+        else:
+            if reported:
+                log.info("redis_reachable", down_s=round(time.monotonic() - down_since))
+            return result
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
         delay = min(delay * 2, BACKOFF_CAP_S)
 

@@ -8,7 +8,10 @@ from collections.abc import Sequence
 from redis.exceptions import ResponseError
 
 from astraflow.streams.bus import Bus, Entry, Out
-from astraflow.streams.connection import reconnecting
+from astraflow.streams.connection import BACKOFF_CAP_S, is_transient
+
+RENEW_LAG_S = 1.5 * BACKOFF_CAP_S
+"""How long after Redis is back a renewal in flight may still be backing off (the jittered cap)."""
 
 
 class Consumer:
@@ -16,17 +19,30 @@ class Consumer:
 
     A read first takes back this consumer's own pending entries that it does not hold (work it was given
     before a restart, or whose XREADGROUP reply was lost), then, every `lease_ms / 2`, entries of other
-    consumers idle past the lease, then new entries. Every claim counts as a delivery, so an entry that
-    keeps killing its workers still reaches `dead` after max_deliveries.
+    consumers idle past the lease, then new entries. A claim counts as a delivery when the last attempt
+    ended badly (its handler failed, or its owner crashed or stopped renewing), so an entry that keeps
+    killing its workers still reaches `dead` after max_deliveries; taking back an entry this process only
+    lost track of (a lost reply, a hand-off that failed while Redis was away) does not count.
+
+    After a Redis outage every pending entry looks idle for the whole downtime. So that an entry is
+    reclaimed only when its owner really stopped renewing for a lease *while Redis was up*, owners renew
+    at once when Redis is back (a renewal in flight gets through within RENEW_LAG_S), and this consumer
+    reclaims other consumers' entries only once a lease (plus RENEW_LAG_S) has passed since any call of its
+    bus last failed (a reclaim that was being retried across an outage is dropped). A live owner renews
+    within a third of a lease, so only the entries of owners that are really gone are idle past the lease
+    by then.
     """
 
     def __init__(self, bus: Bus, stream: str, group: str, name: str) -> None:
         self.bus, self.stream, self.group, self.name = bus, stream, group, name
         self.in_flight: dict[str, Entry] = {}
+        self._since_ms: int | None = None  # Redis time of the first read: deliveries before are not ours
         self._own_cursor: str | None = None
         self._rescan = True  # set from anywhere; the next read starts a new scan of own entries
         self._others_cursor = "-"
         self._next_reclaim = 0.0
+        self._failures_seen = 0  # the bus's failure count at the last reclaim check
+        self._quiet_until = 0.0  # no reclaim before (monotonic): a lease after Redis was last away
 
     def rescan(self) -> None:
         """Take back own pending entries at the next read (after losing track of some)."""
@@ -43,9 +59,20 @@ class Consumer:
         return entries
 
     async def _read(self, count: int, block_ms: int) -> list[Entry]:
-        out: list[Entry] = []
+        if self._since_ms is None:
+            seconds, micros = await self.bus.redis.time()
+            self._since_ms = seconds * 1000 + micros // 1000
         if self._rescan:
             self._rescan, self._own_cursor = False, "-"
+        failures = self.bus.failures
+        try:
+            return await self._claim_and_read(count, block_ms)
+        finally:
+            if self.bus.failures != failures:  # a claim retried after a lost reply: what it got is ours
+                self._rescan = True
+
+    async def _claim_and_read(self, count: int, block_ms: int) -> list[Entry]:
+        out: list[Entry] = []
         while self._own_cursor is not None and len(out) < count:
             cursor, got = await self.bus.claim(
                 self.stream,
@@ -55,10 +82,11 @@ class Consumer:
                 start=self._own_cursor,
                 count=count - len(out),
                 skip=list(self.in_flight),
+                since_ms=self._since_ms,
             )
             out += got
             self._own_cursor = None if cursor == "-" else cursor
-        if len(out) < count and time.monotonic() >= self._next_reclaim:
+        if len(out) < count and self._may_reclaim():
             self._next_reclaim = time.monotonic() + self.bus.settings.lease_ms / 2000
             self._others_cursor, got = await self.bus.claim(
                 self.stream,
@@ -75,6 +103,15 @@ class Consumer:
             )
         return out
 
+    def _may_reclaim(self) -> bool:
+        """Time for a scan of other consumers' entries, and a lease since Redis was last away (the first
+        check after a failed call restarts the wait; a check while Redis is still away fails again)."""
+        now = time.monotonic()
+        if self.bus.failures != self._failures_seen:
+            self._failures_seen = self.bus.failures
+            self._quiet_until = now + self.bus.settings.lease_ms / 1000 + RENEW_LAG_S
+        return now >= self._next_reclaim and now >= self._quiet_until
+
     async def renew(self) -> list[Entry]:
         """Renew the leases of everything held; returns (and forgets) entries lost to a reclaim."""
         lost = await self._retrying(self.bus.renew, self.stream, self.group, self.name, list(self.in_flight))
@@ -90,15 +127,33 @@ class Consumer:
     async def release(self, entry: Entry, reason: str) -> None:
         """Hand an entry back for another delivery (its handler failed): dead after max_deliveries.
 
-        Any consumer may take it next, this one included (its next read rescans its own entries)."""
-        self.in_flight.pop(entry.id, None)
-        await self.bus.release(self.stream, self.group, self.name, entry.id, reason)
-        self.rescan()
+        Any consumer may take it next, this one included (its next read rescans its own entries). If the
+        release itself fails, the entry is still taken back by the next read (without counting)."""
+        try:  # held meanwhile, so that no rescan takes it back before it is marked released
+            await self.bus.release(self.stream, self.group, self.name, entry.id, reason)
+        finally:
+            self.forget(entry.id)
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Send an entry that can never succeed (undecodable, invalid) straight to `dead`."""
-        self.in_flight.pop(entry.id, None)
-        await self.bus.dead_letter(entry, self.group, self.name, reason)
+        try:
+            await self.bus.dead_letter(entry, self.group, self.name, reason)
+        finally:
+            self.forget(entry.id)  # should it have failed, the next read takes the entry back
+
+    async def give_back(self, entry_ids: Sequence[str], error: BaseException) -> None:
+        """Settling the entries `entry_ids` failed with `error`; the next read takes them back. Redis away
+        or refusing: without counting a delivery. Anything else: they are released with the error as the
+        reason, so an error that repeats still ends in `dead` after max_deliveries. Never raises."""
+        for entry_id in entry_ids:
+            try:
+                if not is_transient(error):
+                    reason = f"settling failed: {error!r}"
+                    await self.bus.release(self.stream, self.group, self.name, entry_id, reason)
+            except Exception:  # Redis gone meanwhile: taken back by the next read all the same
+                pass
+            finally:
+                self.forget(entry_id)
 
     def settled(self, entry_ids: Sequence[str]) -> None:
         """Stop holding entries that were acknowledged by other means (a caller's own script)."""
@@ -115,7 +170,7 @@ class Consumer:
         while True:
             try:
                 # A lost XREADGROUP or claim reply leaves entries in our pending list: take them back.
-                return await reconnecting(lambda: fn(*args), self.bus.reconnect_max_s, self.rescan)
+                return await self.bus.call(lambda: fn(*args), self.rescan)
             except ResponseError as e:
                 if "NOGROUP" not in str(e):
                     raise

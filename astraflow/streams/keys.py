@@ -13,6 +13,8 @@ LEASE_MS = 30_000
 """An entry idle longer than this (its owner stopped renewing) may be reclaimed by another consumer."""
 BLOCK_MS = 2_000
 """How long one XREADGROUP waits for new entries."""
+CONSUMER_FORGET_MS = 3600 * 1000
+"""A consumer holding nothing and unseen this long is removed from its group when its stream is trimmed."""
 DEDUP_TTL_MS = 24 * 3600 * 1000
 """How long an idempotency key remembers that its entry was published."""
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from astraflow.errors import DecodeError, MessageTooLarge
+from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy
 from astraflow.streams.bus import LOST, Entry, Out
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
@@ -27,7 +27,10 @@ class Runner:
     entries overlaps with committing the last ones. Fault handling is the point of this class:
     - DecodeError or an oversized output: the entry can never succeed, it goes to `dead` at once;
     - any other exception: the entry is released for redelivery and reaches `dead` after max_deliveries;
-    - an entry reclaimed by another consumer (our lease lapsed) is cancelled and its output dropped.
+    - an entry reclaimed by another consumer (our lease lapsed) is cancelled and its output dropped;
+    - a handler running past `streams.handler_timeout_s` is cancelled and its entry released; the worker
+      is then `unhealthy` (a hung handler may hold threads, locks or an engine): `run` stops reading,
+      drains and raises WorkerUnhealthy, so the process exits non-zero and its supervisor restarts it.
     """
 
     def __init__(self, consumer: Consumer, handler: Handler, capacity: int) -> None:
@@ -39,6 +42,8 @@ class Runner:
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
         self._commit_lock = asyncio.Lock()
+        self.unhealthy: str | None = None
+        """Why this worker should be restarted (None while healthy)."""
         self.log = log.bind(stream=consumer.bus.keys.short(consumer.stream), consumer=consumer.name)
 
     @property
@@ -52,27 +57,51 @@ class Runner:
         return min(self.capacity - len(self._tasks), 2 * self.capacity - self.held)
 
     async def run(self, stop: asyncio.Event, drain_s: float = 30.0) -> None:
-        """Consume until `stop` is set; then finish in-flight entries within `drain_s`, release the rest."""
+        """Consume until `stop` is set; then finish in-flight entries within `drain_s`, release the rest.
+        Raises WorkerUnhealthy (after the same drain) once a handler hung."""
         settings = self.consumer.bus.settings
         loops = (self._commit_loop(), self._lease_loop(), self._trim_loop(), self._watch(stop))
         helpers = [asyncio.create_task(c) for c in loops]
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self.unhealthy is None:
                 free = self.free
                 if free <= 0:
                     self._freed.clear()
                     await self._freed.wait()
                     continue
                 block = settings.block_ms if not self.held else min(settings.block_ms, 50)
-                for entry in await self.consumer.read(free, block):
+                for entry in await self._read_until(stop, free, block):
                     task = asyncio.create_task(self._handle(entry))
                     self._tasks[entry.id] = task
                     task.add_done_callback(lambda t, i=entry.id: self._task_done(i, t))
-            await self._drain(drain_s)
+            try:
+                await asyncio.wait_for(self._drain(drain_s), 2 * drain_s)
+            except TimeoutError:  # Redis away: what is not settled stays pending, reclaimed after the lease
+                self.log.error("drain_incomplete", held=self.held)
+            if self.unhealthy is not None:
+                raise WorkerUnhealthy(self.unhealthy)
         finally:
             # Also on an exception or cancellation: no handler outlives the runner. What they held and
             # did not hand off stays pending and is taken back after the lease.
             await cancel_and_wait([*self._tasks.values(), *helpers])
+
+    async def _read_until(self, stop: asyncio.Event, count: int, block_ms: int) -> list[Entry]:
+        """The next entries. A read still waiting for Redis when `stop` is set gets its block time and a
+        socket timeout to end, then is abandoned (a worker stops during an outage too): entries it may
+        have been given stay pending and are reclaimed after the lease."""
+        read = asyncio.ensure_future(self.consumer.read(count, block_ms))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({read, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                socket_s = self.consumer.bus.settings.block_ms / 1000  # on top of this read's own block
+                await asyncio.wait({read}, timeout=block_ms / 1000 + socket_s)
+        finally:
+            stopped.cancel()
+            if not read.done():
+                read.cancel()
+                self.log.warning("read_abandoned", reason="stopping while redis is unreachable")
+        return [] if read.cancelled() else read.result()
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()
@@ -108,8 +137,16 @@ class Runner:
             self.consumer.forget(entry.id)
 
     async def _process(self, entry: Entry) -> None:
+        timeout_s = self.consumer.bus.settings.handler_timeout_s
         try:
-            outs = await self.handler(entry)
+            outs = await self._call_handler(entry, timeout_s)
+            if outs is None:
+                self.unhealthy = f"handler timed out after {timeout_s:g} s"
+                self.log.error("handler_timed_out", id=entry.id, timeout_s=timeout_s)
+                self._freed.set()  # wake the read loop: it stops reading
+                await self.consumer.release(entry, self.unhealthy)
+                self.stats["released"] += 1
+                return
             for out in outs:
                 self.consumer.bus.check_size(out)
         except (DecodeError, MessageTooLarge) as e:
@@ -124,6 +161,17 @@ class Runner:
             return
         self._done.append((entry, outs))
         self._wake.set()
+
+    async def _call_handler(self, entry: Entry, timeout_s: float) -> Sequence[Out] | None:
+        """The handler's outputs, or None when it ran past `timeout_s` (it is cancelled, not awaited: a
+        handler that ignores cancellation must not hold the entry)."""
+        task = asyncio.ensure_future(self.handler(entry))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        finally:
+            if not task.done():
+                task.cancel()
+        return task.result() if done else None
 
     async def _commit_loop(self) -> None:
         while True:
@@ -140,10 +188,9 @@ class Runner:
             self._committing = len(batch)
             try:
                 statuses = await self.consumer.complete(batch)
-            except Exception as e:  # Redis gone past the reconnect budget: leave the entries to be reclaimed.
+            except Exception as e:  # taken back at the next read; released (counted) unless Redis was away
                 self.log.error("handoff_failed", entries=len(batch), error=repr(e))
-                for entry, _ in batch:
-                    self.consumer.forget(entry.id)
+                await self.consumer.give_back([entry.id for entry, _ in batch], e)
                 statuses = ["failed"] * len(batch)
             finally:
                 self._committing = 0

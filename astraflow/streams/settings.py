@@ -17,7 +17,8 @@ class RedisSettings(BaseModel):
     socket_timeout_s: float = 5.0
     """Socket timeout of command connections (blocking reads use block_ms plus this)."""
     reconnect_max_s: float = 60.0
-    """How long an operation keeps reconnecting (with backoff) before it raises BusConnectionError."""
+    """How long a one-shot command keeps reconnecting (with backoff) before it raises BusConnectionError;
+    long-running workers wait out any outage instead."""
 
 
 class StreamsSettings(BaseModel):
@@ -37,3 +38,5 @@ class StreamsSettings(BaseModel):
     """Approximate length kept of streams without a group (notices, dead, metrics)."""
     trim_interval_ms: int = Field(10_000, gt=0)
     """How often a consumer trims its input stream up to what every group acknowledged."""
+    handler_timeout_s: float = Field(600.0, gt=0)
+    """A handler running longer is cancelled, its entry released, and its worker ends as unhealthy."""

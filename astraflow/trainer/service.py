@@ -220,7 +220,7 @@ class TrainerService:
     async def _ack(self, entries: list[Entry]) -> None:
         stream = self.bus.keys.batches(self.model_name)
         ids = [e.id for e in entries]
-        await self.bus.call(lambda: self.bus.redis.xack(stream, GROUP_TRAINER, *ids))
+        await self.bus.ack(stream, GROUP_TRAINER, ids)
         self.consumer.settled(ids)
 
     async def _metrics(self, batch_uid: str, stats: dict[str, float]) -> None:

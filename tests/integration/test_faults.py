@@ -158,3 +158,22 @@ async def test_trim_keeps_everything_a_group_has_not_acknowledged(bus):
     assert await bus.trim(bus.keys.prompts) == 3
     left = [decode(f, PromptGroup).uid for _, f in await bus.redis.xrange(bus.keys.prompts)]
     assert left == uids[4:]  # delivered to nobody yet
+
+
+async def test_worker_with_a_hung_handler_exits_non_zero_and_releases_the_entry(bus, redis_url):
+    settings = settings_for(redis_url, episode_ms=60_000)  # an episode that never ends in time
+    settings.streams.handler_timeout_s = 0.5
+    [uid] = await feed(bus, 1)
+    worker = spawn_worker(settings, "stuck")
+    try:
+        code = await asyncio.wait_for(asyncio.to_thread(worker.wait), 60)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert code != 0  # its supervisor restarts it
+    assert list((await bus.redis.hgetall(bus.keys.errors)).values()) == [
+        b"stuck: handler timed out after 0.5 s"
+    ]
+    rescuer = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "rescuer")
+    [entry] = await rescuer.read(1, block_ms=10)  # released: taken at once, no lease to wait out
+    assert decode(entry.fields, PromptGroup).uid == uid

@@ -217,13 +217,13 @@ async def test_rescan_after_a_lost_reply_does_not_count_held_entries_again(bus):
     assert set(c.in_flight) == {e.id for e in held}
 
 
-async def test_entry_the_consumer_lost_track_of_is_taken_back_by_itself(bus):
+async def test_entry_the_consumer_lost_track_of_is_taken_back_by_itself_without_counting(bus):
     await fill(bus, 1)
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
     [entry] = await c.read(1, block_ms=10)
-    c.forget(entry.id)  # e.g. its hand-off failed while Redis was away
+    c.forget(entry.id)  # e.g. its hand-off failed while Redis was away: not the entry's fault
     [again] = await c.read(1, block_ms=10)
-    assert again.id == entry.id and again.deliveries == 2
+    assert again.id == entry.id and again.deliveries == 1
 
 
 async def test_invalid_output_in_a_batch_writes_nothing(bus):
@@ -248,3 +248,58 @@ async def test_handoff_retried_without_dedup_keys_is_still_exactly_once(bus):
     [(retry, _)] = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "c", [(entry, [out])])
     assert (first, retry) == (OK, DUP)
     assert await bus.redis.xlen(bus.keys.rollouts) == 1
+
+
+async def test_dead_letter_of_an_entry_whose_owners_crashed_says_so(bus):
+    await fill(bus, 1)
+    for i in range(bus.settings.max_deliveries + 1):
+        worker = Consumer(bus, bus.keys.prompts, GROUP_RAAS, f"w{i}")
+        got = await worker.read(1, block_ms=10)
+        assert len(got) == (i < bus.settings.max_deliveries)
+        await asyncio.sleep(bus.settings.lease_ms / 1000 + 0.05)  # it crashed: nobody renews
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert b"w2 stopped renewing its lease (crashed or hung)" in dead[b"reason"]
+
+
+async def test_large_fields_of_a_dead_letter_are_replaced_by_size_and_digest(bus):
+    await bus.publish(Out(bus.keys.prompts, {"uid": b"u0", "data": b"x" * 100_000}))
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    [entry] = await c.read(1, block_ms=10)
+    await c.dead_letter(entry, "DecodeError: data: truncated")
+    for _ in range(bus.settings.max_deliveries):  # and the same through a claim after max_deliveries
+        await bus.publish(Out(bus.keys.prompts, {"uid": b"u1", "data": b"y" * 100_000}))
+    c._next_reclaim = float("inf")
+    for _ in range(bus.settings.max_deliveries + 1):
+        for e in await c.read(1, block_ms=10):
+            await c.release(e, "ValueError: nope")
+    letters = [f for _, f in await bus.redis.xrange(bus.keys.dead)]
+    assert letters[0][b"field.data"].startswith(b"omitted: 100000 bytes, sha1 ")
+    assert letters[0][b"field.uid"] == b"u0"
+    assert letters[1][b"field.data"].startswith(b"omitted: 100000 bytes")
+
+
+async def test_acknowledging_an_entry_clears_its_recorded_error(bus):
+    await fill(bus, 2)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    for entry in await c.read(2, block_ms=10):
+        await c.release(entry, "ValueError: once")
+    a, b = await c.read(2, block_ms=10)
+    assert await bus.redis.hlen(bus.keys.errors) == 2
+    await c.complete([(a, [])])
+    await bus.ack(bus.keys.prompts, GROUP_RAAS, [b.id])  # e.g. a trainer's checkpointed batch
+    assert await bus.redis.hlen(bus.keys.errors) == 0
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_trim_forgets_consumers_of_past_processes_that_hold_nothing(bus, monkeypatch):
+    await fill(bus, 2)
+    gone = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas-host-1-a1b2")
+    holder = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas-host-2-c3d4")
+    [done] = await gone.read(1, block_ms=10)
+    await gone.complete([(done, [])])
+    await holder.read(1, block_ms=10)
+    monkeypatch.setattr("astraflow.streams.bus.CONSUMER_FORGET_MS", 50)
+    await asyncio.sleep(0.1)
+    await bus.trim(bus.keys.prompts)
+    consumers = await bus.redis.xinfo_consumers(bus.keys.prompts, GROUP_RAAS)
+    assert [c["name"] for c in consumers] == [b"raas-host-2-c3d4"]  # still holds an entry

@@ -1,4 +1,7 @@
-"""publish_and_ack is all-or-nothing: a failure injected before or after the step leaves both or neither."""
+"""publish_and_ack is all-or-nothing: a failure injected before or after the step leaves both or neither;
+a lost reply never counts a delivery twice."""
+
+import asyncio
 
 import pytest
 from redis.exceptions import ConnectionError
@@ -66,3 +69,22 @@ async def test_publish_without_dedup_key_survives_a_lost_reply(bus):
     bus._scripts["handoff"] = Faulty(bus._scripts["handoff"], "after")
     await bus.publish(Out(bus.keys.metrics, {"step": "1"}))
     assert await bus.redis.xlen(bus.keys.metrics) == 1
+
+
+async def test_a_reclaim_whose_reply_was_lost_counts_one_delivery(bus, held):
+    _, entry = held  # its owner is gone: it never renews
+    await asyncio.sleep(bus.settings.lease_ms / 1000 + 0.05)
+    rescuer = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "rescuer")
+    rescuer._since_ms = 0  # (its first read is long past)
+    real = bus._scripts["claim"]
+
+    async def lose_the_reclaim_reply(keys, args):
+        result = await real(keys=keys, args=args)
+        if args[0] == "others" and result[1:]:
+            bus._scripts["claim"] = real
+            raise ConnectionError("connection reset before the reply arrived")
+        return result
+
+    bus._scripts["claim"] = lose_the_reclaim_reply
+    got = await rescuer.read(1, block_ms=10) or await rescuer.read(1, block_ms=10)
+    assert [(e.id, e.deliveries) for e in got] == [(entry.id, 2)]  # taken, and counted once

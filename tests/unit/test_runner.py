@@ -1,8 +1,12 @@
 """The consume loop: capacity, dead letters, cancellation leaves no handler behind."""
 
 import asyncio
+import math
 
-from astraflow.errors import DecodeError
+import pytest
+from redis.exceptions import ConnectionError
+
+from astraflow.errors import DecodeError, WorkerUnhealthy
 from astraflow.streams import Consumer, Out, Runner
 from astraflow.streams.keys import GROUP_RAAS
 
@@ -97,3 +101,52 @@ async def test_stop_drains_then_releases_what_did_not_finish(bus):
     other = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "other")
     [entry] = await other.read(1, block_ms=10)
     assert entry.fields["uid"] == b"u1"
+
+
+async def test_hung_handler_is_cancelled_its_entry_released_and_the_worker_ends_unhealthy(bus):
+    bus.settings = bus.settings.model_copy(update={"handler_timeout_s": 0.2})
+    await fill(bus, 3)
+    cancelled = []
+
+    async def handle(entry):
+        if entry.fields["uid"] == b"u1":  # stuck forever (a wedged engine call, a deadlock)
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(entry.id)
+                raise
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 3)
+    with pytest.raises(WorkerUnhealthy, match=r"handler timed out after 0\.2 s"):
+        await asyncio.wait_for(runner.run(asyncio.Event(), drain_s=1), 10)
+    assert runner.unhealthy == "handler timed out after 0.2 s"
+    assert len(cancelled) == 1
+    assert await bus.redis.xlen(bus.keys.rollouts) == 2  # the others were handed off
+    errors = await bus.redis.hgetall(bus.keys.errors)
+    assert list(errors.values()) == [b"c: handler timed out after 0.2 s"]
+    other = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "other")
+    [again] = await other.read(1, block_ms=10)  # released: anyone may take it at once
+    assert again.fields["uid"] == b"u1" and again.deliveries == 2
+
+
+async def test_worker_told_to_stop_during_a_redis_outage_stops(bus):
+    await fill(bus, 1)
+    bus.reconnect_max_s = math.inf  # a long-running worker waits outages out
+
+    async def unreachable(*args, **kwargs):
+        raise ConnectionError("Connection refused")
+
+    async def handle(entry):
+        bus.blocking.xreadgroup = unreachable  # Redis goes away after the first entry
+        bus._scripts["handoff"] = unreachable
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop, drain_s=0.2))
+    while not runner.stats and not runner.held:
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 10)  # returns although every call would wait forever
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1  # left for a reclaim

@@ -6,7 +6,8 @@
 -- rollout entry's id (large values are slow to pass into Lua); a part that ends up not held by the ready
 -- set (dropped here, or the entry was not ours to settle) has its bytes removed again.
 -- KEYS[1] rollouts, KEYS[2] in-flight set, KEYS[3] ledger, KEYS[4] state, KEYS[5] curator ewma hash,
--- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8..] per model: ready set, samples hash, refs
+-- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8] errors hash (an acknowledged entry's recorded
+-- error is removed), KEYS[9..] per model: ready set, samples hash, refs
 -- ARGV: group, consumer, max_staleness, key_prefix, trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
 --   curator ('' = none reads the state, 'filter_solved', 'greso'), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
@@ -14,7 +15,7 @@
 -- Returns per item: {status, outcome per part...}; status 'ok', 'dup' (already settled), 'lost' (another
 -- consumer owns the entry) or 'unknown' (its uid was not in flight: a duplicate rollout, only acked).
 local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ewma_key, streak_key, greso = KEYS[5], KEYS[6], KEYS[7]
+local ewma_key, streak_key, greso, errors = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local group, consumer, max_staleness, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local ttl, order, alpha, now, curator = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local n_items = tonumber(ARGV[10])
@@ -57,6 +58,7 @@ for i = 1, n_items do
   local reply = {status}
   if status == 'ok' then
     redis.call('XACK', rollouts, group, id)
+    redis.call('HDEL', errors, rollouts .. '|' .. id)
     if redis.call('SREM', in_flight, uid) == 0 then
       count('unknown', 1)
       reply[1] = 'unknown'

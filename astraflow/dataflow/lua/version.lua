@@ -3,10 +3,10 @@
 -- for a rollback: a new trainer incarnation publishing a version older than the recorded one (it
 -- restarted from a checkpoint behind the versions its predecessor announced, whose weights are gone).
 -- The version then moves back and `rollback` asks the next announcement to go out although it is not new.
--- KEYS[1] versions stream, KEYS[2] state
+-- KEYS[1] versions stream, KEYS[2] state, KEYS[3] errors hash (the entry's recorded error is removed)
 -- ARGV: group, consumer, entry_id, model, version, manifest_key, eval ('1'/'0'), checkpoint, incarnation
 -- Returns 'ok', 'dup' or 'lost'.
-local versions, state = KEYS[1], KEYS[2]
+local versions, state, errors = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer, id, model, version = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local status = ownership(versions, group, consumer, id)
 if status ~= 'ok' then return status end
@@ -20,4 +20,5 @@ redis.call('HSET', state, 'inc:' .. model, ARGV[9])
 redis.call('HSET', state, 'manifest:' .. model .. ':' .. version, ARGV[6], 'checkpoint:' .. model .. ':' .. version, ARGV[8])
 if ARGV[7] == '1' then redis.call('HSET', state, 'eval:' .. version, 1) end
 redis.call('XACK', versions, group, id)
+redis.call('HDEL', errors, versions .. '|' .. id)
 return 'ok'

@@ -1,8 +1,16 @@
--- Claim pending entries for `consumer`, counting the delivery, and dead-letter those already delivered
--- max_deliveries times. Two modes:
---   'others': entries of other consumers idle longer than the lease (their owner stopped renewing);
---   'own':    this consumer's own pending entries after `start`, except the ids it says it still holds
---             (after a restart or a lost reply: work it was given but lost track of).
+-- Claim pending entries for `consumer`, and dead-letter those already delivered max_deliveries times.
+-- Two modes:
+--   'others': entries of other consumers idle longer than the lease (their owner stopped renewing, or
+--             released them). Counts a delivery.
+--   'own':    this consumer's own pending entries after `start`, except the ids it says it still holds.
+--             Counts a delivery only for an entry delivered before `since` (Redis time in ms when this
+--             consumer started: it was delivered to a previous process under the same name, which
+--             crashed) or released (idle set to RELEASED_IDLE by release.lua: its handler failed). Both
+--             times are Redis's, so no clock skew or latency enters. One the consumer merely lost track of
+--             in this process (a lost reply, a hand-off that failed while Redis was away) is not a new
+--             delivery: the attempt did not fail, so it neither counts nor dead-letters.
+-- A counted claim of an entry that was not released records why the last attempt ended in the errors
+-- hash, so a dead letter says what happened.
 -- XPENDING + XCLAIM rather than XAUTOCLAIM or XREADGROUP <id>: it tells the last owner and the delivery
 -- count before the claim (both go into a dead letter), never counts an in-flight entry as redelivered,
 -- and behaves the same on Redis 6.2 and 7.x for entries deleted from the stream (acknowledged here,
@@ -10,22 +18,62 @@
 -- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group: the
 -- uid leaves the in-flight set and the ledger counts it dead.
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash, KEYS[4] in-flight set, KEYS[5] ledger
--- ARGV: mode, group, consumer, min_idle_ms, start, count, max_deliveries, dead_maxlen, tracked ('1'/'0'),
---       skip ids...
+-- ARGV: mode, group, consumer, min_idle_ms ('others') or since (ms, 'own'), start, count, max_deliveries,
+--       dead_maxlen, tracked ('1'/'0'),
+--       max_field_bytes (larger fields of a dead letter are replaced by their size and digest), skip ids...
 -- Returns {next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end.
 local stream, dead, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local count, max_deliveries, dead_maxlen, tracked = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
+local max_field_bytes = tonumber(ARGV[10])
 local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
 
 local skip = {}
-for i = 10, #ARGV do skip[ARGV[i]] = true end
+for i = 11, #ARGV do skip[ARGV[i]] = true end
 
-local pending
+local pending, since, now
 if mode == 'own' then
+  local t = redis.call('TIME')
+  since, now = tonumber(ARGV[4]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   pending = redis.call('XPENDING', stream, group, start, '+', count, consumer)
 else
   pending = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', count)
+end
+
+-- A field of a dead letter: the original value, or when larger than `limit` its size and digest (the
+-- same text as Bus.dead_field_value writes).
+local function dead_field_value(value, limit)
+  if #value <= limit then return value end
+  if not redis.sha1hex then return 'omitted: ' .. #value .. ' bytes' end  -- (fakeredis lacks it)
+  return 'omitted: ' .. #value .. ' bytes, sha1 ' .. redis.sha1hex(value)
+end
+
+local function dead_letter(id, entry, owner, deliveries, last)
+  local reason = 'delivered ' .. deliveries .. ' times (max_deliveries ' .. max_deliveries .. '); '
+  if last then
+    reason = reason .. 'last error: ' .. last
+  else
+    reason = reason .. 'never acknowledged: its owners crashed or hung past the lease'
+  end
+  local fields = {'kind', 'dead', 'source', stream, 'source_id', id, 'group', group, 'consumer', owner,
+                  'deliveries', tostring(deliveries), 'reason', reason}
+  local n_copied = math.min(#entry[2], 2 * MAX_COPIED_FIELDS)
+  for i = 1, n_copied, 2 do
+    fields[#fields + 1] = 'field.' .. entry[2][i]
+    fields[#fields + 1] = dead_field_value(entry[2][i + 1], max_field_bytes)
+  end
+  if n_copied < #entry[2] then
+    fields[#fields + 1] = 'fields_truncated'
+    fields[#fields + 1] = tostring(#entry[2] / 2)
+  end
+  redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
+  if tracked then
+    for i = 1, #entry[2], 2 do
+      if entry[2][i] == 'uid' and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
+        redis.call('HINCRBY', ledger, 'dead', 1)
+      end
+    end
+  end
 end
 
 local claimed = {''}
@@ -33,46 +81,31 @@ if #pending == count then
   claimed[1] = '(' .. pending[#pending][1]
 end
 for _, p in ipairs(pending) do
-  local id, owner, deliveries = p[1], p[2], tonumber(p[4])
+  local id, owner, idle, deliveries = p[1], p[2], tonumber(p[3]), tonumber(p[4])
   if not skip[id] and (mode == 'own' or owner ~= consumer) then
     local entry = redis.call('XRANGE', stream, id, id)[1]
     local err_field = stream .. '|' .. id
+    local released = idle >= RELEASED_IDLE
+    -- (1 ms of slack: idle times and TIME are rounded differently)
+    local counted = mode == 'others' or released or now - idle < since - 1
+    local why = nil  -- how the last attempt ended, when this claim is what tells
+    if counted and not released then
+      why = owner .. (mode == 'own' and ' restarted (crashed) before acknowledging it'
+        or ' stopped renewing its lease (crashed or hung)')
+    end
     if not entry then
       redis.call('XACK', stream, group, id)
       redis.call('HDEL', errors, err_field)
-    elseif deliveries >= max_deliveries then
-      local last = redis.call('HGET', errors, err_field)
-      local reason = 'delivered ' .. deliveries .. ' times (max_deliveries ' .. max_deliveries .. '); '
-      if last then
-        reason = reason .. 'last error: ' .. last
-      else
-        reason = reason .. 'never acknowledged: its owners crashed or hung past the lease'
-      end
-      local fields = {'kind', 'dead', 'source', stream, 'source_id', id, 'group', group, 'consumer', owner,
-                      'deliveries', tostring(deliveries), 'reason', reason}
-      local n_copied = math.min(#entry[2], 2 * MAX_COPIED_FIELDS)
-      for i = 1, n_copied, 2 do
-        fields[#fields + 1] = 'field.' .. entry[2][i]
-        fields[#fields + 1] = entry[2][i + 1]
-      end
-      if n_copied < #entry[2] then
-        fields[#fields + 1] = 'fields_truncated'
-        fields[#fields + 1] = tostring(#entry[2] / 2)
-      end
-      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
-      if tracked then
-        for i = 1, #entry[2], 2 do
-          if entry[2][i] == 'uid' and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
-            redis.call('HINCRBY', ledger, 'dead', 1)
-          end
-        end
-      end
+    elseif counted and deliveries >= max_deliveries then
+      dead_letter(id, entry, owner, deliveries, why or redis.call('HGET', errors, err_field))
       redis.call('XACK', stream, group, id)
       redis.call('HDEL', errors, err_field)
     else
-      -- JUSTID alone would not count a delivery; RETRYCOUNT does, since this is one. Resets the idle time.
-      redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', deliveries + 1, 'JUSTID')
-      local reply = {id, deliveries + 1}
+      if why then redis.call('HSET', errors, err_field, why) end
+      -- JUSTID alone would not count a delivery; RETRYCOUNT does. Both reset the idle time.
+      local times = counted and deliveries + 1 or deliveries
+      redis.call('XCLAIM', stream, group, consumer, 0, id, 'RETRYCOUNT', times, 'JUSTID')
+      local reply = {id, times}
       for _, v in ipairs(entry[2]) do reply[#reply + 1] = v end
       claimed[#claimed + 1] = reply
     end

@@ -13,9 +13,9 @@
 -- KEYS[1] input stream (any key of the run when there is none), KEYS[2] errors hash, KEYS[3] in-flight
 -- set, KEYS[4] ledger hash, KEYS[5..] output streams and dedup keys, referenced by index from ARGV.
 -- ARGV: group, consumer, dedup_ttl_ms, n_items, then per item:
---   input_id, redelivered ('1' when the entry may have an error recorded by an earlier delivery),
---   dead_uid ('' = none), n_outputs, then per output: stream_index, dedup_index (0 = none), n_fields,
---   f1, v1, ...
+--   input_id, dead_uid ('' = none), n_outputs, then per output: stream_index, dedup_index (0 = none),
+--   n_fields, f1, v1, ...
+-- An acknowledged input's recorded error (errors hash, written by release and claim) is removed with it.
 -- Returns one reply per item: {status, id of each output ('' when unknown)}; status 'ok', 'dup' (already
 -- done: every output existed, or the input was already acknowledged) or 'lost' (another consumer has it).
 
@@ -25,8 +25,8 @@ local group, consumer, ttl, n_items = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4
 -- Pass 1, read-only: every output stream must be a stream (or not exist yet).
 local checked, pos = {}, 5
 for _ = 1, n_items do
-  local n_out = tonumber(ARGV[pos + 3])
-  pos = pos + 4
+  local n_out = tonumber(ARGV[pos + 2])
+  pos = pos + 3
   for _ = 1, n_out do
     local stream, n_fields = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 2])
     if n_fields < 1 or n_fields > 1000 then
@@ -48,8 +48,8 @@ end
 local replies = {}
 pos = 5
 for i = 1, n_items do
-  local id, redelivered, dead_uid, n_out = ARGV[pos], ARGV[pos + 1] == '1', ARGV[pos + 2], tonumber(ARGV[pos + 3])
-  pos = pos + 4
+  local id, dead_uid, n_out = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
+  pos = pos + 3
   local owned = id == '' or #redis.call('XPENDING', input, group, id, id, 1, consumer) > 0
   local reply, first, all_done = {'ok'}, pos, n_out > 0
   for j = 1, n_out do
@@ -81,7 +81,7 @@ for i = 1, n_items do
     end
     if id ~= '' then
       redis.call('XACK', input, group, id)
-      if redelivered then redis.call('HDEL', errors, input .. '|' .. id) end
+      redis.call('HDEL', errors, input .. '|' .. id)
     end
   end
   replies[i] = reply

@@ -1,0 +1,74 @@
+"""One dataflow replica alone on a real Redis: a step that fails to settle is retried by that replica."""
+
+from __future__ import annotations
+
+import pytest
+
+from astraflow.config import load_settings
+from astraflow.dataflow.ledger import read_ledger
+from astraflow.dataflow.service import Dataflow
+from astraflow.errors import BusConnectionError, BusError
+from astraflow.streams.keys import GROUP_DATAFLOW
+from tests.dataflow_helpers import heartbeat, publish_version, roll_out
+
+pytestmark = pytest.mark.integration
+STEPS = 20
+
+
+def single_replica(bus) -> Dataflow:
+    settings = load_settings(None, ["run.name=it", "dataflow.feeder.n_samples=4", "dataflow.batch.size=8"])
+    return Dataflow(settings, bus, "df-only")
+
+
+def fail_once(obj, name: str, error: Exception) -> list:
+    """Make `obj.name` raise `error` on its first call; returns the list of calls that failed."""
+    real, failed = getattr(obj, name), []
+
+    async def call(*args, **kwargs):
+        if not failed:
+            failed.append(args)
+            raise error
+        return await real(*args, **kwargs)
+
+    setattr(obj, name, call)
+    return failed
+
+
+async def pending(bus, stream: str) -> int:
+    return (await bus.redis.xpending(stream, GROUP_DATAFLOW))["pending"]
+
+
+@pytest.mark.parametrize(
+    "error", [BusError("hand-off refused: ERR injected"), BusConnectionError("redis unreachable for 1s")]
+)
+async def test_a_collect_that_failed_once_is_collected_by_the_same_single_replica(bus, error):
+    df = single_replica(bus)
+    await heartbeat(bus, "sim", 8)
+    await df.feeder.step()
+    uids = await roll_out(bus, 100, lambda g, i: float(i % 2))
+    failed = fail_once(df.store, "collect", error)
+    with pytest.raises(type(error)):
+        await df.collector.step(10)
+    assert failed
+    for _ in range(STEPS):
+        if not await df.collector.step(10) and not await pending(bus, bus.keys.rollouts):
+            break
+    ledger = await read_ledger(bus, ["policy"])
+    assert ledger.collected == len(uids) > 0 and not ledger.problems(), ledger.render()
+    assert await pending(bus, bus.keys.rollouts) == 0
+    assert await bus.redis.xlen(bus.keys.dead) == 0
+    assert await bus.redis.hlen(bus.keys.errors) == 0  # what the failure recorded went with the ack
+
+
+async def test_a_version_whose_recording_failed_once_is_recorded_by_the_same_single_replica(bus):
+    df = single_replica(bus)
+    await publish_version(bus, "policy", 1)
+    fail_once(df.store, "record_version", BusError("injected"))
+    with pytest.raises(BusError):
+        await df.barrier.step(10)
+    for _ in range(STEPS):
+        if not await df.barrier.step(10) and not await pending(bus, bus.keys.versions):
+            break
+    assert (await df.store.state()).get("v:policy") == "1"
+    assert await pending(bus, bus.keys.versions) == 0
+    assert await bus.redis.hlen(bus.keys.errors) == 0
