@@ -19,7 +19,7 @@ def replica_name(settings: Settings) -> str:
 def main(settings: Settings, url: str) -> None:
     name = replica_name(settings)
     body = lambda bus, stop: Dataflow(settings, bus, name).run(stop)  # noqa: E731
-    asyncio.run(run_until_signalled(settings, url, name, body))
+    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id"))
 
 
 if __name__ == "__main__":

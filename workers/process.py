@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from astraflow import logs
 from astraflow.config import Settings
 from astraflow.streams import Bus
+from astraflow.streams.names import hold_name
 
 
 def process_name(kind: str, configured: str | None = None) -> str:
@@ -22,10 +23,15 @@ def process_name(kind: str, configured: str | None = None) -> str:
 
 
 async def run_until_signalled(
-    settings: Settings, url: str, worker: str, body: Callable[[Bus, asyncio.Event], Awaitable[None]]
+    settings: Settings,
+    url: str,
+    worker: str,
+    body: Callable[[Bus, asyncio.Event], Awaitable[None]],
+    name_setting: str,
 ) -> None:
     """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns). The bus waits
-    out Redis outages (logging `redis_unreachable`) rather than ending the process."""
+    out Redis outages (logging `redis_unreachable`) rather than ending the process. The process holds its
+    consumer name `worker` throughout (`names.hold_name`; `name_setting` is what a clash should change)."""
     logs.configure(worker=worker, run=settings.run.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -33,6 +39,7 @@ async def run_until_signalled(
         loop.add_signal_handler(sig, stop.set)
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
-        await body(bus, stop)
+        async with hold_name(bus, worker, name_setting):
+            await body(bus, stop)
     finally:
         await bus.close()

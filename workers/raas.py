@@ -12,6 +12,7 @@ from astraflow.config import Settings, load_settings
 from astraflow.engines import make_engine, resolve_type
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Bus
+from astraflow.streams.names import hold_name
 from astraflow.weights.files import buffer_root
 from astraflow.weights.publisher import run_secret
 from astraflow.weights.receiver import WeightReceiver
@@ -57,7 +58,8 @@ async def serve(settings: Settings, url: str) -> None:
     try:
         for engine in engines.values():
             await engine.start()
-        await RaasWorker(settings, bus, engines, wid, tokenizers, receivers).run(stop)
+        async with hold_name(bus, wid, "raas.id"):
+            await RaasWorker(settings, bus, engines, wid, tokenizers, receivers).run(stop)
     finally:
         for engine in engines.values():
             await engine.close()

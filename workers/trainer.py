@@ -30,7 +30,7 @@ def main(settings: Settings, url: str, model: str | None = None) -> None:
             TrainerService(settings, bus, name).follow()
             return
         body = lambda bus, stop: TrainerService(settings, bus, name).run(stop)  # noqa: E731
-        asyncio.run(run_until_signalled(settings, url, f"trainer-{name}", body))
+        asyncio.run(run_until_signalled(settings, url, f"trainer-{name}", body, "one trainer per policy"))
     finally:
         distributed.teardown()
 

@@ -133,6 +133,10 @@ class Keys:
         """String: the run's secret for weight transfers (when `weights.secret` is not set)."""
         return self._k("weights:secret")
 
+    def consumer_name(self, name: str) -> str:
+        """String with a TTL: `host pid token` of the live process running under consumer name `name`."""
+        return self._k(f"name:{name}")
+
     def raas(self, worker_id: str) -> str:
         return self._k(f"raas:{worker_id}")
 

@@ -1,0 +1,101 @@
+"""One live process per consumer name: the owner checks of the bus tell consumers apart by name alone.
+
+A worker holds its name for as long as it runs: the key `name:<name>` carries `host pid token` with a TTL
+of one lease, renewed every third of it. A process that finds the name held waits for the holder's TTL to
+run out (a holder that was killed stops renewing), taking it over at once from a dead pid of its own host
+(the supervisor restarting a worker under its fixed name); a name still renewed after that belongs to a
+live process, and the start is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import structlog
+
+from astraflow.errors import AstraflowError
+from astraflow.streams.bus import Bus
+from astraflow.streams.connection import raise_if_cancelled
+
+log = structlog.get_logger(__name__)
+
+# Set the name to ARGV[1] (PX ARGV[2]) if it is free or still holds ARGV[3] (our own, or a dead holder's).
+_TAKE = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[3] then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+
+
+class NameInUse(AstraflowError):
+    """Another live process runs under this consumer name."""
+
+
+def _pid_dead(holder: str) -> bool:
+    host, pid, _ = holder.split(" ", 2)
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@contextlib.asynccontextmanager
+async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> AsyncIterator[None]:
+    """Hold consumer name `name` while the body runs; raise NameInUse if a live process holds it."""
+    key = bus.keys.consumer_name(name)
+    me = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}"
+    ttl_ms = bus.settings.lease_ms
+    take = bus.redis.register_script(_TAKE)
+    deadline = time.monotonic() + 1.5 * ttl_ms / 1000
+    expected = me
+    while True:
+        held = await bus.call(lambda e=expected: take(keys=[key], args=[me, ttl_ms, e]))
+        if not held:
+            break
+        held = held.decode()
+        if _pid_dead(held):
+            expected = held
+            continue
+        if time.monotonic() > deadline:
+            raise NameInUse(
+                f"consumer name {name!r} is held by a live process ({held.rsplit(' ', 1)[0]}): "
+                f"give each process its own name ({setting}) or leave it unset"
+            )
+        log.info("name_held_waiting", name=name, holder=held)
+        await asyncio.sleep(min(1.0, ttl_ms / 3000))
+    renew = asyncio.create_task(_renew(bus, take, key, me, ttl_ms))
+    try:
+        yield
+    finally:
+        renew.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await renew
+        with contextlib.suppress(Exception):
+            await bus.redis.eval(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end", 1, key, me
+            )
+
+
+async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int) -> None:
+    while True:
+        await asyncio.sleep(ttl_ms / 3000)
+        try:
+            held = await bus.call(lambda: take(keys=[key], args=[me, ttl_ms, me]))
+        except Exception as e:  # Redis down: the bus waits it out elsewhere; try again next time
+            raise_if_cancelled()
+            log.warning("name_renewal_failed", key=key, error=repr(e))
+            continue
+        if held:
+            log.error("name_taken_over", key=key, holder=held.decode())

@@ -1,0 +1,45 @@
+"""One live process per consumer name: a second live holder is refused, a dead holder's name is taken over
+at once, and a clean stop frees the name."""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from astraflow.streams.names import NameInUse, hold_name
+
+
+async def test_a_name_held_by_a_live_process_is_refused(bus):
+    async with hold_name(bus, "raas-a", "raas.id"):
+        with pytest.raises(NameInUse, match=r"raas.id"):
+            async with hold_name(bus, "raas-a", "raas.id"):
+                pass
+
+
+async def test_a_live_holder_keeps_its_name_past_the_ttl(bus):
+    async with hold_name(bus, "raas-a"):
+        await asyncio.sleep(3 * bus.settings.lease_ms / 1000)  # renewed meanwhile
+        with pytest.raises(NameInUse):
+            async with hold_name(bus, "raas-a"):
+                pass
+
+
+async def test_the_name_of_a_killed_process_is_taken_over_at_once(bus):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    key = bus.keys.consumer_name("trainer-policy")
+    await bus.redis.set(key, f"{socket.gethostname()} {dead.pid} feed", px=10**7)  # never expires here
+    async with hold_name(bus, "trainer-policy"):
+        holder = (await bus.redis.get(key)).decode()
+        assert holder.split()[1] == str(os.getpid())
+
+
+async def test_a_clean_stop_frees_the_name(bus):
+    async with hold_name(bus, "dataflow-a"):
+        pass
+    assert await bus.redis.get(bus.keys.consumer_name("dataflow-a")) is None
+    async with hold_name(bus, "dataflow-a"):
+        pass
