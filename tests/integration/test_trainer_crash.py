@@ -34,6 +34,7 @@ def settings_for(url: str, model: str, tmp_path, checkpoint_every: int = 1) -> S
     s.run.name, s.run.dir, s.redis.url = "it", tmp_path, url
     s.engine.model = model
     s.streams.lease_ms, s.streams.block_ms = 1000, 100
+    s.streams.trim_interval_ms = 10**9  # the trainer keeps `batches:policy` whole, for the test to check
     s.dataflow.feeder.n_samples = 4
     s.dataflow.batch.size = 8
     s.dataflow.max_staleness_steps = 100
@@ -80,7 +81,8 @@ async def test_trainer_survives_kill_9_between_publish_and_checkpoint(
         while time.monotonic() < deadline:
             versions = await published(bus)
             latest = versions[-1].version if versions else 0
-            if fed // 2 <= latest:  # one batch beyond the newest version at most: the trainer cannot run ahead
+            # one batch beyond the newest version at most: the trainer cannot run ahead
+            if fed // 2 <= latest:
                 fed += len(await roll_out(bus, 2, lambda g, i: float(i % 2), 0, tokens=12))
             # past a checkpoint by one or two versions (with every 4), so the restart must roll back
             if kills < 3 and latest >= 2 + 3 * kills and (every == 1 or latest % every in (1, 2)):
