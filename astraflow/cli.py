@@ -183,10 +183,9 @@ def _cmd_inspect(args) -> int:
 
 
 async def _inspect(bus) -> int:
-    from astraflow.streams.inspect import inspect_run, render
+    from astraflow.streams.inspect import report
 
-    views = await inspect_run(bus)
-    print(render(views, await bus.redis.xlen(bus.keys.dead)))
+    print(await report(bus))
     return 0
 
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from astraflow import logs
 from astraflow.config import Settings
 from astraflow.streams import Bus
+from astraflow.streams.memory import warn_if_evicting
 
 
 async def run_until_signalled(
@@ -22,6 +23,7 @@ async def run_until_signalled(
         loop.add_signal_handler(sig, stop.set)
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)
     try:
+        await warn_if_evicting(bus)
         await body(bus, stop)
     finally:
         await bus.close()

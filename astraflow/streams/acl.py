@@ -38,7 +38,7 @@ COMMANDS: dict[str, list[str]] = {
     "dataflow": [
         *_WORKER,
         *"sadd hexists hgetall hmget expire scan zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
-        "zrevrange".split(),
+        "zrevrange del zremrangebyrank".split(),
     ],
     # batches and their samples, the weight manifest it publishes, metrics
     "trainer": [*_WORKER, *"hgetall hmget del expire".split()],
