@@ -207,3 +207,30 @@ async def denials(admin) -> list[dict]:
     """Commands the server refused for lack of permission (ACL LOG), but two that are optional: redis-py's
     CLIENT SETINFO on connecting (Redis 7.2+) and the eviction-policy check's CONFIG GET."""
     return [e for e in await admin.acl_log() if e["object"] not in ("client|setinfo", "config|get")]
+
+
+async def test_the_acl_command_installs_users_whose_passwords_it_wrote_and_never_printed(
+    admin, server, tmp_path
+):
+    (tmp_path / "url").write_text(server.url)  # the admin's URL, from a file
+    pw_file = tmp_path / "it.pw"
+    cmd = [sys.executable, "-m", "astraflow.cli", "redis", "acl", "--run", RUN, "--passwords", str(pw_file)]
+    done = subprocess.run(
+        [*cmd, "--apply", "--redis-file", str(tmp_path / "url")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert oct(pw_file.stat().st_mode & 0o777) == "0o600"
+    passwords = dict(line.split("=", 1) for line in pw_file.read_text().splitlines())
+    assert sorted(passwords) == sorted(acl.ROLES)
+    assert not [p for p in passwords.values() if p in done.stdout + done.stderr]
+    assert done.stdout.count("ACL SETUSER af-it-") == 4
+    observer = aioredis.Redis.from_url(
+        server.display_url, username="af-it-observer", password=passwords["observer"]
+    )
+    try:
+        assert await observer.hgetall(Keys(RUN).state) == {}  # logged in, may read the run
+        assert await refused(lambda: observer.hset(Keys(RUN).state, "x", 1))
+    finally:
+        await observer.aclose()
+    printed = subprocess.run([*cmd[:-2]], capture_output=True, text=True)  # no file: generated, shown once
+    assert printed.returncode == 0 and printed.stdout.count("# af-it-") == 4
