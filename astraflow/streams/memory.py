@@ -68,7 +68,7 @@ def _size(n: int) -> str:
 async def eviction_policy(bus: Bus) -> tuple[str, int]:
     """(maxmemory-policy, maxmemory bytes); (UNCHECKED, 0) when the server refuses CONFIG GET."""
     try:
-        raw = await bus.redis.config_get("maxmemory*")
+        raw = await bus.call(lambda: bus.redis.config_get("maxmemory*"))
     except ResponseError:  # NOPERM for an ACL user without CONFIG (the usual case on a shared Redis)
         return UNCHECKED, 0
     config = {_text(k): _text(v) for k, v in raw.items()}
