@@ -89,6 +89,8 @@ def _settings(args):
         overrides.append(f"run.name={args.run}")
     if args.redis:
         overrides.append(f"redis.url={args.redis}")
+        if "@" in args.redis.split("//", 1)[-1].split("/", 1)[0]:
+            print("astraflow: warning: --redis credentials show in ps; use --redis-file", file=sys.stderr)
     recipe = getattr(args, "recipe", None)
     settings = load_settings(recipe, overrides)
     if args.redis_file:  # not on the command line, where `ps` would show its password
