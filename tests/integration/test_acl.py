@@ -29,7 +29,7 @@ from astraflow.streams.keys import GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 RUN = "it"
 
 
@@ -112,6 +112,7 @@ async def refused(call) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_each_role_works_under_its_own_user_and_no_further(admin, server, tiny_model, tmp_path):
     passwords = await install(admin, RUN)
