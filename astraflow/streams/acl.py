@@ -16,9 +16,13 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from astraflow.errors import ConfigError
 from astraflow.streams.keys import Keys
+
+if TYPE_CHECKING:
+    from astraflow.config import Settings
 
 ROLES = ("raas", "dataflow", "trainer", "observer")
 
@@ -127,7 +131,7 @@ async def apply(client, users: list[AclUser]) -> None:
         await client.execute_command(*u.command())
 
 
-async def command(settings, url: str | None, passwords_file: Path | None) -> int:
+async def command(settings: Settings, url: str | None, passwords_file: Path | None) -> int:
     """`astraflow redis acl`: print the run's users (and, once, passwords just generated and not written
     to a file); with `url`, install them there."""
     from astraflow.streams.connection import make_client
