@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         c.add_argument("--run", help="run name (run.name)")
         c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
+        c.add_argument("--redis-file", metavar="PATH", help="read the --redis URL from PATH")
         c.set_defaults(handler=handler)
         return c
 
@@ -54,8 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     command("top", _cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
     command("inspect", _cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
-    redis = command("redis", _cmd_redis, "start, stop or show the run's embedded redis-server", recipe=False)
-    redis.add_argument("action", choices=["start", "stop", "status"])
+    redis = command(
+        "redis", _cmd_redis, "the embedded redis-server (start/stop/status); a run's ACL users", False
+    )
+    redis.add_argument("action", choices=["start", "stop", "status", "acl"])
+    redis.add_argument("--apply", action="store_true", help="acl: install the users on the configured Redis")
+    redis.add_argument("--passwords", metavar="FILE", help="acl: role=password lines (made if missing)")
     raas = command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
     trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
     trainer.add_argument("--model", help="the policy to train (default: the run's first model)")
@@ -88,8 +93,13 @@ def _settings(args):
         overrides.append(f"run.name={args.run}")
     if args.redis:
         overrides.append(f"redis.url={args.redis}")
+        if "@" in args.redis.split("//", 1)[-1].split("/", 1)[0]:
+            print("astraflow: warning: --redis credentials show in ps; use --redis-file", file=sys.stderr)
     recipe = getattr(args, "recipe", None)
-    return load_settings(recipe, overrides)
+    settings = load_settings(recipe, overrides)
+    if args.redis_file:  # not on the command line, where `ps` would show its password
+        settings.redis.url = Path(args.redis_file).read_text().strip()
+    return settings
 
 
 def _redis_url(settings) -> str:
@@ -118,6 +128,11 @@ def _cmd_redis(args) -> int:
     from astraflow import redis_server
 
     settings = _settings(args)
+    if args.action == "acl":
+        from astraflow.streams import acl
+
+        url = _redis_url(settings) if args.apply else None
+        return asyncio.run(acl.command(settings, url, Path(args.passwords) if args.passwords else None))
     where = settings.run.path / "redis"
     server = redis_server.load(where)
     if args.action == "start":
@@ -174,10 +189,9 @@ def _cmd_inspect(args) -> int:
 
 
 async def _inspect(bus) -> int:
-    from astraflow.streams.inspect import inspect_run, render
+    from astraflow.streams.inspect import report
 
-    views = await inspect_run(bus)
-    print(render(views, await bus.redis.xlen(bus.keys.dead)))
+    print(await report(bus))
     return 0
 
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from astraflow import logs
 from astraflow.config import Settings
 from astraflow.streams import Bus
+from astraflow.streams.memory import warn_if_evicting
 from astraflow.streams.names import hold_name
 
 
@@ -39,6 +40,7 @@ async def run_until_signalled(
         loop.add_signal_handler(sig, stop.set)
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
+        await warn_if_evicting(bus)
         async with hold_name(bus, worker, name_setting):
             await body(bus, stop)
     finally:

@@ -93,3 +93,5 @@ class DataflowSettings(BaseModel):
     batch: BatchSettings = Field(default_factory=BatchSettings)
     trace_retention_s: int = Field(7 * 24 * 3600, gt=0)
     """How long a prompt group's lineage (`astraflow trace`) is kept."""
+    trace_max_groups: int = Field(100_000, ge=1)
+    """Most lineages kept (about 1 KB each in Redis: ~100 MB at the default); the oldest go first."""

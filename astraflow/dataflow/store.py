@@ -103,7 +103,12 @@ class Store:
         k = self.keys
         keys = [k.prompts, k.state, k.in_flight, k.ledger, *(k.ready(m) for m in self.models)]
         args: list = [cursor, GROUP_RAAS, backlog_limit, ready_limit, k.prefix]
-        args += [self.settings.trace_retention_s, f"{time.time():.3f}", len(items)]
+        args += [
+            self.settings.trace_retention_s,
+            f"{time.time():.3f}",
+            len(items),
+            self.settings.trace_max_groups,
+        ]
         for it in items:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
             for name, value in it.fields.items():

@@ -82,7 +82,7 @@ class RaasWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop`; then finish within `raas.grace_s`, release the rest, deregister."""
-        await self.bus.bootstrap(self.settings.run.models)
+        await self.bus.ensure_group(self.bus.keys.prompts, GROUP_RAAS)  # only what it reads (its ACL user)
         helpers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._follow_notices())]
         log.info("raas_started", slots=self.settings.raas.slots, models=list(self.engines))
         try:

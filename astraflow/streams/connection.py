@@ -32,9 +32,18 @@ def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | No
     RESP2 everywhere: Redis 6.2, 7.x and fakeredis then give the same reply shapes.
     `read_timeout_s` is for connections that block (XREADGROUP BLOCK): it must exceed the block time.
     """
+    tls = {}
+    if url.startswith("rediss://"):
+        files = {"ssl_ca_certs": settings.tls_ca_file, "ssl_certfile": settings.tls_cert_file}
+        files["ssl_keyfile"] = settings.tls_key_file
+        tls = {k: str(v) for k, v in files.items() if v is not None}
+    credentials = {"username": settings.username} if settings.username else {}
+    if settings.password:
+        credentials["password"] = settings.password.get_secret_value()
     return aioredis.Redis.from_url(
         url,
-        password=settings.password.get_secret_value() if settings.password else None,
+        **credentials,
+        **tls,
         protocol=2,
         socket_timeout=read_timeout_s or settings.socket_timeout_s,
         socket_connect_timeout=settings.socket_timeout_s,

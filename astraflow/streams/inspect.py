@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from astraflow.streams.bus import Bus
+from astraflow.streams.memory import UNCHECKED, eviction_policy, memory_by_family, render_memory
 
 LAG_SCAN_LIMIT = 10_000
 
@@ -64,3 +65,14 @@ def render(views: list[StreamView], dead_count: int) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append(f"dead letters: {dead_count}")
     return "\n".join(lines)
+
+
+async def report(bus: Bus) -> str:
+    """`astraflow inspect`: the streams, the dead letters, the run's memory by key family, the eviction
+    policy."""
+    streams = render(await inspect_run(bus), await bus.redis.xlen(bus.keys.dead))
+    policy, maxmemory = await eviction_policy(bus)
+    limit = f", maxmemory {maxmemory} B" if maxmemory else ""
+    evicting = "" if policy in ("noeviction", UNCHECKED) else "  (may evict: entries lost silently)"
+    memory = render_memory(await memory_by_family(bus))
+    return f"{streams}\n\n{memory}\n\nmaxmemory-policy: {policy}{limit}{evicting}"

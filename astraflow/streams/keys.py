@@ -118,6 +118,11 @@ class Keys:
         """Hash with a TTL: the lineage of one prompt group."""
         return self._k(f"trace:{uid}")
 
+    @property
+    def traces(self) -> str:
+        """Sorted set (score: dataset position): uids whose trace is kept, for `trace_max_groups`."""
+        return self._k("traces")
+
     def batches(self, model: str) -> str:
         return self._k(f"batches:{model}")
 

@@ -32,6 +32,7 @@ if held and held ~= ARGV[3] then return held end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
 """
+_FREE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
 
 
 class NameInUse(AstraflowError):
@@ -83,9 +84,7 @@ async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> Asy
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await renew
         with contextlib.suppress(Exception):
-            await bus.redis.eval(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end", 1, key, me
-            )
+            await bus.redis.register_script(_FREE)(keys=[key], args=[me])
 
 
 async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from astraflow.streams import keys
@@ -11,9 +13,17 @@ class RedisSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str | None = None
-    """redis://host:port/db of a shared Redis; unset = start the embedded redis-server in the run dir."""
+    """redis://host:port/db (rediss:// for TLS) of a shared Redis; unset = the embedded redis-server."""
+    username: str | None = None
+    """ACL user (or put it in the URL); `astraflow redis acl` makes one per role of a run."""
     password: SecretStr | None = None
     """Password for `url` (or put it in the URL); never printed."""
+    tls_ca_file: Path | None = None
+    """CA certificate that signed the server's (rediss:// URLs); unset = the system's CAs."""
+    tls_cert_file: Path | None = None
+    """Client certificate, for a server that asks for one (`tls-auth-clients yes`)."""
+    tls_key_file: Path | None = None
+    """Private key of `tls_cert_file`."""
     socket_timeout_s: float = 5.0
     """Socket timeout of command connections (blocking reads use block_ms plus this)."""
     reconnect_max_s: float = 60.0

@@ -60,6 +60,7 @@ class TrainerService:
         self._unacked: list[Entry] = []
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
+        self._next_trim = time.monotonic() + bus.settings.trim_interval_ms / 1000
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
@@ -108,8 +109,9 @@ class TrainerService:
                 distributed.broadcast(("stop", None))
 
     async def _run(self, stop: asyncio.Event) -> None:
-        identity = await self.bus.bootstrap(self.settings.run.models)
+        identity = await self.bus.identity()
         self.state.run = identity.nonce
+        await self.bus.ensure_group(self.consumer.stream, GROUP_TRAINER)  # only what it reads (its ACL user)
         latest = checkpoint.latest(self.ckpt_root)
         if latest is not None:
             restored = await asyncio.to_thread(checkpoint.load, latest, identity.nonce)
@@ -222,6 +224,9 @@ class TrainerService:
         ids = [e.id for e in entries]
         await self.bus.ack(stream, GROUP_TRAINER, ids)
         self.consumer.settled(ids)
+        if time.monotonic() >= self._next_trim:  # acknowledged once durably checkpointed: not read again
+            self._next_trim = time.monotonic() + self.bus.settings.trim_interval_ms / 1000
+            await self.bus.trim(stream)
 
     async def _metrics(self, batch_uid: str, stats: dict[str, float]) -> None:
         fields = {

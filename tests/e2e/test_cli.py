@@ -59,7 +59,8 @@ def test_demo_runs_and_inspect_shows_its_live_streams(tmp_path):
         deadline = time.monotonic() + 60
         while seen_live is None and time.monotonic() < deadline and demo.poll() is None:
             view = astraflow("inspect", "--set", f"run.dir={tmp_path}", "--run", "live", check=False).stdout
-            rows = {line.split()[0]: line.split() for line in view.splitlines()[1:] if line.strip()}
+            streams = view.split("\n\n")[0]  # the streams table (memory by key family follows)
+            rows = {line.split()[0]: line.split() for line in streams.splitlines()[1:] if line.strip()}
             if "prompts" in rows and int(rows["prompts"][4]) > 0 and int(rows["prompts"][3]) >= 1:
                 seen_live = view
             time.sleep(0.3)

@@ -34,6 +34,7 @@ def settings_for(url: str, model: str, tmp_path, checkpoint_every: int = 1) -> S
     s.run.name, s.run.dir, s.redis.url = "it", tmp_path, url
     s.engine.model = model
     s.streams.lease_ms, s.streams.block_ms = 1000, 100
+    s.streams.trim_interval_ms = 10**9  # the trainer keeps `batches:policy` whole, for the test to check
     s.dataflow.feeder.n_samples = 4
     s.dataflow.batch.size = 8
     s.dataflow.max_staleness_steps = 100

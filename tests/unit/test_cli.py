@@ -31,3 +31,13 @@ def test_config_error_is_one_clear_line(capsys):
     err = capsys.readouterr().err
     assert "--set: streams.lease_ms: Input should be a valid integer" in err
     assert "Traceback" not in err
+
+
+def test_redis_url_with_credentials_on_the_command_line_is_warned_about_and_a_file_is_not(capsys, tmp_path):
+    assert main(["config", "--redis", "redis://:hunter2@redis-host:6379/0"]) == 0
+    out, err = capsys.readouterr()
+    assert "--redis-file" in err and "hunter2" not in out + err
+    (tmp_path / "url").write_text("redis://:hunter2@redis-host:6379/0\n")
+    assert main(["config", "--redis-file", str(tmp_path / "url")]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "redis://:***@redis-host:6379/0" in out and "hunter2" not in out

@@ -368,3 +368,18 @@ async def test_sync_mode_submits_one_batch_per_version_and_waits_for_the_next():
     await df.barrier.step(1)
     await df.feeder.step()
     assert await bus.redis.xlen(bus.keys.prompts) == 4
+
+
+async def test_traces_are_bounded_by_count_keeping_the_newest():
+    bus, df = make("dataflow.trace_max_groups=5", "dataflow.feeder.min_backlog=12")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 100, lambda g, i: float(i % 2))
+    while await df.collector.step(1):
+        pass
+    kept = sorted([k.decode() async for k in bus.redis.scan_iter(match=bus.keys.trace("*"))])
+    submitted = [decode(f, RolloutGroup).uid for _, f in await bus.redis.xrange(bus.keys.rollouts)]
+    assert len(submitted) == 12
+    assert kept == sorted(bus.keys.trace(uid) for uid in submitted[-5:])  # the newest five
+    assert await read_trace(bus, submitted[-1]) is not None
+    assert await read_trace(bus, submitted[0]) is None

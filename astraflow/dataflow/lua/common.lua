@@ -71,9 +71,12 @@ local function ownership(stream, group, consumer, id)
   return 'dup'
 end
 
-local function trace(prefix, uid, ttl, pairs_)
+-- Add to the lineage of prompt group `uid`: `create` when it is submitted; later steps add to a trace that
+-- still exists only (one past retention, or pushed out by `trace_max_groups`, is not brought back partly).
+local function trace(prefix, uid, ttl, pairs_, create)
   if #pairs_ == 0 then return end
   local key = prefix .. 'trace:' .. uid
+  if not create and redis.call('EXISTS', key) == 0 then return end
   redis.call('HSET', key, unpack(pairs_))
   redis.call('EXPIRE', key, ttl)
 end

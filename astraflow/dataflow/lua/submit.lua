@@ -4,18 +4,19 @@
 -- ready sets hold `ready_limit` groups.
 -- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5..] ready sets
 -- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, key_prefix, trace_ttl_s, now, n_items,
---   then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
+--   trace_max_groups, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
 -- Returns {status ('ok', 'full' or 'moved'), cursor, submitted}.
 local prompts, state, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
+local traces, trace_max = prefix .. 'traces', tonumber(ARGV[9])
 
 local cursor = tonumber(redis.call('HGET', state, 'cursor') or '0')
 if cursor ~= expected then return {'moved', cursor, 0} end
 
 local backlog, ready = pressure(prompts, group, backlog_limit, 5)
 
-local status, submitted, pos = 'ok', 0, 9
+local status, submitted, pos = 'ok', 0, 10
 for _ = 1, n_items do
   local submit, uid, row, version, n_fields = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], tonumber(ARGV[pos + 4])
   if submit == '1' then
@@ -26,7 +27,8 @@ for _ = 1, n_items do
     redis.call('XADD', prompts, '*', unpack(ARGV, pos + 5, pos + 4 + 2 * n_fields))
     redis.call('SADD', in_flight, uid)
     redis.call('HINCRBY', ledger, 'submitted', 1)
-    trace(prefix, uid, ttl, {'row', row, 'submitted_version', version, 'submitted_at', now})
+    trace(prefix, uid, ttl, {'row', row, 'submitted_version', version, 'submitted_at', now}, true)
+    redis.call('ZADD', traces, cursor, uid)
     backlog = backlog + 1
     submitted = submitted + 1
   else
@@ -36,4 +38,10 @@ for _ = 1, n_items do
   pos = pos + 5 + 2 * n_fields
 end
 redis.call('HSET', state, 'cursor', cursor)
+-- Traces beyond `trace_max_groups` go, oldest first (their TTL bounds them in time, this in space).
+local excess = redis.call('ZCARD', traces) - trace_max
+if excess > 0 then
+  for _, old in ipairs(redis.call('ZRANGE', traces, 0, excess - 1)) do redis.call('DEL', prefix .. 'trace:' .. old) end
+  redis.call('ZREMRANGEBYRANK', traces, 0, excess - 1)
+end
 return {status, cursor, submitted}
