@@ -46,8 +46,9 @@ class TinyModelSettings(BaseModel):
 class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = "demo"
-    """Run name; every Redis key of the run starts with `af:{name}:`."""
+    name: str = Field("demo", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    """Run name; every Redis key of the run starts with `af:{name}:`. Letters, digits, `.`, `_`, `-`: the
+    name goes into SCAN and ACL key patterns, where `*`, `?` or `[` would reach other runs' keys."""
     dir: Path | None = None
     """Run directory (logs, embedded Redis, checkpoints); default `runs/<name>`."""
     seed: int = 0

@@ -50,3 +50,29 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def pid_space() -> str:
+    """Where this process's pid means something: the host and its PID namespace (containers of one pod,
+    or with the host's network, share a host name but not their pids)."""
+    import socket
+
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{socket.gethostname()}~{ns}"
+
+
+def gone(space: str, pid: int) -> bool:
+    """Whether process `pid` of pid space `space` is known to have ended: only a pid of our own space
+    can be checked; any other may be alive."""
+    if space != pid_space():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

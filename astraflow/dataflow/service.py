@@ -99,7 +99,11 @@ class Dataflow:
             while True:
                 n, items = await self.collector.prepare(self.bus.settings.block_ms)
                 if committing is not None:
-                    await committing
+                    try:
+                        await committing
+                    except Exception as e:  # the entries just read are not settled either: hand them back
+                        await self.collector.consumer.give_back([it.entry_id for it in items], e)
+                        raise
                 committing = asyncio.create_task(self.collector.commit(items)) if n else None
                 if committing is not None:  # wake the former and the feeder as soon as it is settled
                     committing.add_done_callback(self._settled)

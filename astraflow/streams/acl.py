@@ -129,7 +129,11 @@ def render(users: list[AclUser]) -> str:
 
 
 async def apply(client, users: list[AclUser]) -> None:
-    """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them."""
+    """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them.
+    Read-only key patterns (`%R~`) need Redis 7: an older server is refused with that reason."""
+    version = (await client.info("server"))["redis_version"]
+    if int(str(version).split(".")[0]) < 7:
+        raise ConfigError(f"redis acl needs Redis 7 or newer (read-only key patterns); this one is {version}")
     for u in users:
         await client.execute_command(*u.command())
 

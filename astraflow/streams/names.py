@@ -1,10 +1,11 @@
 """One live process per consumer name: the owner checks of the bus tell consumers apart by name alone.
 
-A worker holds its name for as long as it runs: the key `name:<name>` carries `host pid token` with a TTL
-of one lease, renewed every third of it. A process that finds the name held waits for the holder's TTL to
-run out (a holder that was killed stops renewing), taking it over at once from a dead pid of its own host
-(the supervisor restarting a worker under its fixed name); a name still renewed after that belongs to a
-live process, and the start is refused.
+A worker holds its name for as long as it runs: the key `name:<name>` carries `host~pidns pid token`
+with a TTL of one lease, renewed every third of it. A process that finds the name held waits for the
+holder's TTL to run out (a holder that was killed stops renewing), taking it over at once from a dead pid
+of its own host and PID namespace (the supervisor restarting a worker under its fixed name); a name still
+renewed after that belongs to a live process, and the start is refused. A process whose name another took
+over (it expired while Redis was unreachable) stops.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator
 
 import structlog
 
+from astraflow import processes
 from astraflow.errors import AstraflowError
 from astraflow.streams.bus import Bus
 from astraflow.streams.connection import raise_if_cancelled
@@ -39,24 +40,16 @@ class NameInUse(AstraflowError):
     """Another live process runs under this consumer name."""
 
 
-def _pid_dead(holder: str) -> bool:
-    host, pid, _ = holder.split(" ", 2)
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+def _gone(holder: str) -> bool:
+    space, pid, _ = holder.split(" ", 2)
+    return processes.gone(space, int(pid))
 
 
 @contextlib.asynccontextmanager
 async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> AsyncIterator[None]:
     """Hold consumer name `name` while the body runs; raise NameInUse if a live process holds it."""
     key = bus.keys.consumer_name(name)
-    me = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(4)}"
+    me = f"{processes.pid_space()} {os.getpid()} {secrets.token_hex(4)}"
     ttl_ms = bus.settings.lease_ms
     take = bus.redis.register_script(_TAKE)
     deadline = time.monotonic() + 1.5 * ttl_ms / 1000
@@ -66,7 +59,7 @@ async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> Asy
         if not held:
             break
         held = held.decode()
-        if _pid_dead(held):
+        if _gone(held):
             expected = held
             continue
         if time.monotonic() > deadline:
@@ -76,9 +69,16 @@ async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> Asy
             )
         log.info("name_held_waiting", name=name, holder=held)
         await asyncio.sleep(min(1.0, ttl_ms / 3000))
-    renew = asyncio.create_task(_renew(bus, take, key, me, ttl_ms))
+    lost: list[str] = []
+    renew = asyncio.create_task(_renew(bus, take, key, me, ttl_ms, asyncio.current_task(), lost))
     try:
         yield
+    except asyncio.CancelledError:
+        if lost:  # two live processes must not share a name: this one gives way
+            raise NameInUse(
+                f"consumer name {name!r} was taken over by {lost[0]} while Redis lost it"
+            ) from None
+        raise
     finally:
         renew.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -87,7 +87,9 @@ async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> Asy
             await bus.redis.register_script(_FREE)(keys=[key], args=[me])
 
 
-async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int) -> None:
+async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: list[str]) -> None:
+    """Renew the name every third of its TTL; if another process holds it now (it expired while Redis
+    was unreachable), record who and cancel `owner`, the task running under the name."""
     while True:
         await asyncio.sleep(ttl_ms / 3000)
         try:
@@ -97,4 +99,7 @@ async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int) -> None:
             log.warning("name_renewal_failed", key=key, error=repr(e))
             continue
         if held:
-            log.error("name_taken_over", key=key, holder=held.decode())
+            lost.append(held.decode())
+            log.error("name_taken_over", key=key, holder=lost[0])
+            owner.cancel()
+            return

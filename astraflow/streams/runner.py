@@ -101,7 +101,8 @@ class Runner:
             if not read.done():
                 read.cancel()
                 self.log.warning("read_abandoned", reason="stopping while redis is unreachable")
-        return [] if read.cancelled() else read.result()
+        # A task just cancelled is not done until the loop runs it again: its result is nobody's then.
+        return read.result() if read.done() and not read.cancelled() else []
 
     async def _watch(self, stop: asyncio.Event) -> None:
         await stop.wait()

@@ -64,6 +64,16 @@ async def keys_of(bus: Bus, first_only: bool = False) -> list[bytes]:
     return found
 
 
+async def _used(bus: Bus, fresh: bool) -> bool:
+    """Whether keys of the run exist. A fresh start looks at every key (SCAN); a worker, whose ACL user may
+    not SCAN, at the keys every run writes first and every role may read (the run's state and ledger, and
+    its versions)."""
+    if fresh:
+        return bool(await keys_of(bus, first_only=True))
+    k = bus.keys
+    return bool(await bus.call(lambda: bus.redis.exists(k.state, k.ledger, k.versions)))
+
+
 async def open_run(bus: Bus, *, fresh: bool, resume: bool) -> RunIdentity:
     """Check that this process may start as asked, and return the run's identity (created if fresh).
 
@@ -72,12 +82,12 @@ async def open_run(bus: Bus, *, fresh: bool, resume: bool) -> RunIdentity:
     stopped run or keys without an identity. `resume`: continue a stopped run, or adopt keys without an
     identity; refuse when there is nothing to resume."""
     current = await existing(bus)
-    if current is None and await keys_of(bus, first_only=True):
+    if current is None and await _used(bus, fresh):
         current = await existing(bus)  # created meanwhile by a process bootstrapping this run: join it
         if current is None and not resume:
             raise RunExistsError(f"{_describe(bus, None)} {_how(bus)}")
     if resume:
-        if current is None and not await keys_of(bus, first_only=True):
+        if current is None and not await _used(bus, fresh):
             raise RunExistsError(f"nothing to resume: no key of run {bus.keys.run!r} on this Redis")
         await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped"))
         return await bus.identity()

@@ -101,9 +101,10 @@ def latest(root: Path) -> Path | None:
 def load(path: Path, run: str) -> tuple[State, dict, dict, dict]:
     """(state, model state dict, optimizer state dict, scheduler state dict); restores the RNG.
     Raises ForeignCheckpointError, before loading anything, for a checkpoint of a run other than `run`
-    (a nonce)."""
+    (a nonce). A checkpoint written before runs had a nonce has none: it is taken as this run's (a run
+    resumed across the upgrade), and its next checkpoint carries the nonce."""
     meta = json.loads((path / META).read_text())
-    if meta.get("run") != run:  # checkpoints written before runs had a nonce have none
+    if meta.get("run", run) != run:
         raise ForeignCheckpointError(
             f"checkpoint {path} belongs to another run (nonce {meta.get('run')!r}, this run {run!r}):"
             " point trainer.checkpoint_dir at this run's checkpoints, or move that directory away"
@@ -113,5 +114,6 @@ def load(path: Path, run: str) -> tuple[State, dict, dict, dict]:
     # optimizer, LambdaLR and RNG states are made of), never code that unpickling would run.
     optim = torch.load(path / "optim.pt", weights_only=True)
     torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
-    state = State(meta["version"], meta["step"], list(meta["consumed"]), run, meta["last_batch"])
+    last_batch = meta.get("last_batch", "0-0")
+    state = State(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch)
     return state, model_state, optim["optimizer"], optim["scheduler"]

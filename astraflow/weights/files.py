@@ -12,7 +12,6 @@ import mmap
 import os
 import re
 import shutil
-import socket
 import stat
 import struct
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import structlog
 
+from astraflow import processes
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import TensorSpec, WeightManifest
 from astraflow.weights import layout
@@ -28,7 +28,7 @@ from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
 OWNED = re.compile(r".+\.pid(\d+)@(.+)")
-"""Name of a process's buffer directory: `<role>.pid<pid>@<host>`."""
+"""Name of a process's buffer directory: `<role>.pid<pid>@<host>~<pid namespace>` (`processes.pid_space`)."""
 
 
 def private_dir(path: Path) -> Path:
@@ -50,29 +50,19 @@ def write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def sweep(run_dir: Path) -> list[Path]:
     """Remove the buffer directories of the run's processes on this host that are gone (`weights.dir`
     may be shared by hosts); returns what was removed."""
-    gone, host = [], socket.gethostname()
+    removed = []
     for entry in run_dir.iterdir():
         m = OWNED.fullmatch(entry.name)
-        mine = m is not None and m.group(2) == host and entry.is_dir() and not entry.is_symlink()
-        if mine and not _alive(int(m.group(1))):  # type: ignore[union-attr]
+        ours = m is not None and entry.is_dir() and not entry.is_symlink()
+        if ours and processes.gone(m.group(2), int(m.group(1))):  # type: ignore[union-attr]
             shutil.rmtree(entry, ignore_errors=True)
-            gone.append(entry)
-    if gone:
-        log.info("stale_weight_buffers_removed", paths=[str(p) for p in gone])
-    return gone
+            removed.append(entry)
+    if removed:
+        log.info("stale_weight_buffers_removed", paths=[str(p) for p in removed])
+    return removed
 
 
 def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
@@ -86,7 +76,7 @@ def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
         base = private_dir(tmp / f"astraflow-{os.getuid()}")
     run_dir = private_dir(base / run)
     sweep(run_dir)
-    return private_dir(run_dir / f"{role}.pid{os.getpid()}@{socket.gethostname()}")
+    return private_dir(run_dir / f"{role}.pid{os.getpid()}@{processes.pid_space()}")
 
 
 def verify_checkpoint(path: Path, manifest: WeightManifest) -> None:

@@ -45,6 +45,7 @@ def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
         "run.target_reward=null",
         f"run.max_steps={STEPS}",
         "streams.lease_ms=3000",
+        "streams.trim_interval_ms=1000000000",  # keep `batches:policy` whole, to check it below
     ]
     cmd = [
         sys.executable,

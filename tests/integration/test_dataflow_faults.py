@@ -60,6 +60,25 @@ async def test_a_collect_that_failed_once_is_collected_by_the_same_single_replic
     assert await bus.redis.hlen(bus.keys.errors) == 0  # what the failure recorded went with the ack
 
 
+async def test_entries_read_while_a_failed_collect_was_committing_are_collected_too(bus):
+    """The collector reads the next entries while the last ones are committed: when that commit fails,
+    the entries just read are handed back as well, not left held by a loop that ended."""
+    df = single_replica(bus)
+    df.collector.settings.read_count = 2  # two reads: one committing, one waiting for it
+    await heartbeat(bus, "sim", 8)
+    await df.feeder.step()
+    uids = await roll_out(bus, 4, lambda g, i: float(i % 2))
+    fail_once(df.store, "collect", BusError("hand-off refused: ERR injected"))
+    with pytest.raises(BusError):
+        await df._collect()
+    for _ in range(STEPS):
+        if not await df.collector.step(10) and not await pending(bus, bus.keys.rollouts):
+            break
+    ledger = await read_ledger(bus, ["policy"])
+    assert ledger.collected == len(uids) == 4 and not ledger.problems(), ledger.render()
+    assert await pending(bus, bus.keys.rollouts) == 0
+
+
 async def test_a_version_whose_recording_failed_once_is_recorded_by_the_same_single_replica(bus):
     df = single_replica(bus)
     await publish_version(bus, "policy", 1)

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from astraflow import processes
 from astraflow.config import Settings
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import VersionNotice
@@ -45,16 +46,18 @@ def test_buffers_of_dead_processes_are_removed_at_start(tmp_path):
     settings = WeightsSettings(dir=tmp_path)
     gone = subprocess.Popen(["true"])
     gone.wait()
-    host = socket.gethostname()
+    host = processes.pid_space()
     dead = tmp_path / "run" / f"raas-1.pid{gone.pid}@{host}"
     (dead / "policy" / "a").mkdir(parents=True)
     (dead / "policy" / "a" / "model.safetensors").write_bytes(b"old weights")
     live = tmp_path / "run" / f"raas-2.pid{os.getppid()}@{host}"
-    elsewhere = tmp_path / "run" / f"raas-4.pid{gone.pid}@another-host"  # may live on a shared dir
-    for d in (live, elsewhere):
+    elsewhere = tmp_path / "run" / f"raas-4.pid{gone.pid}@another-host~1"  # may live on a shared dir
+    # same host, another container (PID namespace): its pid means nothing here
+    container = tmp_path / "run" / f"raas-5.pid{gone.pid}@{socket.gethostname()}~1"
+    for d in (live, elsewhere, container):
         d.mkdir()
     root = buffer_root(settings, "run", "raas-3")
-    assert not dead.exists() and live.exists() and elsewhere.exists()
+    assert not dead.exists() and live.exists() and elsewhere.exists() and container.exists()
     assert root.name == f"raas-3.pid{os.getpid()}@{host}" and root.is_dir()
 
 

@@ -77,6 +77,18 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         checkpoint.load(path, "n2")  # a checkpoint directory shared by two runs of one name
 
 
+def test_a_checkpoint_from_before_run_nonces_is_resumed_as_this_runs(tmp_path):
+    """A run resumed across the upgrade: its checkpoints have no nonce and no newest batch id."""
+    import json
+
+    path = save(tmp_path, run="n1")[0]
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["run"], meta["last_batch"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    state = checkpoint.load(path, "n2")[0]
+    assert (state.version, state.run, state.last_batch) == (2, "n2", "0-0")
+
+
 def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_trained():
     state = State(run="n1")
     state.add("policy:n1:7", "1000-0")

@@ -79,3 +79,11 @@ def test_redact_url():
     assert redact_url("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
     assert redact_url("redis://host:1/0") == "redis://host:1/0"
     assert redact_url("redis://host:1/0?password=pw&db=2") == "redis://host:1/0?password=***&db=2"
+
+
+def test_a_run_name_that_would_match_other_runs_keys_is_refused():
+    """The name goes into SCAN and ACL key patterns: `a*` would clear or open run `ab` too."""
+    for name in ("a*", "a?", "a[b]", "a:b", ""):
+        with pytest.raises(ConfigError, match=r"run\.name"):
+            load_settings(overrides=[f"run.name={name}"])
+    assert load_settings(overrides=["run.name=exp-1.v2_b"]).run.name == "exp-1.v2_b"

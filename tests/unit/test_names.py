@@ -3,12 +3,12 @@ at once, and a clean stop frees the name."""
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from astraflow import processes
 from astraflow.streams.names import NameInUse, hold_name
 
 
@@ -31,7 +31,7 @@ async def test_the_name_of_a_killed_process_is_taken_over_at_once(bus):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     key = bus.keys.consumer_name("trainer-policy")
-    await bus.redis.set(key, f"{socket.gethostname()} {dead.pid} feed", px=10**7)  # never expires here
+    await bus.redis.set(key, f"{processes.pid_space()} {dead.pid} feed", px=10**7)  # never expires here
     async with hold_name(bus, "trainer-policy"):
         holder = (await bus.redis.get(key)).decode()
         assert holder.split()[1] == str(os.getpid())
@@ -43,3 +43,12 @@ async def test_a_clean_stop_frees_the_name(bus):
     assert await bus.redis.get(bus.keys.consumer_name("dataflow-a")) is None
     async with hold_name(bus, "dataflow-a"):
         pass
+
+
+async def test_a_process_whose_name_was_taken_over_gives_way(bus):
+    """Redis lost the name (an outage past its TTL) and another process took it: the first one stops
+    instead of sharing the name."""
+    with pytest.raises(NameInUse, match="taken over"):
+        async with hold_name(bus, "raas-a"):
+            await bus.redis.set(bus.keys.consumer_name("raas-a"), "elsewhere~1 1 beef", px=10**7)
+            await asyncio.sleep(3 * bus.settings.lease_ms / 1000)
