@@ -7,6 +7,28 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
+class VLLMSettings(BaseModel):
+    """How the vLLM server is launched: each field becomes one server flag (see engines/vllm_server.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of each GPU's memory the server may take (weights + KV cache); cuda only."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one server shards the model over."""
+    max_num_seqs: int = Field(256, ge=1)
+    """Most sequences the server decodes together in one step."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (a group's prompts, multi-turn contexts)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further server flags, appended as given, e.g. ["--max-num-batched-tokens", "8192"]."""
+    weight_sync: Literal["auto", "pause", "chunks"] = "auto"
+    """How a weight load meets running requests. `pause`: requests run whole and are frozen in place
+    during a load; the server labels each token with the weight version that sampled it. `chunks`:
+    requests run in chunks of `engine.chunk_tokens`, a load lands between chunks. `auto` = pause where
+    the server has the endpoints for it, else chunks."""
+
+
 class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -15,9 +37,14 @@ class EngineSettings(BaseModel):
     model: str = ""
     """Model directory (Hugging Face layout) the engine serves; for `openai`, the served model name."""
     dtype: str = "float32"
-    """Weights dtype in the engine (`bfloat16` is what vLLM on CPU runs best)."""
+    """Weights dtype in the engine (`bfloat16` is what vLLM on CPU runs best); vllm: `--dtype`."""
     max_model_len: int = Field(512, gt=0)
-    """Longest prompt + completion, in tokens."""
+    """Longest prompt + completion, in tokens; vllm: `--max-model-len`."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """vllm: where the server runs; `auto` = cuda when torch sees a GPU. CPU-only server settings
+    (KV cache size, eager mode) apply on cpu only."""
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    """vllm: server flags."""
     threads: int = Field(0, ge=0)
     """torch threads of the hf engine; 0 = torch's default."""
     max_batch: int = Field(64, ge=1)
@@ -25,11 +52,11 @@ class EngineSettings(BaseModel):
     batch_window_ms: int = Field(5, ge=0)
     """hf: a batch closes when no request arrived for this long (at most ten windows after its first)."""
     kv_cache_gb: float = Field(1.0, gt=0)
-    """vllm on CPU: KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
+    """vllm on CPU: KV cache size, GiB (VLLM_CPU_KVCACHE_SPACE); on cuda see vllm.gpu_memory_utilization."""
     port: int = Field(0, ge=0)
     """vllm: server port; 0 = a free one."""
     chunk_tokens: int = Field(16, ge=1)
-    """vllm: tokens generated per request before the version is checked again (see engines/vllm.py)."""
+    """vllm with chunked weight sync: tokens per completion call; a load waits for running chunks."""
     start_timeout_s: float = Field(300.0, gt=0)
     """vllm: how long the server may take to become healthy."""
     base_url: str = ""

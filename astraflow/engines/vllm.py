@@ -1,12 +1,22 @@
 """The real engine: a vLLM OpenAI-compatible server subprocess, driven token-in/token-out.
 
-Per-token versions: a request is generated in chunks of `chunk_tokens`, each chunk one completion call
-that continues from the prompt plus the tokens so far. `pause` stops new chunks from starting and waits
-for the running ones (at most `chunk_tokens` each), then pauses the server; `load_weights` reloads
-from a checkpoint directory and resets the prefix cache; after `resume` the next chunks recompute the
-context with the new weights, so every token carries exactly the version that produced it. The server
-(with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading the last
-weights, and the chunks it was running are retried.
+Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`):
+
+- pause (where the server has the endpoints, see `vllm_server.supports_pause_sync`): each request is one
+  streamed call to the token-in/token-out endpoint. `pause` freezes the server's requests in place
+  (`/pause?mode=keep`, their KV cache kept), `load_weights` reloads from a checkpoint directory and
+  relabels the server's weight version, `resume` lets them continue. The server labels every sampled
+  token with the version of the weights that sampled it, so versions are exact with no re-prompting.
+  Requests carry their submission version as prefix-cache salt: one submitted after a load never reuses
+  KV blocks computed with older weights.
+- chunks: a request is generated in chunks of `chunk_tokens`, each chunk one completion call that
+  continues from the prompt plus the tokens so far. `pause` stops new chunks from starting and waits for
+  the running ones, then pauses the server; after `resume` the next chunks recompute the context with
+  the new weights, so every token carries exactly the version that produced it, at the cost of a
+  prefill per chunk.
+
+The server (with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading
+the last weights, and the calls it was running are retried.
 """
 
 from __future__ import annotations
@@ -16,7 +26,6 @@ import atexit
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,6 +35,16 @@ import structlog
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.openai import answers
 from astraflow.engines.settings import EngineSettings
+from astraflow.engines.vllm_server import (
+    GENERATE_PATH,
+    GenerateStream,
+    completion_body,
+    generate_body,
+    resolve_device,
+    server_command,
+    supports_pause_sync,
+    wants_pause_sync,
+)
 from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
 
@@ -47,8 +66,10 @@ class VLLMEngine(Engine):
         self._paused = False
         self._closing = False
         self._watch: asyncio.Task | None = None
+        self.pause_sync = False
+        """Whether weight loads pause requests in place (else they land between chunks); set at start."""
         self.stats: Counter[str] = Counter()
-        """`chunks`, `tokens`, `restarts`."""
+        """`chunks`, `tokens` (received so far), `restarts`."""
 
     async def start(self) -> None:
         import httpx
@@ -60,30 +81,8 @@ class VLLMEngine(Engine):
 
     async def _spawn(self) -> None:
         s = self.settings
-        cmd = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            s.model,
-            "--served-model-name",
-            "policy",
-            # Loopback only: with VLLM_SERVER_DEV_MODE the server also exposes control endpoints (/pause,
-            # /collective_rpc, /reset_prefix_cache, ...) that load arbitrary weights, on this same socket.
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dtype",
-            s.dtype,
-            "--max-model-len",
-            str(s.max_model_len),
-            "--enforce-eager",
-            "--logprobs-mode",
-            "processed_logprobs",
-        ]
-        kv_gib = str(max(1, round(s.kv_cache_gb)))
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": kv_gib}
+        device = resolve_device(s)
+        cmd, env = server_command(s, self.port, device)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
             cmd,
@@ -102,13 +101,35 @@ class VLLMEngine(Engine):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
             await asyncio.sleep(0.5)
+        self.pause_sync = await self._pause_sync()
         if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
             await self._control(
                 "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self._weights}}
             )
+        if self.pause_sync:  # the server labels tokens with this from now on
+            await self._control("/update_weight_version", {"new_version": str(self.version)})
         if not self._paused:
             self._open.set()
-        log.info("vllm_ready", port=self.port, pid=self._proc.pid, version=self.version)
+        log.info(
+            "vllm_ready",
+            port=self.port,
+            pid=self._proc.pid,
+            version=self.version,
+            device=device,
+            weight_sync="pause" if self.pause_sync else "chunks",
+        )
+
+    async def _pause_sync(self) -> bool:
+        """Pause-mode weight sync when the running server supports it and the settings allow it."""
+        if not wants_pause_sync(self.settings):
+            return False
+        reply = await self._http.get("/openapi.json")
+        reply.raise_for_status()
+        if supports_pause_sync(reply.json()):
+            return True
+        if self.settings.vllm.weight_sync == "pause":
+            raise RuntimeError("engine.vllm.weight_sync=pause, but the vllm server lacks its endpoints")
+        return False
 
     async def _watchdog(self) -> None:
         while not self._closing:
@@ -155,43 +176,71 @@ class VLLMEngine(Engine):
         return await answers(self._http, "/health", 2.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        started = time.perf_counter()
+        if self.pause_sync:
+            resp = await self._generate_whole(request)
+        else:
+            resp = await self._generate_chunks(request)
+        resp.timings["generate_s"] = time.perf_counter() - started
+        return resp
+
+    async def _wait_open(self) -> int:
+        """Wait until calls may start (re-checked: a pause may follow the resume that woke us); the version
+        the server holds then."""
+        while not self._open.is_set():
+            await self._open.wait()
+        return self.version
+
+    async def _server_died(self, e: Exception) -> bool:
+        """After a failed call: True (after a pause) when the server is gone and the call should be retried
+        on its restart, False when the error is the call's own."""
+        if self._closing or await self.healthy():
+            return False
+        log.warning("vllm_call_retry", error=repr(e))  # the watchdog restarts the server
+        await asyncio.sleep(1.0)
+        return True
+
+    async def _generate_whole(self, request: GenerateRequest) -> GenerateResponse:
+        """One streamed call; the server's final chunk labels token spans with weight versions."""
+        import httpx
+
+        max_tokens = min(request.params.max_new_tokens, self.settings.max_model_len - len(request.prompt_ids))
+        if max_tokens <= 0:
+            return GenerateResponse([], [], [], "length")
+        while True:
+            body = generate_body(request, max_tokens, await self._wait_open())
+            stream = GenerateStream()
+            try:
+                async with self._http.stream("POST", GENERATE_PATH, json=body) as reply:
+                    reply.raise_for_status()
+                    async for line in reply.aiter_lines():
+                        self.stats["tokens"] += stream.feed(line)
+            except httpx.HTTPError as e:
+                if await self._server_died(e):
+                    continue
+                raise
+            return stream.response()
+
+    async def _generate_chunks(self, request: GenerateRequest) -> GenerateResponse:
         import httpx
 
         p, s = request.params, self.settings
         resp = GenerateResponse([], [], [], "length")
-        started = time.perf_counter()
         while len(resp.token_ids) < p.max_new_tokens:
             context = request.prompt_ids + resp.token_ids
             n = min(s.chunk_tokens, p.max_new_tokens - len(resp.token_ids), s.max_model_len - len(context))
             if n <= 0:
                 break
-            body = {
-                "model": "policy",
-                "prompt": context,
-                "max_tokens": n,
-                "temperature": p.temperature,
-                "top_p": p.top_p,
-                "top_k": p.top_k if p.top_k > 0 else -1,
-                "logprobs": 0,
-                "return_token_ids": True,
-                "stop_token_ids": list(p.stop_token_ids),
-                "skip_special_tokens": False,
-            }
-            if p.seed is not None:
-                body["seed"] = p.seed + len(resp.token_ids)
-            while not self._open.is_set():  # re-check: a pause may follow the resume that woke us
-                await self._open.wait()
-            version = self.version
+            body = completion_body(request, context, n, len(resp.token_ids))
+            version = await self._wait_open()
             self._running += 1
             try:
                 reply = await self._http.post("/v1/completions", json=body)
                 reply.raise_for_status()
             except httpx.HTTPError as e:
-                if self._closing or await self.healthy():
-                    raise
-                log.warning("vllm_chunk_retry", error=repr(e))  # the server died: the watchdog restarts it
-                await asyncio.sleep(1.0)
-                continue
+                if await self._server_died(e):
+                    continue
+                raise
             finally:
                 async with self._idle:
                     self._running -= 1
@@ -204,21 +253,24 @@ class VLLMEngine(Engine):
             if choice["finish_reason"] == "stop":
                 resp.finish_reason = "stop"
                 break
-        resp.timings["generate_s"] = time.perf_counter() - started
         return resp
 
     async def pause(self) -> None:
         self._paused = True
         self._open.clear()
-        async with self._idle:
-            await self._idle.wait_for(lambda: self._running == 0)
-        await self._control("/pause?mode=keep")
+        if not self.pause_sync:  # chunks: a load lands between chunks, so wait out the running ones
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._running == 0)
+        await self._control("/pause?mode=keep")  # returns once no step is running
 
     async def load_weights(self, path: str, version: int) -> None:
         if not self._paused:
             raise RuntimeError("load_weights needs a paused engine")
         await self._control("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
-        await self._control("/reset_prefix_cache")
+        if self.pause_sync:  # frozen requests hold KV blocks, so no reset: salts keep versions apart
+            await self._control("/update_weight_version", {"new_version": str(version)})
+        else:
+            await self._control("/reset_prefix_cache")
         self._weights, self.version = path, version
 
     async def resume(self) -> None:

@@ -1,0 +1,179 @@
+"""The vLLM server's command line and environment from the engine settings, what a running server
+supports, and the wire format of its generation calls. Nothing here imports vllm or starts a process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from astraflow.engines.base import GenerateRequest, GenerateResponse
+from astraflow.engines.settings import EngineSettings
+
+SERVED_NAME = "policy"
+GENERATE_PATH = "/inference/v1/generate"
+"""Token-in/token-out generation whose final output labels token spans with weight versions."""
+PAUSE_SYNC_PATHS = (GENERATE_PATH, "/pause", "/resume", "/collective_rpc", "/update_weight_version")
+
+
+def resolve_device(settings: EngineSettings) -> str:
+    """`cpu` or `cuda`; `auto` asks torch whether it sees a GPU (torch is imported only then)."""
+    if settings.device != "auto":
+        return settings.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def has_scale_out() -> bool:
+    """Whether the installed vLLM ships the token-in/token-out server (`--enable-scale-out`); looked up on
+    disk, so that vllm is not imported into this process."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return (root / "entrypoints" / "scale_out" / "token_in_token_out").is_dir()
+
+
+def wants_pause_sync(settings: EngineSettings) -> bool:
+    """Whether the server is started with the endpoints pause-mode weight sync needs."""
+    sync = settings.vllm.weight_sync
+    return sync == "pause" or (sync == "auto" and has_scale_out())
+
+
+def server_command(settings: EngineSettings, port: int, device: str) -> tuple[list[str], dict[str, str]]:
+    """The server's argv and environment for `device` (`cpu` or `cuda`)."""
+    s, v = settings, settings.vllm
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        s.model,
+        "--served-model-name",
+        SERVED_NAME,
+        # Loopback only: with VLLM_SERVER_DEV_MODE the server also exposes control endpoints (/pause,
+        # /collective_rpc, /reset_prefix_cache, ...) that load arbitrary weights, on this same socket.
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        s.dtype,
+        "--max-model-len",
+        str(s.max_model_len),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+        "--max-num-seqs",
+        str(v.max_num_seqs),
+        "--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if device == "cuda":
+        cmd += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
+    else:
+        # CUDA graphs do not exist on CPU, and the CPU backend sizes its KV cache from this variable.
+        cmd.append("--enforce-eager")
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(s.kv_cache_gb)))
+    if wants_pause_sync(settings):
+        cmd.append("--enable-scale-out")
+    return cmd + list(v.extra_args), env
+
+
+def supports_pause_sync(openapi: dict) -> bool:
+    """Whether a server's OpenAPI schema has every endpoint pause-mode weight sync uses, and generate
+    replies that carry weight-version spans."""
+    paths = openapi.get("paths", {})
+    schemas = openapi.get("components", {}).get("schemas", {})
+    return all(p in paths for p in PAUSE_SYNC_PATHS) and "WeightVersionSpan" in schemas
+
+
+def completion_body(request: GenerateRequest, context: list[int], max_tokens: int, done: int) -> dict:
+    """A `/v1/completions` call continuing `context` (the prompt and the `done` tokens generated so far)."""
+    p = request.params
+    body = {
+        "model": SERVED_NAME,
+        "prompt": context,
+        "max_tokens": max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "stop_token_ids": list(p.stop_token_ids),
+        "skip_special_tokens": False,
+    }
+    if p.seed is not None:
+        body["seed"] = p.seed + done
+    return body
+
+
+def generate_body(request: GenerateRequest, max_tokens: int, version: int) -> dict:
+    """A streamed token-in/token-out call for the whole request, submitted while `version` is served."""
+    p = request.params
+    sampling = {
+        "max_tokens": max_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "logprobs": 0,
+        "stop_token_ids": list(p.stop_token_ids),
+        "skip_special_tokens": False,
+        "seed": p.seed,
+    }
+    return {
+        "model": SERVED_NAME,
+        "token_ids": request.prompt_ids,
+        "sampling_params": sampling,
+        "stream": True,
+        "cache_salt": f"v{version}",  # no prefix-cache hits on KV blocks computed with other weights
+    }
+
+
+class GenerateStream:
+    """Collects a streamed generate reply (server-sent events), one line at a time."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish: str | None = None
+        self.spans: list[dict] | None = None
+
+    def feed(self, line: str) -> int:
+        """Take one line of the reply; returns how many tokens it brought."""
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return 0
+        n = 0
+        for choice in json.loads(line[len("data: ") :])["choices"]:
+            new = choice["token_ids"] or []
+            self.tokens += new
+            self.logprobs += [c["logprob"] for c in (choice["logprobs"] or {}).get("content") or []]
+            n += len(new)
+            if choice["finish_reason"] is not None:
+                self.finish, self.spans = choice["finish_reason"], choice["weight_versions"]
+        return n
+
+    def response(self) -> GenerateResponse:
+        """The generation, each token with the version that sampled it; raises unless it ended normally."""
+        if self.finish not in ("stop", "length"):
+            raise RuntimeError(f"vllm request ended with {self.finish!r}")
+        versions = token_versions(self.spans or [], len(self.tokens))
+        return GenerateResponse(self.tokens, self.logprobs, versions, self.finish)
+
+
+def token_versions(spans: list[dict], n_tokens: int) -> list[int]:
+    """Per-token versions from the server's `[start, end)` spans of version labels (our versions as text).
+
+    Raises ValueError unless the spans cover exactly `n_tokens` tokens with integer labels."""
+    versions: list[int] = []
+    for span in spans:
+        if span["start"] != len(versions):
+            raise ValueError(f"weight version spans leave a gap: {spans}")
+        versions += [int(span["version"])] * (span["end"] - span["start"])
+    if len(versions) != n_tokens:
+        raise ValueError(f"weight version spans cover {len(versions)} of {n_tokens} tokens: {spans}")
+    return versions

@@ -1,0 +1,154 @@
+"""The vLLM server command line and environment for CPU and GPU, and the generate wire format (no server)."""
+
+import importlib.util
+import json
+
+import pytest
+
+from astraflow.config import Settings
+from astraflow.engines.base import GenerateRequest, SamplingParams
+from astraflow.engines.settings import EngineSettings
+from astraflow.engines.vllm_server import (
+    PAUSE_SYNC_PATHS,
+    GenerateStream,
+    generate_body,
+    resolve_device,
+    server_command,
+    supports_pause_sync,
+    token_versions,
+)
+
+TUNED = {
+    "model": "m",
+    "dtype": "bfloat16",
+    "max_model_len": 4096,
+    "kv_cache_gb": 3.0,
+    "vllm": {
+        "gpu_memory_utilization": 0.85,
+        "tensor_parallel_size": 2,
+        "max_num_seqs": 128,
+        "enable_prefix_caching": False,
+        "extra_args": ["--max-num-batched-tokens", "8192"],
+        "weight_sync": "pause",
+    },
+}
+
+
+def flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_vllm_env(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+
+
+def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings():
+    cmd, env = server_command(EngineSettings(**TUNED), 8001, "cuda")
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(cmd, "--port") == "8001" and flag(cmd, "--host") == "127.0.0.1"
+    assert flag(cmd, "--dtype") == "bfloat16" and flag(cmd, "--max-model-len") == "4096"
+    assert flag(cmd, "--gpu-memory-utilization") == "0.85"
+    assert flag(cmd, "--tensor-parallel-size") == "2" and flag(cmd, "--max-num-seqs") == "128"
+    assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
+    assert cmd[-2:] == ["--max-num-batched-tokens", "8192"]  # last: they can override what came before
+    assert "--enable-scale-out" in cmd  # weight_sync=pause needs the token-in/token-out endpoint
+    assert "--enforce-eager" not in cmd  # CUDA graphs on
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
+    settings = EngineSettings(**{**TUNED, "vllm": {**TUNED["vllm"], "weight_sync": "chunks"}})
+    cmd, env = server_command(settings, 8001, "cpu")
+    assert "--enforce-eager" in cmd and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert "--gpu-memory-utilization" not in cmd
+    assert flag(cmd, "--max-num-seqs") == "128" and flag(cmd, "--dtype") == "bfloat16"
+    assert "--enable-scale-out" not in cmd  # chunks: plain completions only
+
+
+def test_the_device_is_what_the_settings_say_unless_auto():
+    assert resolve_device(EngineSettings(device="cuda")) == "cuda"
+    assert resolve_device(EngineSettings(device="cpu")) == "cpu"
+    torch = pytest.importorskip("torch")
+    assert resolve_device(EngineSettings()) == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_vllm_settings_come_from_nested_env_vars(monkeypatch):
+    monkeypatch.setenv("ASTRAFLOW_ENGINE__VLLM__MAX_NUM_SEQS", "32")
+    monkeypatch.setenv("ASTRAFLOW_ENGINE__VLLM__EXTRA_ARGS", '["--seed", "3"]')
+    monkeypatch.setenv("ASTRAFLOW_ENGINE__DEVICE", "cuda")
+    s = Settings()
+    assert s.engine.vllm.max_num_seqs == 32 and s.engine.vllm.extra_args == ["--seed", "3"]
+    assert s.engine.device == "cuda"
+    with pytest.raises(ValueError):
+        EngineSettings(vllm={"gpu_memory_utilization": 1.5})
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm not installed")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_installed_vllm_server_accepts_the_command_line(device):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cmd, _ = server_command(EngineSettings(**TUNED), 8001, device)
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[3:])
+    assert args.max_num_seqs == 128 and args.tensor_parallel_size == 2 and args.max_model_len == 4096
+    assert args.enable_prefix_caching is False and args.max_num_batched_tokens == 8192
+    assert args.enable_scale_out is True
+    if device == "cuda":
+        assert args.gpu_memory_utilization == 0.85
+    else:
+        assert args.enforce_eager is True
+
+
+def test_pause_sync_needs_every_endpoint_and_version_spans():
+    paths = {p: {} for p in PAUSE_SYNC_PATHS}
+    schema = {"paths": paths, "components": {"schemas": {"WeightVersionSpan": {}}}}
+    assert supports_pause_sync(schema)
+    assert not supports_pause_sync({**schema, "components": {"schemas": {}}})  # an older generate reply
+    del paths["/update_weight_version"]
+    assert not supports_pause_sync(schema)
+
+
+def sse(choice: dict) -> str:
+    base = {"index": 0, "finish_reason": None, "weight_versions": None, "logprobs": None}
+    return "data: " + json.dumps({"choices": [{**base, **choice}]})
+
+
+def lp(*tokens):
+    return {"content": [{"token_id": t, "logprob": -0.5, "top_logprobs": []} for t in tokens]}
+
+
+def test_a_streamed_generation_takes_each_tokens_version_from_the_servers_spans():
+    stream = GenerateStream()
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 3}]
+    lines = [
+        sse({"token_ids": [7, 8], "logprobs": lp(7, 8)}),
+        "",
+        sse({"token_ids": [9], "logprobs": lp(9), "finish_reason": "length", "weight_versions": spans}),
+        "data: [DONE]",
+    ]
+    assert [stream.feed(line) for line in lines] == [2, 0, 1, 0]
+    r = stream.response()
+    assert r.token_ids == [7, 8, 9] and r.versions == [3, 3, 4] and r.finish_reason == "length"
+    assert r.logprobs == [-0.5] * 3
+
+
+def test_a_generation_that_did_not_end_normally_or_is_not_fully_labelled_raises():
+    aborted = GenerateStream()
+    aborted.feed(sse({"token_ids": [], "finish_reason": "abort", "weight_versions": []}))
+    with pytest.raises(RuntimeError, match="abort"):
+        aborted.response()
+    with pytest.raises(ValueError, match="cover 2 of 3"):
+        token_versions([{"version": "0", "start": 0, "end": 2}], 3)
+    with pytest.raises(ValueError, match="gap"):
+        token_versions([{"version": "0", "start": 1, "end": 3}], 3)
+
+
+def test_a_generate_call_salts_the_prefix_cache_with_the_version_it_starts_under():
+    request = GenerateRequest([1, 2], SamplingParams(temperature=0.0, max_new_tokens=5, stop_token_ids=(0,)))
+    a, b = generate_body(request, 5, 0), generate_body(request, 5, 1)
+    assert a["token_ids"] == [1, 2] and a["stream"] and a["sampling_params"]["stop_token_ids"] == [0]
+    assert a["cache_salt"] != b["cache_salt"]
