@@ -1,0 +1,85 @@
+"""The vLLM engine's calls to its server in either weight-sync mode, against a fake server (no vLLM)."""
+
+import json
+
+import httpx
+import pytest
+
+from astraflow.engines.base import GenerateRequest, SamplingParams
+from astraflow.engines.settings import EngineSettings
+from astraflow.engines.vllm import VLLMEngine
+
+
+class FakeServer:
+    """Answers completions with the context length as token id; records the control calls."""
+
+    def __init__(self) -> None:
+        self.controls: list[str] = []
+        self.generate_bodies: list[dict] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
+        body = json.loads(request.content) if request.content else None
+        if path == "/v1/completions":
+            n, start = body["max_tokens"], len(body["prompt"])
+            tokens = list(range(start, start + n))
+            logprobs = {"token_logprobs": [-1.0] * n}
+            choice = {"token_ids": tokens, "logprobs": logprobs, "finish_reason": "length"}
+            return httpx.Response(200, json={"choices": [choice]})
+        if path == "/inference/v1/generate":
+            self.generate_bodies.append(body)
+            spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
+            events = [
+                {"token_ids": [1], "logprobs": {"content": [{"logprob": -0.1}]}, "finish_reason": None},
+                {"token_ids": [2, 3], "logprobs": {"content": [{"logprob": -0.2}, {"logprob": -0.3}]}},
+            ]
+            events[1] |= {"finish_reason": "length", "weight_versions": spans}
+            lines = [f"data: {json.dumps({'choices': [{'weight_versions': None, **e}]})}\n\n" for e in events]
+            return httpx.Response(200, content="".join(lines) + "data: [DONE]\n\n")
+        self.controls.append(path)
+        return httpx.Response(200, json={})
+
+
+def engine(pause_sync: bool, server: FakeServer) -> VLLMEngine:
+    e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1))
+    e._http = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
+    e.pause_sync = pause_sync
+    e._open.set()  # as after a start
+    return e
+
+
+async def test_chunked_generation_tags_each_chunk_with_the_version_it_ran_under():
+    server = FakeServer()
+    e = engine(False, server)
+    request = GenerateRequest([0, 0], SamplingParams(max_new_tokens=10))
+    first = await e.generate(request)
+    assert first.token_ids == list(range(2, 12)) and e.stats["chunks"] == 3  # 4 + 4 + 2
+    await e.pause()
+    await e.load_weights("w", version=3)
+    await e.resume()
+    assert server.controls == ["/pause?mode=keep", "/collective_rpc", "/reset_prefix_cache", "/resume"]
+    assert set((await e.generate(request)).versions) == {3} and set(first.versions) == {0}
+
+
+async def test_paused_sync_takes_versions_from_the_server_and_relabels_on_load():
+    server = FakeServer()
+    e = engine(True, server)
+    e.version = 4
+    r = await e.generate(GenerateRequest([7, 8], SamplingParams(max_new_tokens=3, seed=1)))
+    assert r.token_ids == [1, 2, 3] and r.versions == [4, 5, 5] and r.logprobs == [-0.1, -0.2, -0.3]
+    assert e.stats["tokens"] == 3 and e.stats["chunks"] == 0  # one call, no chunks
+    body = server.generate_bodies[0]
+    assert body["token_ids"] == [7, 8] and body["sampling_params"]["max_tokens"] == 3
+    await e.pause()
+    await e.load_weights("w", version=5)
+    await e.resume()
+    # No prefix-cache reset (frozen requests hold blocks): the next call gets another salt instead.
+    assert server.controls == ["/pause?mode=keep", "/collective_rpc", "/update_weight_version", "/resume"]
+    await e.generate(GenerateRequest([7, 8], SamplingParams(max_new_tokens=3)))
+    assert server.generate_bodies[1]["cache_salt"] != body["cache_salt"]
+
+
+async def test_a_load_needs_a_pause():
+    e = engine(True, FakeServer())
+    with pytest.raises(RuntimeError, match="paused"):
+        await e.load_weights("w", version=1)
