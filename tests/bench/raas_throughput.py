@@ -41,7 +41,7 @@ def settings_for(engine: str, model: str, url: str, run_dir: Path, args) -> Sett
     s.redis.url = url
     s.engine.type, s.engine.model = engine, model
     s.engine.dtype = "bfloat16" if engine == "vllm" else "float32"
-    s.engine.chunk_tokens = args.tokens  # one chunk per request: no version checks needed here
+    s.engine.chunk_tokens = args.tokens  # chunked weight sync: one chunk per request (no loads here)
     s.raas.id, s.raas.slots = "bench-raas", args.groups
     s.raas.sampling.max_new_tokens = args.tokens
     s.engine.threads = args.threads
