@@ -27,7 +27,7 @@ from astraflow.config import Settings
 from astraflow.dataflow.batches import BatchReader, Received
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
-from astraflow.trainer import checkpoint, distributed
+from astraflow.trainer import checkpoint, devices, distributed
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
 from astraflow.weights.files import buffer_root
@@ -45,11 +45,11 @@ class TrainerService:
         path = t.model or settings.engine.model
         if not path:
             raise ValueError("no starting weights: set trainer.model or engine.model")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+        device = devices.resolve(t)  # first: a device this machine lacks fails before any loading
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
-        if self.size > 1:
-            distributed.shard(model)  # before the optimizer: it holds the shards
+        devices.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds the shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run.path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
