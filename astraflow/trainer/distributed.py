@@ -16,6 +16,9 @@ import torch.distributed as dist
 
 from astraflow.trainer import devices
 
+_host_group = None
+"""The group for collectives on host memory: gloo beside NCCL (None: the default group is gloo)."""
+
 
 def world() -> tuple[int, int]:
     """(rank, world size); (0, 1) without torchrun."""
@@ -31,7 +34,10 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        global _host_group
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            _host_group = dist.new_group(backend="gloo")
     return world()
 
 
@@ -85,12 +91,33 @@ def _collective_device() -> torch.device:
 
 def full_model_state(model) -> dict:
     """A copy of the whole model state dict on rank 0 (on CPU; later steps do not change it); empty on
-    the others. Collective."""
+    the others. Each rank copies its own shards into host memory (from a GPU asynchronously, into
+    pinned memory, all ranks at once); rank 0 assembles them. No optimizer state moves. Collective."""
     if world()[1] == 1:
         return devices.to_host(model.state_dict())
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import DTensor, Shard
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = model.state_dict()
+    for name, v in state.items():
+        if isinstance(v, DTensor) and tuple(v.placements) != (Shard(0),):
+            raise ValueError(f"{name}: placements {v.placements}, expected FSDP's (Shard(0),)")
+    local = devices.to_host({k: v.to_local() if isinstance(v, DTensor) else v for k, v in state.items()})
+    full = {
+        k: _gather_rows(local[k], v.shape) if isinstance(v, DTensor) else local[k] for k, v in state.items()
+    }
+    return full if world()[0] == 0 else {}
+
+
+def _gather_rows(shard: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+    """The whole tensor of `shape` on rank 0 from each rank's dim-0 shard (`torch.chunk`'s split: the
+    last ranks' shards may be shorter or empty); None on the others. Collective on host memory."""
+    rank, size = world()
+    rows = -(-shape[0] // size)
+    padded = shard.new_zeros((rows, *shape[1:]))
+    padded[: shard.shape[0]] = shard
+    parts = [torch.empty_like(padded) for _ in range(size)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0, group=_host_group)
+    return torch.cat(parts)[: shape[0]] if parts is not None else None
 
 
 def full_optimizer_state(model, optimizer) -> dict:
