@@ -43,9 +43,11 @@ def setup(device: torch.device | None = None) -> tuple[int, int]:
 
 def teardown() -> None:
     """Leave the group once every rank is done (a rank leaving mid-collective aborts gloo at exit)."""
+    global _host_group
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group, the host group too
+        _host_group = None
 
 
 def shard(model, device: torch.device | None = None, compute_dtype: torch.dtype = torch.float32) -> None:
