@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from astraflow.dataflow.store import fetch_batch
+from astraflow.dataflow.batches import fetch_batch
 from astraflow.messages import (
     Heartbeat,
     PromptGroup,

@@ -1,5 +1,6 @@
 """One training step of the tiny model under torchrun (FSDP2 on gloo): `torchrun --nproc_per_node N -m
-tests.fsdp_step MODEL_DIR OUT.pt` saves the full parameters after the step (rank 0)."""
+tests.fsdp_step MODEL_DIR OUT.pt` saves the full parameters after the step (rank 0), after checking that
+the state assembled from the ranks' shards is the one torch gathers."""
 
 import sys
 
@@ -26,6 +27,15 @@ def main(model_dir: str, out: str) -> None:
     trainer = PolicyTrainer(model, settings)
     trainer.step(batch)
     state = distributed.full_model_state(model)
+    if size > 1:  # the shards each rank copied, assembled: what torch's own full gather gives, exactly
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        reference = get_model_state_dict(model, options=options)
+        if rank == 0:
+            assert state.keys() == reference.keys()
+            for k, v in reference.items():
+                assert state[k].shape == v.shape and torch.equal(state[k], v), k
     if rank == 0:
         torch.save({k: v.detach().clone() for k, v in state.items()}, out)
     distributed.teardown()  # leave the group before exit, or gloo's threads may abort the process

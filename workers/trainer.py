@@ -15,7 +15,7 @@ def main(settings: Settings, url: str, model: str | None = None) -> None:
     import torch
 
     from astraflow.streams import Bus
-    from astraflow.trainer import distributed
+    from astraflow.trainer import devices, distributed
     from astraflow.trainer.service import TrainerService
 
     name = model or settings.run.models[0]
@@ -23,7 +23,7 @@ def main(settings: Settings, url: str, model: str | None = None) -> None:
         raise ValueError(f"model {name!r} is not trained in this run ({settings.run.models})")
     if settings.trainer.threads:
         torch.set_num_threads(settings.trainer.threads)
-    rank, _ = distributed.setup()
+    rank, _ = distributed.setup(devices.resolve(settings.trainer))
     try:
         if rank > 0:  # under torchrun: rank 0 alone talks to Redis, the others follow its commands
             bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)  # never used

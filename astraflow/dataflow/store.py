@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from astraflow.dataflow.settings import DataflowSettings
-from astraflow.messages import Batch, VersionPublished, batch_refs, decode_batch
+from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
@@ -57,15 +57,6 @@ class Collected:
     def mean_reward(self) -> float | None:
         """The first model's mean reward (what the curators follow)."""
         return next((mean for mean, _ in self.rewards.values()), None)
-
-
-async def fetch_batch(bus: Bus, fields: Mapping, max_bytes: int | None = None) -> Batch:
-    """A batch entry with its groups, read from where it refers to (valid until the trainer acks it)."""
-    refs = batch_refs(fields)
-    model = fields.get("model", fields.get(b"model", b""))
-    model = model.decode() if isinstance(model, bytes) else model
-    payloads = await bus.call(lambda: bus.redis.hmget(bus.keys.samples(model), refs)) if refs else []
-    return decode_batch(fields, payloads, max_bytes)
 
 
 class Store:

@@ -9,11 +9,15 @@ round trips for bytes rank 0 already has (a batch is small next to the model's c
 
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
 import torch.distributed as dist
+
+from astraflow.trainer import devices
+
+_host_group = None
+"""The group for collectives on host memory: gloo beside NCCL (None: the default group is gloo)."""
 
 
 def world() -> tuple[int, int]:
@@ -23,27 +27,43 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def setup() -> tuple[int, int]:
-    """Join the process group when started by torchrun (WORLD_SIZE > 1)."""
+def setup(device: torch.device | None = None) -> tuple[int, int]:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1): NCCL when this rank computes
+    on a GPU (`device`, see `devices.resolve`; made the current one), gloo on the CPU."""
+    device = device or torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        global _host_group
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            _host_group = dist.new_group(backend="gloo")
     return world()
 
 
 def teardown() -> None:
     """Leave the group once every rank is done (a rank leaving mid-collective aborts gloo at exit)."""
+    global _host_group
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # every group, the host group too
+        _host_group = None
 
 
-def shard(model) -> None:
-    """FSDP2: each decoder layer its own unit, then the rest."""
-    from torch.distributed.fsdp import fully_shard
+def shard(model, device: torch.device | None = None, compute_dtype: torch.dtype = torch.float32) -> None:
+    """FSDP2 over all ranks, each holding its shards on `device`: each decoder layer its own unit, then the
+    rest. The parameters stay float32 (the optimizer's master weights); with a bf16 `compute_dtype` the
+    gathered copies the forward and backward use are bf16 and gradients are reduced in float32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    device = device or torch.device("cpu")
+    # An explicit mesh: FSDP2's default follows the machine's accelerator, not this rank's device.
+    mesh = init_device_mesh(device.type, (world()[1],))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def broadcast(obj=None):
@@ -59,25 +79,53 @@ def sync_max(n: int) -> int:
     """The largest `n` over the ranks. Collective."""
     if world()[1] == 1:
         return n
-    t = torch.tensor([n])
+    t = torch.tensor([n], device=_collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
 
 
+def _collective_device() -> torch.device:
+    """Where a tensor for a collective lives: NCCL reduces only GPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def full_model_state(model) -> dict:
     """A copy of the whole model state dict on rank 0 (on CPU; later steps do not change it); empty on
-    the others. Collective."""
+    the others. Each rank copies its own shards into host memory (from a GPU asynchronously, into
+    pinned memory, all ranks at once); rank 0 assembles them. No optimizer state moves. Collective."""
     if world()[1] == 1:
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return devices.to_host(model.state_dict())
+    from torch.distributed.tensor import DTensor, Shard
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = model.state_dict()
+    for name, v in state.items():
+        if isinstance(v, DTensor) and tuple(v.placements) != (Shard(0),):
+            raise ValueError(f"{name}: placements {v.placements}, expected FSDP's (Shard(0),)")
+    local = devices.to_host({k: v.to_local() if isinstance(v, DTensor) else v for k, v in state.items()})
+    full = {
+        k: _gather_rows(local[k], v.shape) if isinstance(v, DTensor) else local[k] for k, v in state.items()
+    }
+    return full if world()[0] == 0 else {}
+
+
+def _gather_rows(shard: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
+    """The whole tensor of `shape` on rank 0 from each rank's dim-0 shard (`torch.chunk`'s split: the
+    last ranks' shards may be shorter or empty); None on the others. Collective on host memory."""
+    rank, size = world()
+    rows = -(-shape[0] // size)
+    padded = shard.new_zeros((rows, *shape[1:]))
+    padded[: shard.shape[0]] = shard
+    parts = [torch.empty_like(padded) for _ in range(size)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0, group=_host_group)
+    return torch.cat(parts)[: shape[0]] if parts is not None else None
 
 
 def full_optimizer_state(model, optimizer) -> dict:
     """A copy of the whole optimizer state dict on rank 0. Collective."""
     if world()[1] == 1:
-        return copy.deepcopy(optimizer.state_dict())
+        return devices.to_host(optimizer.state_dict())
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

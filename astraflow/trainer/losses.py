@@ -100,7 +100,7 @@ def m2po_keep(sq: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.T
         return keep
     ordered, _ = flat.sort(descending=True)
     remaining = ordered.flip(0).cumsum(0).flip(0)  # sum of the k-th largest and all smaller ones
-    counts = torch.arange(len(ordered), 0, -1, dtype=sq.dtype)
+    counts = torch.arange(len(ordered), 0, -1, dtype=sq.dtype, device=sq.device)
     means = remaining / counts  # mean after dropping the k largest, k = 0, 1, ...
     ok = torch.nonzero(means <= threshold)
     k = int(ok[0]) if len(ok) else len(ordered)

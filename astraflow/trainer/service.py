@@ -24,12 +24,10 @@ import structlog
 import torch
 
 from astraflow.config import Settings
-from astraflow.dataflow.store import fetch_batch
-from astraflow.errors import DecodeError
-from astraflow.streams import Bus, Consumer, Entry
+from astraflow.dataflow.batches import BatchReader, Received
+from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
-from astraflow.streams.keys import GROUP_TRAINER
-from astraflow.trainer import checkpoint, distributed
+from astraflow.trainer import checkpoint, devices, distributed
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
 from astraflow.weights.files import buffer_root
@@ -47,20 +45,19 @@ class TrainerService:
         path = t.model or settings.engine.model
         if not path:
             raise ValueError("no starting weights: set trainer.model or engine.model")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
+        device = devices.resolve(t)  # first: a device this machine lacks fails before any loading
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
-        if self.size > 1:
-            distributed.shard(model)  # before the optimizer: it holds the shards
+        devices.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds the shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run.path / "checkpoints" / model_name
-        self.consumer = Consumer(bus, bus.keys.batches(model_name), GROUP_TRAINER, f"trainer-{model_name}")
+        self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
         self.state = checkpoint.State()
         self.publisher: WeightPublisher | None = None
-        self._unacked: list[Entry] = []
+        self._unacked: list[Received] = []
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
-        self._next_trim = time.monotonic() + bus.settings.trim_interval_ms / 1000
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
@@ -111,7 +108,7 @@ class TrainerService:
     async def _run(self, stop: asyncio.Event) -> None:
         identity = await self.bus.identity()
         self.state.run = identity.nonce
-        await self.bus.ensure_group(self.consumer.stream, GROUP_TRAINER)  # only what it reads (its ACL user)
+        await self.batches.open()
         latest = checkpoint.latest(self.ckpt_root)
         if latest is not None:
             restored = await asyncio.to_thread(checkpoint.load, latest, identity.nonce)
@@ -137,10 +134,10 @@ class TrainerService:
         try:
             while not stop.is_set() and not self._done():
                 waiting = time.perf_counter()
-                entries = await self.consumer.read(1, self.bus.settings.block_ms)
+                received = await self.batches.read(1, self.bus.settings.block_ms)
                 self._wait_s += time.perf_counter() - waiting
-                for entry in entries:
-                    await self._handle(entry)
+                for r in received:
+                    await self._handle(r)
             if self._unacked:  # a clean stop keeps what was trained since the last checkpoint
                 await self._commit()
         finally:
@@ -158,22 +155,17 @@ class TrainerService:
         limit = self.settings.trainer.max_steps
         return limit is not None and self.state.version >= limit
 
-    async def _handle(self, entry: Entry) -> None:
-        try:
-            batch = await fetch_batch(self.bus, entry.fields, self.bus.settings.max_entry_bytes)
-        except DecodeError as e:
-            log.error("batch_dead_lettered", id=entry.id, error=str(e))
-            await self.consumer.dead_letter(entry, f"DecodeError: {e}")
-            return
-        if self.state.trained(batch.uid, entry.id):  # trained before the crash, its ack was lost
-            await self._ack([entry])
+    async def _handle(self, received: Received) -> None:
+        batch = received.batch
+        if self.state.trained(batch.uid, received.id):  # trained before the crash, its ack was lost
+            await self._ack([received])
             log.info("batch_already_trained", batch=batch.uid)
             return
         stats = await asyncio.to_thread(self._all, "train", batch)
         self.state.version += 1
         self.state.step += self.settings.trainer.minibatches
-        self.state.add(batch.uid, entry.id)
-        self._unacked.append(entry)
+        self.state.add(batch.uid, received.id)
+        self._unacked.append(received)
         log.info(
             "trained",
             model=self.model_name,
@@ -201,7 +193,7 @@ class TrainerService:
         rest = (self.policy.scheduler.state_dict(), torch.get_rng_state())
         self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
 
-    async def _persist(self, state, model_state, optim_state, rest, entries: list[Entry]) -> None:
+    async def _persist(self, state, model_state, optim_state, rest, entries: list[Received]) -> None:
         assert self.publisher is not None
         keep = self.settings.trainer.keep_checkpoints
         saved = asyncio.ensure_future(
@@ -219,14 +211,10 @@ class TrainerService:
             task, self._committing = self._committing, None
             await task
 
-    async def _ack(self, entries: list[Entry]) -> None:
-        stream = self.bus.keys.batches(self.model_name)
-        ids = [e.id for e in entries]
-        await self.bus.ack(stream, GROUP_TRAINER, ids)
-        self.consumer.settled(ids)
-        if time.monotonic() >= self._next_trim:  # acknowledged once durably checkpointed: not read again
-            self._next_trim = time.monotonic() + self.bus.settings.trim_interval_ms / 1000
-            await self.bus.trim(stream)
+    async def _ack(self, received: list[Received]) -> None:
+        """Acknowledge batches a durable checkpoint holds (they are not read again)."""
+        for batch_id in await self.batches.ack(received):  # another trainer took it over: it trains it too
+            log.error("batch_ack_refused", model=self.model_name, id=batch_id)
 
     async def _metrics(self, batch_uid: str, stats: dict[str, float]) -> None:
         fields = {
@@ -247,10 +235,10 @@ class TrainerService:
         while True:
             await asyncio.sleep(self.bus.settings.lease_ms / 3000)
             try:
-                lost = await self.consumer.renew()
+                lost = await self.batches.renew()
             except Exception as e:
                 raise_if_cancelled()
                 log.warning("lease_renewal_failed", error=repr(e))
                 continue
-            for entry in lost:
-                log.error("batch_lease_lost", id=entry.id)
+            for batch_id in lost:
+                log.error("batch_lease_lost", id=batch_id)

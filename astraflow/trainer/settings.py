@@ -59,7 +59,16 @@ class TrainerSettings(BaseModel):
     share_prefix: bool = True
     """Run each prompt's forward once for all the samples of a micro-batch that share it (GRPO groups);
     the result is the same, the work smaller by about (n - 1) / n of the prompt tokens. A single trainer
-    process only (FSDP ranks run the plain path)."""
+    process without gradient checkpointing only (FSDP ranks, and checkpointed layers, which drop the
+    prompt's key/value cache, run the plain path)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the trainer computes: `auto` = CUDA when every local rank has a GPU, else the CPU. Under
+    torchrun each rank uses `cuda:LOCAL_RANK` (ranks talk over NCCL; gloo on the CPU)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute precision of forwards and backwards. Parameters and optimizer state stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them: less memory
+    for about one more forward."""
     checkpoint_every: int = Field(1, ge=1)
     """Versions between checkpoints. Every version is published; one that no checkpoint holds yet is
     rolled back on every RaaS when a restarted trainer resumes from an older checkpoint (versions carry

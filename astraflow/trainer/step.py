@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from astraflow.messages import Batch
+from astraflow.trainer import devices
 from astraflow.trainer.batching import MicroBatch, Sample, micro_batches, samples, split, token_logprobs
 from astraflow.trainer.distributed import sync_max, world
 from astraflow.trainer.losses import policy_loss
@@ -17,8 +18,14 @@ from astraflow.trainer.settings import TrainerSettings
 
 
 class PolicyTrainer:
+    """Trains `model` where its parameters are (see `devices.prepare`), in `settings.dtype`."""
+
     def __init__(self, model, settings: TrainerSettings, pad_id: int = 0) -> None:
         self.model, self.settings, self.pad_id = model, settings, pad_id
+        self.device = next(model.parameters()).device
+        # Sharded, FSDP2's mixed-precision policy casts (see `distributed.shard`); whole, autocast does.
+        dtype = devices.DTYPES[settings.dtype] if world()[1] == 1 else torch.float32
+        self.autocast = lambda: devices.autocast(self.device, dtype)
         self.ref = None
         if settings.loss.kl_coef > 0:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -50,13 +57,16 @@ class PolicyTrainer:
                 )
                 / size
             )
-            mbs = self._micro_batches(part[rank::size], part[0])
+            mbs = [
+                devices.to_device(mb, self.device) for mb in self._micro_batches(part[rank::size], part[0])
+            ]
             prox = [self._logprobs(self.model, mb) for mb in mbs] if self.needs_prox else [None] * len(mbs)
             refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             for mb, p, r in zip(mbs, prox, refs, strict=True):
-                logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
+                with self.autocast():
+                    logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
                 loss, s = policy_loss(logp, mb.behav, mb.adv, mb.mask, cfg, p, r, float(denominator))
                 loss.backward()
                 n = mb.mask.sum().clamp(min=1)
@@ -100,7 +110,8 @@ class PolicyTrainer:
         so a rank with fewer runs empty ones (a real sample with its mask zeroed: no gradient)."""
         # Sharing prompts varies the forwards per micro-batch (one or two), and FSDP's collectives must
         # line up across ranks: one process only.
-        share = self.settings.share_prefix and world()[1] == 1
+        # Checkpointed layers drop the key/value cache the shared prompts need.
+        share = self.settings.share_prefix and world()[1] == 1 and not self.settings.gradient_checkpointing
         mbs = micro_batches(mine, self.settings.micro_batch_tokens, self.pad_id, share) if mine else []
         count = sync_max(len(mbs))
         while len(mbs) < count:
@@ -111,4 +122,5 @@ class PolicyTrainer:
     @torch.no_grad()
     def _logprobs(self, model, mb) -> torch.Tensor:
         model.eval()
-        return token_logprobs(model, mb)[0]
+        with self.autocast():
+            return token_logprobs(model, mb)[0]

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from astraflow.config import load_settings
+from astraflow.dataflow.batches import fetch_batch
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
-from astraflow.dataflow.store import fetch_batch
 from astraflow.streams import Bus, Keys
 from tests.dataflow_helpers import publish_version, roll_out, train
 

@@ -1,0 +1,88 @@
+"""The trainer's side of `batches:<model>`: batches in, owner-checked acknowledgements out.
+
+The dataflow owns the batch entry's layout (headers, `refs` into the `samples:<model>` hash, see
+`messages.encode_batch`), so it alone reads it: a trainer sees `Received` batches, never stream keys.
+A batch's samples stay in Redis until it is acknowledged; after that they may be gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from astraflow.errors import DecodeError
+from astraflow.messages import Batch, batch_refs, decode_batch
+from astraflow.streams import LOST, Bus, Consumer, Entry
+from astraflow.streams.keys import GROUP_TRAINER
+
+log = structlog.get_logger(__name__)
+
+
+async def fetch_batch(bus: Bus, fields: Mapping, max_bytes: int | None = None) -> Batch:
+    """A batch entry with its groups, read from where it refers to (valid until the trainer acks it)."""
+    refs = batch_refs(fields)
+    model = fields.get("model", fields.get(b"model", b""))
+    model = model.decode() if isinstance(model, bytes) else model
+    payloads = await bus.call(lambda: bus.redis.hmget(bus.keys.samples(model), refs)) if refs else []
+    return decode_batch(fields, payloads, max_bytes)
+
+
+@dataclass(frozen=True)
+class Received:
+    """One delivered batch: `id` orders deliveries (a newer batch has a larger id, see
+    `checkpoint.entry_order`) and names it in acknowledgements."""
+
+    id: str
+    batch: Batch
+
+
+class BatchReader:
+    """Reads one model's batches as the consumer `name` of the trainer group.
+
+    `read` hands out this consumer's own unacknowledged batches first (after a restart under the same
+    name), then new ones; an entry that cannot be decoded is dead-lettered, never handed out. Held
+    batches keep their leases through `renew`. `ack` acknowledges only what this consumer still owns.
+    """
+
+    def __init__(self, bus: Bus, model: str, name: str) -> None:
+        self.bus, self.model = bus, model
+        self.stream = bus.keys.batches(model)
+        self._consumer = Consumer(bus, self.stream, GROUP_TRAINER, name)
+        self._next_trim = time.monotonic() + bus.settings.trim_interval_ms / 1000
+
+    async def open(self) -> None:
+        """Create the trainer group if it is missing (only this stream: a trainer's ACL user has no other)."""
+        await self.bus.ensure_group(self.stream, GROUP_TRAINER)
+
+    async def read(self, count: int = 1, block_ms: int | None = None) -> list[Received]:
+        """Up to `count` batches, waiting up to `block_ms` (default `streams.block_ms`) for new ones."""
+        out = []
+        for entry in await self._consumer.read(count, block_ms):
+            try:
+                batch = await fetch_batch(self.bus, entry.fields, self.bus.settings.max_entry_bytes)
+            except DecodeError as e:
+                log.error("batch_dead_lettered", id=entry.id, error=str(e))
+                await self._consumer.dead_letter(entry, f"DecodeError: {e}")
+                continue
+            out.append(Received(entry.id, batch))
+        return out
+
+    async def renew(self) -> list[str]:
+        """Renew the leases of the held batches; returns (and stops holding) the ids of those lost to
+        another consumer meanwhile."""
+        return [e.id for e in await self._consumer.renew()]
+
+    async def ack(self, batches: Sequence[Received]) -> list[str]:
+        """Acknowledge `batches` (their samples may be dropped from then on); returns the ids refused
+        because another consumer owns them now. Acknowledged entries are trimmed from the stream every
+        `streams.trim_interval_ms`."""
+        done = [(Entry(self.stream, r.id, {}), ()) for r in batches]
+        statuses = await self._consumer.complete(done) if done else []
+        refused = [r.id for r, status in zip(batches, statuses, strict=True) if status == LOST]
+        if time.monotonic() >= self._next_trim:
+            self._next_trim = time.monotonic() + self.bus.settings.trim_interval_ms / 1000
+            await self.bus.trim(self.stream)
+        return refused
