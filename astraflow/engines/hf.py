@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams
-from astraflow.engines.settings import EngineSettings
+from astraflow.engines.settings import EngineSettings, resolve_device
 
 
 class HFEngine(Engine):
@@ -44,7 +44,9 @@ class HFEngine(Engine):
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         dtype = getattr(torch, self.settings.dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(self.settings.model, dtype=dtype).eval()
+        self.device = torch.device(resolve_device(self.settings))
+        model = AutoModelForCausalLM.from_pretrained(self.settings.model, dtype=dtype)
+        self.model = model.to(self.device).eval()
         tokenizer = AutoTokenizer.from_pretrained(self.settings.model)
         self.eos_ids = {tokenizer.eos_token_id, *_as_set(self.model.generation_config.eos_token_id)} - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -168,6 +170,7 @@ class HFEngine(Engine):
         for i, r in enumerate(requests):
             ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             mask[i, width - len(r.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         generators = [
             torch.Generator().manual_seed(p.seed if p.seed is not None else random.getrandbits(63))
@@ -194,7 +197,8 @@ class HFEngine(Engine):
                     use_cache=True,
                 )
                 past = result.past_key_values
-                tokens, logprobs = _sample(result.logits[:, -1, :].float(), params, generators)
+                # sampled on the CPU with each request's own generator: seeded requests repeat anywhere
+                tokens, logprobs = _sample(result.logits[:, -1, :].float().cpu(), params, generators)
                 for i, (t, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                     if not active[i]:
                         continue
@@ -205,8 +209,8 @@ class HFEngine(Engine):
                         out[i].finish_reason, active[i] = "stop", False
                     elif len(out[i].token_ids) >= limits[i]:
                         active[i] = False
-                ids = tokens[:, None]
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
+                ids = tokens[:, None].to(self.device)
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
                 positions = positions[:, -1:] + 1
         self.stats["tokens"] += sum(len(o.token_ids) for o in out)
         return out

@@ -41,8 +41,8 @@ class EngineSettings(BaseModel):
     max_model_len: int = Field(512, gt=0)
     """Longest prompt + completion, in tokens; vllm: `--max-model-len`."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """vllm: where the server runs; `auto` = cuda when torch sees a GPU. CPU-only server settings
-    (KV cache size, eager mode) apply on cpu only."""
+    """Where the engine runs (hf: the model; vllm: the server); `auto` = cuda when torch sees a GPU.
+    CPU-only vLLM server settings (KV cache size, eager mode) apply on cpu only."""
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     """vllm: server flags."""
     threads: int = Field(0, ge=0)
@@ -63,3 +63,12 @@ class EngineSettings(BaseModel):
     """openai: endpoint, e.g. http://127.0.0.1:8000/v1."""
     api_key: SecretStr | None = None
     """openai: bearer token; never printed."""
+
+
+def resolve_device(settings: EngineSettings) -> str:
+    """`cpu` or `cuda`; `auto` asks torch whether it sees a GPU (torch is imported only then)."""
+    if settings.device != "auto":
+        return settings.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -34,13 +34,12 @@ import structlog
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.openai import answers
-from astraflow.engines.settings import EngineSettings
+from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import (
     GENERATE_PATH,
     GenerateStream,
     completion_body,
     generate_body,
-    resolve_device,
     server_command,
     supports_pause_sync,
     wants_pause_sync,

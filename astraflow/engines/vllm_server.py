@@ -18,15 +18,6 @@ GENERATE_PATH = "/inference/v1/generate"
 PAUSE_SYNC_PATHS = (GENERATE_PATH, "/pause", "/resume", "/collective_rpc", "/update_weight_version")
 
 
-def resolve_device(settings: EngineSettings) -> str:
-    """`cpu` or `cuda`; `auto` asks torch whether it sees a GPU (torch is imported only then)."""
-    if settings.device != "auto":
-        return settings.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def has_scale_out() -> bool:
     """Whether the installed vLLM ships the token-in/token-out server (`--enable-scale-out`); looked up on
     disk, so that vllm is not imported into this process."""

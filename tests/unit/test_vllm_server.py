@@ -7,12 +7,11 @@ import pytest
 
 from astraflow.config import Settings
 from astraflow.engines.base import GenerateRequest, SamplingParams
-from astraflow.engines.settings import EngineSettings
+from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import (
     PAUSE_SYNC_PATHS,
     GenerateStream,
     generate_body,
-    resolve_device,
     server_command,
     supports_pause_sync,
     token_versions,
