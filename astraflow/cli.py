@@ -177,7 +177,7 @@ async def _top(bus, settings) -> int:
     from astraflow.launch.progress import Progress, render
 
     r = settings.run
-    progress = Progress(bus, list(r.models), r.reward_window)
+    progress = Progress(bus, settings.trained, r.reward_window)
     with Live(refresh_per_second=2) as live:
         while True:
             live.update(render(await progress.poll(), r.reward_window, r.target_reward))
@@ -196,23 +196,23 @@ async def _inspect(bus) -> int:
 
 
 def _cmd_raas(args) -> int:
+    from astraflow.launch.tiny import build_tiny
     from workers import raas
-    from workers.launcher import use_tiny
 
     settings = _settings(args)
     url = _joined(args, settings)
-    use_tiny(settings)
+    build_tiny(settings)
     raas.main(settings, url)
     return 0
 
 
 def _cmd_trainer(args) -> int:
+    from astraflow.launch.tiny import build_tiny
     from workers import trainer
-    from workers.launcher import use_tiny
 
     settings = _settings(args)
     url = _joined(args, settings)
-    use_tiny(settings)
+    build_tiny(settings)
     trainer.main(settings, url, args.model)
     return 0
 
@@ -253,7 +253,7 @@ def _cmd_ledger(args) -> int:
 async def _ledger(bus, settings, as_json: bool) -> int:
     from astraflow.dataflow.ledger import read_ledger
 
-    ledger = await read_ledger(bus, settings.run.models)
+    ledger = await read_ledger(bus, settings.trained)
     print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
     return 1 if ledger.problems() else 0
 
@@ -270,7 +270,7 @@ async def _trace(bus, settings, uid: str) -> int:
     if trace is None:
         print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} (unknown, or past retention)")
         return 1
-    print(render_trace(uid, trace, settings.run.models))
+    print(render_trace(uid, trace, settings.trained))
     return 0
 
 

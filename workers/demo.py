@@ -62,7 +62,7 @@ def rollout(group: PromptGroup, worker: str) -> RolloutGroup:
 async def raas_worker(settings: Settings, name: str) -> None:
     """One demo RaaS: consume `prompts`, hand each group off to `rollouts`; SIGTERM drains and exits."""
     bus = connect(settings, settings.redis.url or "")
-    await bus.bootstrap(settings.run.models)
+    await bus.bootstrap(settings.trained)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
@@ -105,7 +105,7 @@ def main(settings: Settings, keep_redis: bool = False) -> int:
 async def _orchestrate(settings: Settings) -> int:
     d = settings.demo
     bus = connect(settings, settings.redis.url or "")
-    await bus.bootstrap(settings.run.models)
+    await bus.bootstrap(settings.trained)
     env = {**os.environ, **to_env(settings)}
     workers = {f"raas-{i}": _spawn(f"raas-{i}", settings, env) for i in range(d.workers)}
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from astraflow import logs
 from astraflow.config import Settings, load_settings
 from astraflow.engines import make_engine, resolve_type
+from astraflow.policies import PolicySettings
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Bus
 from astraflow.streams.names import hold_name
@@ -34,26 +35,29 @@ async def serve(settings: Settings, url: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     log_dir = settings.run.path / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    policies = [settings.policy(m) for m in settings.run.models]
     engines = {}
-    for i, m in enumerate(settings.run.models):
-        port = settings.engine.port + i if settings.engine.port else 0  # one server per model
-        engines[m] = make_engine(
-            settings.engine.model_copy(update={"port": port}), log_dir / f"{wid}-{m}.log"
+    for i, p in enumerate(policies):
+        shared = settings.engine.port
+        port = p.engine.port + i if shared and p.engine.port == shared else p.engine.port  # one per model
+        engines[p.name] = make_engine(
+            p.engine.model_copy(update={"port": port}), log_dir / f"{wid}-{p.name}.log"
         )
     tokenizers = {}
-    if resolve_type(settings.engine) != "openai":
-        from transformers import AutoTokenizer
+    for p in policies:
+        if resolve_type(p.engine) != "openai":
+            from transformers import AutoTokenizer
 
-        tokenizers = {m: AutoTokenizer.from_pretrained(settings.engine.model) for m in settings.run.models}
+            tokenizers[p.name] = AutoTokenizer.from_pretrained(p.engine.model)
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     w = settings.weights
     secret = await run_secret(bus, w)
     server = WeightServer.from_settings(secret, w)
     root = buffer_root(w, settings.run.name, wid)
-    model_dir = Path(settings.engine.model) if settings.engine.model else None
-    receivers = {
-        m: WeightReceiver(bus, w, m, root, secret, server, settings.raas.region, model_dir)
-        for m in settings.run.models
+    receivers = {  # a policy not trained never gets new weights
+        p.name: WeightReceiver(bus, w, p.name, root, secret, server, settings.raas.region, model_dir(p))
+        for p in policies
+        if p.train
     }
     try:
         for engine in engines.values():
@@ -68,6 +72,11 @@ async def serve(settings: Settings, url: str) -> None:
         server.close()
         shutil.rmtree(root, ignore_errors=True)
         await bus.close()
+
+
+def model_dir(policy: PolicySettings) -> Path | None:
+    """The engine's model directory (its config files go with every pulled version), if it has one."""
+    return Path(policy.engine.model) if policy.engine.model else None
 
 
 def main(settings: Settings, url: str) -> None:

@@ -84,6 +84,8 @@ class VLLMEngine(Engine):
         ]
         kv_gib = str(max(1, round(s.kv_cache_gb)))
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": kv_gib}
+        if s.devices:
+            env["CUDA_VISIBLE_DEVICES"] = s.devices
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
             cmd,

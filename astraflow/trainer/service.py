@@ -43,10 +43,10 @@ class TrainerService:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.settings, self.bus, self.model_name = settings, bus, model_name
-        t = settings.trainer
-        path = t.model or settings.engine.model
+        t = self.trainer = settings.policy(model_name).trainer
+        path = t.model
         if not path:
-            raise ValueError("no starting weights: set trainer.model or engine.model")
+            raise ValueError(f"no starting weights: set run.models.{model_name}.model or trainer.model")
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
@@ -155,7 +155,7 @@ class TrainerService:
         return newest.version if newest is not None else -1
 
     def _done(self) -> bool:
-        limit = self.settings.trainer.max_steps
+        limit = self.trainer.max_steps
         return limit is not None and self.state.version >= limit
 
     async def _handle(self, entry: Entry) -> None:
@@ -171,7 +171,7 @@ class TrainerService:
             return
         stats = await asyncio.to_thread(self._all, "train", batch)
         self.state.version += 1
-        self.state.step += self.settings.trainer.minibatches
+        self.state.step += self.trainer.minibatches
         self.state.add(batch.uid, entry.id)
         self._unacked.append(entry)
         log.info(
@@ -184,7 +184,7 @@ class TrainerService:
         )
         stats["wait_s"], self._wait_s = self._wait_s, 0.0
         await self._metrics(batch.uid, stats)  # before the commit: a step retrained after a crash is
-        if self.state.version % self.settings.trainer.checkpoint_every == 0:  # reported again, none lost
+        if self.state.version % self.trainer.checkpoint_every == 0:  # reported again, none lost
             await self._commit()
         else:  # served and announced now; a restart from an older checkpoint rolls it back (see run)
             model_state = await asyncio.to_thread(self._all, "model_state")
@@ -203,7 +203,7 @@ class TrainerService:
 
     async def _persist(self, state, model_state, optim_state, rest, entries: list[Entry]) -> None:
         assert self.publisher is not None
-        keep = self.settings.trainer.keep_checkpoints
+        keep = self.trainer.keep_checkpoints
         saved = asyncio.ensure_future(
             asyncio.to_thread(checkpoint.save, self.ckpt_root, state, model_state, optim_state, *rest, keep)
         )
