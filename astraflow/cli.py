@@ -196,32 +196,32 @@ async def _inspect(bus) -> int:
 
 
 def _cmd_raas(args) -> int:
+    from astraflow.launch.services import run_raas
     from astraflow.launch.tiny import build_tiny
-    from workers import raas
 
     settings = _settings(args)
     url = _joined(args, settings)
     build_tiny(settings)
-    raas.main(settings, url)
+    run_raas(settings, url)
     return 0
 
 
 def _cmd_trainer(args) -> int:
+    from astraflow.launch.services import run_trainer
     from astraflow.launch.tiny import build_tiny
-    from workers import trainer
 
     settings = _settings(args)
     url = _joined(args, settings)
     build_tiny(settings)
-    trainer.main(settings, url, args.model)
+    run_trainer(settings, url, args.model)
     return 0
 
 
 def _cmd_dataflow(args) -> int:
-    from workers import dataflow
+    from astraflow.launch.services import run_dataflow
 
     settings = _settings(args)
-    dataflow.main(settings, _joined(args, settings))
+    run_dataflow(settings, _joined(args, settings))
     return 0
 
 
@@ -299,10 +299,10 @@ def _cmd_run(args) -> int:
         args.recipe = DEFAULT_RECIPE
     settings = _settings(args)
     if settings.run.kind == "demo":
-        from workers import demo
+        from astraflow.launch import demo
 
         return demo.main(settings, keep_redis=args.keep_redis)
-    from workers import launcher
+    from astraflow.launch import launcher
 
     return launcher.main(settings, keep_redis=args.keep_redis, resume=bool(args.resume))
 

@@ -30,14 +30,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
-from astraflow.policies import (
-    PolicySettings,
-    PolicySpec,
-    RuleError,
-    effective,
-    missing_local_model,
-    model_field,
-)
+from astraflow.policies import PolicySettings, PolicySpec, RuleError, check_policies, effective
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from astraflow.trainer.settings import TrainerSettings
@@ -165,23 +158,7 @@ class Settings(BaseSettings):
         """Rules across sections, so every process sees the same effective settings."""
         if self.trainer.mode == "sync":  # lockstep: every group from the current weights
             self.dataflow.max_staleness_steps = 0
-        policies = [self.policy(name) for name in self.run.models]
-        tiny = str(self.run.tiny.path) if self.run.tiny is not None else None  # built before it is used
-        if not any(p.train for p in policies):
-            raise RuleError("run.models", "no policy is trained (every one has train: false)")
-        for p in policies:
-            spec = self.run.models[p.name]
-            for section, used in (("engine", p.engine.type != "openai"), ("trainer", p.train)):
-                path = getattr(p, section).model
-                if used and path != tiny and missing_local_model(path):
-                    raise RuleError(model_field(p.name, spec, section), "starting weights: no such directory")
-        for option, value in self.raas.workflow_options.items():
-            if option.endswith("_model") and value not in self.run.models:
-                raise RuleError(
-                    f"raas.workflow_options.{option}", f"names no policy of run.models: {value!r}"
-                )
-        if self.dataflow.feeder.workflow == "solve_and_verify" and len(self.run.models) < 2:
-            raise RuleError("run.models", "solve_and_verify needs two policies: a solver and a verifier")
+        check_policies(self, [self.policy(name) for name in self.run.models])
         return self
 
     def policy(self, name: str) -> PolicySettings:

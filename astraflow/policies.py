@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from astraflow.engines.settings import EngineSettings
 from astraflow.trainer.settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from astraflow.config import Settings
 
 
 class RuleError(ValueError):
@@ -103,3 +106,23 @@ def missing_local_model(path: str) -> bool:
     Anything else may be a hub id, which only the engine can resolve."""
     local = path.startswith(("/", "./", "../", "~"))
     return local and not Path(path).expanduser().is_dir()
+
+
+def check_policies(settings: Settings, policies: list[PolicySettings]) -> None:
+    """The rules about the run's policies (`policies`: their effective settings); raises `RuleError`."""
+    models = settings.run.models
+    if not any(p.train for p in policies):
+        raise RuleError("run.models", "no policy is trained (every one has train: false)")
+    tiny = str(settings.run.tiny.path) if settings.run.tiny is not None else None  # built before it is used
+    for p in policies:
+        for section, used in (("engine", p.engine.type != "openai"), ("trainer", p.train)):
+            path = getattr(p, section).model
+            if used and path != tiny and missing_local_model(path):
+                raise RuleError(
+                    model_field(p.name, models[p.name], section), "starting weights: no such directory"
+                )
+    for option, value in settings.raas.workflow_options.items():
+        if option.endswith("_model") and value not in models:
+            raise RuleError(f"raas.workflow_options.{option}", f"names no policy of run.models: {value!r}")
+    if settings.dataflow.feeder.workflow == "solve_and_verify" and len(models) < 2:
+        raise RuleError("run.models", "solve_and_verify needs two policies: a solver and a verifier")
