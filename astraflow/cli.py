@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     redis.add_argument("--passwords", metavar="FILE", help="acl: role=password lines (made if missing)")
     raas = command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
     trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
-    trainer.add_argument("--model", help="the policy to train (default: the run's first model)")
+    trainer.add_argument("--model", help="the policy to train (default: the run's first trained policy)")
     dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from astraflow.cli import main
-from astraflow.config import load_settings
+from astraflow.config import load_settings, to_env
 from astraflow.errors import ConfigError
 
 
@@ -134,3 +134,15 @@ def test_config_prints_each_policys_effective_settings(capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["policies"]["a"]["engine"]["max_batch"] == 7
     assert printed["policies"]["b"]["engine"]["max_batch"] == 9
+
+
+def test_a_child_process_sees_the_same_policies(tmp_path, monkeypatch):
+    """The launcher hands its workers their settings through the environment (`to_env`)."""
+    models = {"actor": {"trainer": {"lr": 1e-5}}, "judge": {"train": False, "engine": {"type": "openai"}}}
+    parent = load_settings(recipe(tmp_path, {"run": {"models": models}, "trainer": {"mode": "sync"}}))
+    for name, value in to_env(parent).items():
+        monkeypatch.setenv(name, value)
+    child = load_settings()
+    assert child.trained == ["actor"]
+    assert child.policy("actor") == parent.policy("actor") and child.policy("judge") == parent.policy("judge")
+    assert child.dataflow.max_staleness_steps == 0
