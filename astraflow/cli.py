@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     redis.add_argument("--passwords", metavar="FILE", help="acl: role=password lines (made if missing)")
     raas = command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
     trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
-    trainer.add_argument("--model", help="the policy to train (default: the run's first model)")
+    trainer.add_argument("--model", help="the policy to train (default: the run's first trained policy)")
     dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
@@ -177,7 +177,7 @@ async def _top(bus, settings) -> int:
     from astraflow.launch.progress import Progress, render
 
     r = settings.run
-    progress = Progress(bus, list(r.models), r.reward_window)
+    progress = Progress(bus, settings.trained, r.reward_window)
     with Live(refresh_per_second=2) as live:
         while True:
             live.update(render(await progress.poll(), r.reward_window, r.target_reward))
@@ -196,32 +196,32 @@ async def _inspect(bus) -> int:
 
 
 def _cmd_raas(args) -> int:
-    from workers import raas
-    from workers.launcher import use_tiny
+    from astraflow.launch.services import run_raas
+    from astraflow.launch.tiny import build_tiny
 
     settings = _settings(args)
     url = _joined(args, settings)
-    use_tiny(settings)
-    raas.main(settings, url)
+    build_tiny(settings)
+    run_raas(settings, url)
     return 0
 
 
 def _cmd_trainer(args) -> int:
-    from workers import trainer
-    from workers.launcher import use_tiny
+    from astraflow.launch.services import run_trainer
+    from astraflow.launch.tiny import build_tiny
 
     settings = _settings(args)
     url = _joined(args, settings)
-    use_tiny(settings)
-    trainer.main(settings, url, args.model)
+    build_tiny(settings)
+    run_trainer(settings, url, args.model)
     return 0
 
 
 def _cmd_dataflow(args) -> int:
-    from workers import dataflow
+    from astraflow.launch.services import run_dataflow
 
     settings = _settings(args)
-    dataflow.main(settings, _joined(args, settings))
+    run_dataflow(settings, _joined(args, settings))
     return 0
 
 
@@ -253,7 +253,7 @@ def _cmd_ledger(args) -> int:
 async def _ledger(bus, settings, as_json: bool) -> int:
     from astraflow.dataflow.ledger import read_ledger
 
-    ledger = await read_ledger(bus, settings.run.models)
+    ledger = await read_ledger(bus, settings.trained)
     print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
     return 1 if ledger.problems() else 0
 
@@ -270,7 +270,7 @@ async def _trace(bus, settings, uid: str) -> int:
     if trace is None:
         print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} (unknown, or past retention)")
         return 1
-    print(render_trace(uid, trace, settings.run.models))
+    print(render_trace(uid, trace, settings.trained))
     return 0
 
 
@@ -299,10 +299,10 @@ def _cmd_run(args) -> int:
         args.recipe = DEFAULT_RECIPE
     settings = _settings(args)
     if settings.run.kind == "demo":
-        from workers import demo
+        from astraflow.launch import demo
 
         return demo.main(settings, keep_redis=args.keep_redis)
-    from workers import launcher
+    from astraflow.launch import launcher
 
     return launcher.main(settings, keep_redis=args.keep_redis, resume=bool(args.resume))
 

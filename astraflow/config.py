@@ -7,6 +7,7 @@ in messages or in `redacted()`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from contextvars import ContextVar
@@ -15,18 +16,28 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
+from astraflow.policies import PolicySettings, PolicySpec, RuleError, check_policies, effective
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.weights.settings import WeightsSettings
 
 ENV_PREFIX = "ASTRAFLOW_"
+TINY_CACHE = Path("runs") / ".cache"
 
 
 class TinyModelSettings(BaseModel):
@@ -42,6 +53,12 @@ class TinyModelSettings(BaseModel):
     warm_start_steps: int = Field(300, ge=0)
     seed: int = 0
 
+    @property
+    def path(self) -> Path:
+        """Where this configuration's model is built (once; `launch.tiny.build_tiny`), absolute."""
+        key = hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:12]
+        return (TINY_CACHE / f"tiny-{self.tokenizer}-{key}").resolve()
+
 
 class RunSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -52,8 +69,9 @@ class RunSettings(BaseModel):
     dir: Path | None = None
     """Run directory (logs, embedded Redis, checkpoints); default `runs/<name>`."""
     seed: int = 0
-    models: list[str] = Field(default_factory=lambda: ["policy"], min_length=1)
-    """Policies trained in this run; each has its own `batches:<model>` stream and trainer."""
+    models: dict[str, PolicySpec] = Field(default_factory=lambda: {"policy": PolicySpec()}, min_length=1)
+    """The run's policies by name, each with its own starting weights, `engine` and `trainer` fields over
+    the shared sections, and whether it is trained (`train`). A list of names is the same with defaults."""
     kind: Literal["train", "demo"] = "train"
     """What `astraflow run` runs: the training loop, or the bus demo."""
     raas_workers: int = Field(1, ge=1)
@@ -75,7 +93,16 @@ class RunSettings(BaseModel):
     """The window of the restart budget: a worker that crashes now and then over a long run is
     restarted each time."""
     tiny: TinyModelSettings | None = None
-    """Build this tiny model (cached) and use it as engine.model and trainer.model."""
+    """Build this tiny model (cached): the starting weights of every policy that names none."""
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _names_are_policies(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return {str(name): {} for name in value}
+        if isinstance(value, dict):
+            return {name: spec if spec is not None else {} for name, spec in value.items()}
+        return value
 
     @property
     def path(self) -> Path:
@@ -126,6 +153,28 @@ class Settings(BaseSettings):
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     demo: DemoSettings = Field(default_factory=DemoSettings)
 
+    @model_validator(mode="after")
+    def _rules(self) -> Settings:
+        """Rules across sections, so every process sees the same effective settings."""
+        if self.trainer.mode == "sync":  # lockstep: every group from the current weights
+            self.dataflow.max_staleness_steps = 0
+        check_policies(self, [self.policy(name) for name in self.run.models])
+        return self
+
+    def policy(self, name: str) -> PolicySettings:
+        """The effective settings of policy `name`: the shared `engine`/`trainer` with its own over them."""
+        try:
+            spec = self.run.models[name]
+        except KeyError:
+            raise ConfigError(f"run.models: no policy {name!r} (have {', '.join(self.run.models)})") from None
+        tiny = self.run.tiny.path if self.run.tiny is not None else None
+        return effective(name, spec, self.engine, self.trainer, tiny)
+
+    @property
+    def trained(self) -> list[str]:
+        """The policies trained in this run: each has a `batches:<name>` stream and a trainer."""
+        return [name for name, spec in self.run.models.items() if spec.train]
+
     @classmethod
     def settings_customise_sources(
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
@@ -144,6 +193,7 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         if self.redis.url:
             data["redis"]["url"] = redact_url(self.redis.url)
+        data["policies"] = {name: self.policy(name).model_dump(mode="json") for name in self.run.models}
         return data
 
 
@@ -211,7 +261,9 @@ def _describe(err: ValidationError, recipe: str | Path | None, cli: dict[str, An
     """One line per problem: the field, where its value came from, what is wrong (never the value)."""
     lines = []
     for problem in err.errors():
-        loc = [str(p) for p in problem["loc"]]
+        rule = (problem.get("ctx") or {}).get("error")
+        loc = rule.field.split(".") if isinstance(rule, RuleError) else [str(p) for p in problem["loc"]]
+        message = str(rule) if isinstance(rule, RuleError) else problem["msg"]
         field = ".".join(loc)
         env_name = ENV_PREFIX + "__".join(loc).upper()
         if _has_path(cli, loc):
@@ -220,7 +272,7 @@ def _describe(err: ValidationError, recipe: str | Path | None, cli: dict[str, An
             source = f"env {env_name}"
         else:
             source = str(recipe) if recipe is not None else "defaults"
-        lines.append(f"{source}: {field}: {problem['msg']}")
+        lines.append(f"{source}: {field}: {message}")
     return "invalid settings:\n  " + "\n  ".join(lines)
 
 

@@ -1,1 +1,2 @@
-"""One module per process kind: parse settings, configure logging, run the loop."""
+"""`python -m` entry points, one per process kind: each parses settings and calls into astraflow.launch.
+Nothing imports these modules."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Collection
 
 import structlog
 
@@ -20,8 +21,10 @@ UID = re.compile(r"[^\s]{1,200}")
 
 
 class Collector:
-    def __init__(self, store: Store, name: str) -> None:
-        self.store, self.settings = store, store.settings.collector
+    def __init__(self, store: Store, name: str, untrained: Collection[str] = ()) -> None:
+        """`untrained`: policies that serve but are not trained (`train: false`); their trajectories
+        go into no batch."""
+        self.store, self.settings, self.untrained = store, store.settings.collector, frozenset(untrained)
         self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
         self.judge = Judge(self.settings, store.models)
 
@@ -109,7 +112,7 @@ class Collector:
             group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
             if not UID.fullmatch(group.uid):
                 raise DecodeError(f"uid: {group.uid[:40]!r} is not 1-200 non-space characters")
-            unknown = {t.model for t in group.trajectories} - set(self.store.models)
+            unknown = {t.model for t in group.trajectories} - set(self.store.models) - self.untrained
             if unknown:
                 raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
             return self.judge(entry.id, group, entry.fields["data"])

@@ -69,7 +69,7 @@ class Feeder:
         """(backlog limit in prompt groups, ready-set limit in groups)."""
         f = self.feeder
         backlog = max(f.min_backlog, math.ceil(f.backlog_factor * await self.pool_slots()))
-        ready = math.ceil(f.max_ready_batches * self._groups_per_batch()) * len(self.settings.run.models)
+        ready = math.ceil(f.max_ready_batches * self._groups_per_batch()) * len(self.settings.trained)
         return backlog, ready
 
     def _groups_per_batch(self) -> int:
@@ -80,7 +80,7 @@ class Feeder:
         """Sync mode: whether every model's batch for `version` exists (or no version is announced yet)."""
         if "notice" not in state:
             return True
-        models = self.settings.run.models
+        models = self.settings.trained
         return all(int(state.get(f"batch_version:{m}", -1)) >= version for m in models)
 
     async def step(self) -> tuple[str, int]:

@@ -1,6 +1,6 @@
 """The ledger (counters that must always balance) and the lineage of one prompt group.
 
-Identity (DESIGN.md section 4), read in one transaction so concurrent writers cannot skew it:
+Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
     collected[m] == ready[m] + trained[m] + sum(dropped[m][reason])  (each model's part of a group)
 With one model these are `submitted == in_flight + ready + trained + dropped + dead`. `ready[m]` must also

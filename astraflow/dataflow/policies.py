@@ -74,7 +74,8 @@ class Judge:
 
     def __call__(self, entry_id: str, group: RolloutGroup, raw: bytes) -> Collected:
         """Decide `group`, whose `data` bytes are `raw` (kept as they are in the accepted parts)."""
-        models = group.models or sorted({t.model for t in group.trajectories}) or self.models
+        named = group.models or sorted({t.model for t in group.trajectories})
+        models = [m for m in named if m in self.models] or self.models  # a policy not trained: no part
         decided = [self._part(group, raw, m) for m in models]
         parts = [part for part, _ in decided]
         ranges = [r for _, r in decided if r is not None]

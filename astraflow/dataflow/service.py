@@ -49,22 +49,22 @@ class BatchFormer:
 class Dataflow:
     def __init__(self, settings: Settings, bus: Bus, name: str, rows: list[dict[str, Any]] | None = None):
         self.settings, self.bus, self.name = settings, bus, name
-        self.store = Store(bus, settings.dataflow, settings.run.models)
+        self.store = Store(bus, settings.dataflow, settings.trained)
         if rows is None:
             rows = load_rows(settings.dataflow.dataset, settings.run.seed)
         check_row_rewards(rows, settings.named_code)
         self.feeder = Feeder(settings, self.store, rows)
-        self.collector = Collector(self.store, name)
+        self.collector = Collector(self.store, name, set(settings.run.models) - set(settings.trained))
         self.barrier = Barrier(self.store, name, synchronous=settings.trainer.mode == "sync")
         self.former = BatchFormer(self.store)
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
         self._freed = asyncio.Event()  # ... and the feeder may have room
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.bus.bootstrap(self.settings.run.models)
+        await self.bus.bootstrap(self.settings.trained)
         loops = [self._feed, self._collect, self._form, self._follow_versions, self._trim]
         tasks = [asyncio.create_task(self._forever(loop)) for loop in loops]
-        log.info("dataflow_started", name=self.name, models=self.settings.run.models)
+        log.info("dataflow_started", name=self.name, models=self.settings.trained)
         try:
             await stop.wait()
         finally:
@@ -117,7 +117,7 @@ class Dataflow:
 
     async def _form(self) -> None:
         while True:
-            for model in self.settings.run.models:
+            for model in self.settings.trained:
                 while await self.former.step(model) == "ok":
                     pass
             self._collected.clear()

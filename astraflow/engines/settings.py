@@ -53,6 +53,8 @@ class EngineSettings(BaseModel):
     """hf: a batch closes when no request arrived for this long (at most ten windows after its first)."""
     kv_cache_gb: float = Field(1.0, gt=0)
     """vllm on CPU: KV cache size, GiB (VLLM_CPU_KVCACHE_SPACE); on cuda see vllm.gpu_memory_utilization."""
+    devices: str = ""
+    """vllm: the GPUs its server uses (CUDA_VISIBLE_DEVICES, e.g. "0" or "2,3"); "" = inherited."""
     port: int = Field(0, ge=0)
     """vllm: server port; 0 = a free one."""
     chunk_tokens: int = Field(16, ge=1)

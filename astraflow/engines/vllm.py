@@ -82,6 +82,8 @@ class VLLMEngine(Engine):
         s = self.settings
         device = resolve_device(s)
         cmd, env = server_command(s, self.port, device)
+        if s.devices:
+            env["CUDA_VISIBLE_DEVICES"] = s.devices
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
             cmd,

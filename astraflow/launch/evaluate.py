@@ -67,8 +67,11 @@ class PeriodicEval:
     def _checkpoint(self) -> Path | None:
         from astraflow.trainer import checkpoint
 
-        model = self.settings.run.models[0]
-        root = self.settings.trainer.checkpoint_dir or self.settings.run.path / "checkpoints" / model
+        model = self.settings.trained[0]
+        root = (
+            self.settings.policy(model).trainer.checkpoint_dir
+            or self.settings.run.path / "checkpoints" / model
+        )
         return checkpoint.latest(root)
 
     def _run(self) -> None:
@@ -76,7 +79,9 @@ class PeriodicEval:
         if self.task is None or (path is None and self.progress.evals):
             return
         if self._evaluator is None:
-            self._evaluator = Evaluator(self.settings.trainer.model or self.settings.engine.model, self.task)
+            self._evaluator = Evaluator(
+                self.settings.policy(self.settings.trained[0]).trainer.model, self.task
+            )
         try:  # no checkpoint yet: the starting weights, as version 0
             version = int(json.loads((path / "meta.json").read_text())["version"]) if path else 0
             accuracy = self._evaluator.accuracy(path)

@@ -59,6 +59,8 @@ class RaasWorker:
     ) -> None:
         self.settings, self.bus, self.engines, self.id = settings, bus, engines, worker_id
         self.receivers = dict(receivers or {})
+        self.policies = [settings.policy(m) for m in engines]
+        self.trained = frozenset(settings.trained)
         r = settings.raas
         s = r.sampling
         self.allowed = settings.named_code
@@ -102,7 +104,9 @@ class RaasWorker:
         if self.settings.trainer.mode == "sync":  # lockstep: the weights of the group's version, no older
             async with self._loaded:
                 await self._loaded.wait_for(
-                    lambda: all(self.engines[m].version >= group.version for m in group.models)
+                    lambda: all(
+                        self.engines[m].version >= group.version for m in group.models if m in self.trained
+                    )
                 )
         engines = {m: self.engines[m] for m in group.models}
         started = time.perf_counter()
@@ -149,7 +153,7 @@ class RaasWorker:
                 endpoint=next(iter(self.receivers.values())).server.endpoint if self.receivers else None,
                 started_at=self.started_at,
                 updated_at=time.time(),
-                engine=f"{resolve_type(self.settings.engine)}:{self.settings.engine.model}",
+                engine=", ".join(f"{resolve_type(p.engine)}:{p.engine.model}" for p in self.policies),
                 generating_s=round(self.busy.seconds(), 3),
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)

@@ -41,10 +41,10 @@ class TrainerService:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.settings, self.bus, self.model_name = settings, bus, model_name
-        t = settings.trainer
-        path = t.model or settings.engine.model
+        t = self.trainer = settings.policy(model_name).trainer
+        path = t.model
         if not path:
-            raise ValueError("no starting weights: set trainer.model or engine.model")
+            raise ValueError(f"no starting weights: set run.models.{model_name}.model or trainer.model")
         device = devices.resolve(t)  # first: a device this machine lacks fails before any loading
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
@@ -152,7 +152,7 @@ class TrainerService:
         return newest.version if newest is not None else -1
 
     def _done(self) -> bool:
-        limit = self.settings.trainer.max_steps
+        limit = self.trainer.max_steps
         return limit is not None and self.state.version >= limit
 
     async def _handle(self, received: Received) -> None:
@@ -163,7 +163,7 @@ class TrainerService:
             return
         stats = await asyncio.to_thread(self._all, "train", batch)
         self.state.version += 1
-        self.state.step += self.settings.trainer.minibatches
+        self.state.step += self.trainer.minibatches
         self.state.add(batch.uid, received.id)
         self._unacked.append(received)
         log.info(
@@ -176,7 +176,7 @@ class TrainerService:
         )
         stats["wait_s"], self._wait_s = self._wait_s, 0.0
         await self._metrics(batch.uid, stats)  # before the commit: a step retrained after a crash is
-        if self.state.version % self.settings.trainer.checkpoint_every == 0:  # reported again, none lost
+        if self.state.version % self.trainer.checkpoint_every == 0:  # reported again, none lost
             await self._commit()
         else:  # served and announced now; a restart from an older checkpoint rolls it back (see run)
             model_state = await asyncio.to_thread(self._all, "model_state")
@@ -195,7 +195,7 @@ class TrainerService:
 
     async def _persist(self, state, model_state, optim_state, rest, entries: list[Received]) -> None:
         assert self.publisher is not None
-        keep = self.settings.trainer.keep_checkpoints
+        keep = self.trainer.keep_checkpoints
         saved = asyncio.ensure_future(
             asyncio.to_thread(checkpoint.save, self.ckpt_root, state, model_state, optim_state, *rest, keep)
         )

@@ -80,3 +80,5 @@ class TrainerSettings(BaseModel):
     """Stop after this many versions; None = run until stopped."""
     threads: int = Field(0, ge=0)
     """torch threads; 0 = torch's default."""
+    devices: str = ""
+    """The GPUs the trainer process uses (CUDA_VISIBLE_DEVICES, e.g. "0" or "4,5,6,7"); "" = inherited."""

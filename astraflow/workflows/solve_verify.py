@@ -31,13 +31,16 @@ def verdict_reward(verdict: str, solved: bool, yes: str = "y", no: str = "n") ->
 @workflow("solve_and_verify")
 class SolveAndVerify(RolloutWorkflow):
     """Options: `verify_template` ("{prompt}{answer}?"), `verify_tokens` (2), `verify_yes` ("y") and
-    `verify_no` ("n") (what a verdict starts with: "1"/"0" for a digits-only vocabulary), `chat`, `reward`."""
+    `verify_no` ("n") (what a verdict starts with: "1"/"0" for a digits-only vocabulary), `chat`, `reward`,
+    `solver_model` and `verifier_model` (policies of run.models; default the group's first two)."""
 
     async def run_episode(self, engines: Mapping[str, Engine], sample: dict[str, Any]) -> EpisodeResult:
+        opts = self.ctx.options
         if len(engines) < 2:
             raise ValueError("solve_and_verify needs two models: [solver, verifier]")
-        (solver, s_engine), (verifier, v_engine) = list(engines.items())[:2]
-        opts = self.ctx.options
+        first, second = list(engines)[:2]
+        solver, verifier = opts.get("solver_model", first), opts.get("verifier_model", second)
+        s_engine, v_engine = engines[solver], engines[verifier]
         s_tok, v_tok = self.ctx.tokenizers[solver], self.ctx.tokenizers[verifier]
         text, s_ids = encode_prompt(s_tok, sample, bool(opts.get("chat")))
         s_resp = await s_engine.generate(GenerateRequest(s_ids, self.ctx.sampling))

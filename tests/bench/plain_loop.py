@@ -66,12 +66,13 @@ def load(recipe: str, seed: int, threads: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.config import load_settings
-    from workers.launcher import tiny_model
+    from astraflow.launch.tiny import build_tiny
 
     s = load_settings(recipe, [f"run.seed={seed}"])
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    path = tiny_model(s)
+    build_tiny(s)
+    path = s.policy(s.trained[0]).trainer.model
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     t = s.trainer

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from astraflow.config import load_settings
-from workers import launcher
+from astraflow.launch import launcher
 
 pytestmark = pytest.mark.integration
 

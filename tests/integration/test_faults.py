@@ -5,11 +5,11 @@ import time
 
 import pytest
 
+from astraflow.launch.demo import rollout
 from astraflow.messages import PromptGroup, decode, encode
 from astraflow.streams import DUP, OK, Consumer, Out, Runner
 from astraflow.streams.keys import GROUP_RAAS
 from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
-from workers.demo import rollout
 
 pytestmark = pytest.mark.integration
 

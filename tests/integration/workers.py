@@ -7,10 +7,10 @@ import sys
 import time
 
 from astraflow.config import Settings, to_env
+from astraflow.launch.demo import prompt
 from astraflow.messages import RolloutGroup, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.keys import GROUP_RAAS
-from workers.demo import prompt
 
 
 def settings_for(url: str, **demo) -> Settings:

@@ -314,6 +314,26 @@ async def test_two_models_have_their_own_ready_sets_and_batches():
     assert ledger.collected == 2 and all(m.trained == 2 for m in ledger.models.values())
 
 
+async def test_a_policy_not_trained_gets_no_batches_and_its_trajectories_none():
+    """A judge (`train: false`) takes part in every episode; only the solver is trained."""
+    bus, df = make("run.models={solver: {}, judge: {train: false}}", "dataflow.feeder.min_backlog=2")
+    await bus.bootstrap(df.settings.trained)
+    await df.feeder.step()
+    await roll_out(bus, 100, lambda g, i: float(i % 2))  # trajectories of both policies
+    while await df.collector.step(1):
+        pass
+    while await df.former.step("solver") == "ok":
+        pass
+    batches = [b for _, b in await train(bus, "solver")]
+    assert [len(b.groups) for b in batches] == [2]
+    assert {t.model for b in batches for g in b.groups for t in g.trajectories} == {"solver"}
+    assert not await bus.redis.exists(bus.keys.batches("judge"), bus.keys.ready("judge"))
+    ledger = await read_ledger(bus, df.settings.trained)
+    assert not ledger.problems(), ledger.render()
+    assert (ledger.collected, list(ledger.models), ledger.models["solver"].trained) == (2, ["solver"], 2)
+    assert await bus.redis.xlen(bus.keys.dead) == 0
+
+
 async def test_a_rollout_for_an_unknown_group_is_acknowledged_not_counted():
     bus, df = make()
     await bus.bootstrap(["policy"])

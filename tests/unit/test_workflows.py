@@ -103,6 +103,17 @@ async def test_solve_and_verify_rewards_each_policy(tokenizer, rewards, answer, 
     assert tokenizer.decode(engines["verifier"].prompts[0]) == f"12+34={answer}?"
 
 
+async def test_solve_and_verify_takes_its_policies_by_name(tokenizer, rewards):
+    """`verifier_model` names the verifier, whatever the order of the group's models (a judge first)."""
+    models = ("judge", "solver")
+    options = {"solver_model": "solver", "verifier_model": "judge"}
+    flow = resolve_workflow("solve_and_verify")(ctx(tokenizer, rewards, models=models, **options))
+    engines = {"judge": Scripted(tokenizer, ["no"]), "solver": Scripted(tokenizer, ["47"])}
+    s, v = (await flow.run_episode(engines, {"prompt": "12+34=", "answer": "46"})).trajectories
+    assert (s.model, v.model) == ("solver", "judge")
+    assert (s.reward, v.reward) == (0.0, 1.0)
+
+
 def test_verdicts():
     assert verdict_reward(" Yes", True) == 1.0 and verdict_reward("n", True) == 0.0
     assert verdict_reward("maybe", False) == 0.0

@@ -10,7 +10,6 @@ continues a stopped run from its directory.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import shutil
@@ -26,52 +25,12 @@ from astraflow.launch.evaluate import PeriodicEval
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
+from astraflow.launch.tiny import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
 from astraflow.streams.runs import mark_stopped
 
-CACHE = Path("runs") / ".cache"
 STOP_MARGIN_S = 30.0
-
-
-def tiny_model(settings: Settings) -> Path:
-    """The recipe's tiny model directory, built (and warm-started) once per configuration."""
-    from astraflow import tiny
-
-    t = settings.run.tiny
-    assert t is not None
-    key = hashlib.sha1(t.model_dump_json().encode()).hexdigest()[:12]
-    path = CACHE / f"tiny-{t.tokenizer}-{key}"
-    if (path / "ready").exists():
-        return path
-    shutil.rmtree(path, ignore_errors=True)
-    print(f"building the tiny model in {path} (once)", flush=True)
-    tiny.build(
-        path,
-        tokenizer_kind=t.tokenizer,
-        hidden=t.hidden,
-        layers=t.layers,
-        heads=t.heads,
-        kv_heads=t.kv_heads,
-        intermediate=t.intermediate,
-        seed=t.seed,
-    )
-    if t.warm_start_task and t.warm_start_steps:
-        loss = tiny.warm_start(path, t.warm_start_task, steps=t.warm_start_steps, seed=t.seed)
-        print(
-            f"warm start: {t.warm_start_steps} supervised steps on {t.warm_start_task}, loss {loss:.3f}",
-            flush=True,
-        )
-    (path / "ready").touch()
-    return path
-
-
-def use_tiny(settings: Settings) -> None:
-    """With `run.tiny`: its model (built once) is the engine's and the trainer's, unless they name one."""
-    if settings.run.tiny is not None:
-        path = str(tiny_model(settings).resolve())
-        settings.engine.model = settings.engine.model or path
-        settings.trainer.model = settings.trainer.model or path
 
 
 def place_threads(settings: Settings) -> None:
@@ -104,7 +63,7 @@ def workers(settings: Settings) -> list[Worker]:
         out.append(
             Worker(f"raas-{i}", "workers.raas", env(raas__id=f"raas-{i}"), run_dir / "logs" / f"raas-{i}.log")
         )
-    for m in settings.run.models:
+    for m in settings.trained:
         w = Worker(
             f"trainer-{m}",
             "workers.trainer",
@@ -155,9 +114,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
             shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         _save_settings(settings, run_dir / "settings.yaml")
-        if settings.trainer.mode == "sync":
-            settings.dataflow.max_staleness_steps = 0  # lockstep: every group from the current weights
-        use_tiny(settings)
+        build_tiny(settings)
         place_threads(settings)
         if not settings.redis.url:
             server = redis_server.start(run_dir / "redis")
@@ -192,12 +149,12 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, received.append, sig)
     bus = Bus.connect(settings.redis.url or "", r.name, settings.redis, settings.streams)
-    await bus.bootstrap(r.models)
+    await bus.bootstrap(settings.trained)
     live = _live() if sys.stdout.isatty() else None
     # Stop conditions need the metrics every second; the view's details less often (they cost a core's
     # share on a small machine): as often as the view shows them.
     detail_every_s = 2.0 if live is not None else 5.0
-    progress = Progress(bus, list(r.models), r.reward_window, r.path / "metrics.jsonl", detail_every_s)
+    progress = Progress(bus, settings.trained, r.reward_window, r.path / "metrics.jsonl", detail_every_s)
     if resume:  # metrics.jsonl already holds what came before
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")

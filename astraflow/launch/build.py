@@ -1,0 +1,89 @@
+"""The one place that assembles services from settings: what `astraflow` and `python -m workers.*` run.
+
+Each `build_*` takes the run's settings and constructs one service with what it needs; the process
+around it (signals, the consumer name it holds, the bus it closes) is `launch.services`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from astraflow.config import Settings
+from astraflow.dataflow.service import Dataflow
+from astraflow.policies import PolicySettings
+from astraflow.streams import Bus
+
+if TYPE_CHECKING:
+    from astraflow.raas.worker import RaasWorker
+    from astraflow.trainer.service import TrainerService
+
+
+def build_dataflow(settings: Settings, bus: Bus, name: str) -> Dataflow:
+    """A dataflow replica named `name` (its consumer name) for the run's trained policies."""
+    return Dataflow(settings, bus, name)
+
+
+def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:
+    """The trainer of policy `model`, from that policy's effective trainer settings (`Settings.policy`)."""
+    from astraflow.trainer.service import TrainerService
+
+    return TrainerService(settings, bus, model)
+
+
+def model_dir(policy: PolicySettings) -> Path | None:
+    """The engine's model directory (its config files go with every pulled version), if it has one."""
+    return Path(policy.engine.model) if policy.engine.model else None
+
+
+@contextlib.asynccontextmanager
+async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[RaasWorker]:
+    """A RaaS worker named `wid` with one started engine per policy (each from that policy's engine
+    settings) and a weight receiver per trained policy; engines, receivers and the weight server are
+    closed on exit."""
+    from astraflow.engines import make_engine, resolve_type
+    from astraflow.raas.worker import RaasWorker
+    from astraflow.weights.files import buffer_root
+    from astraflow.weights.publisher import run_secret
+    from astraflow.weights.receiver import WeightReceiver
+    from astraflow.weights.server import WeightServer
+
+    log_dir = settings.run.path / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    policies = [settings.policy(m) for m in settings.run.models]
+    engines = {}
+    for i, p in enumerate(policies):
+        shared = settings.engine.port
+        port = p.engine.port + i if shared and p.engine.port == shared else p.engine.port  # one per model
+        engines[p.name] = make_engine(
+            p.engine.model_copy(update={"port": port}), log_dir / f"{wid}-{p.name}.log"
+        )
+    tokenizers = {}
+    for p in policies:
+        if resolve_type(p.engine) != "openai":
+            from transformers import AutoTokenizer
+
+            tokenizers[p.name] = AutoTokenizer.from_pretrained(p.engine.model)
+    w = settings.weights
+    secret = await run_secret(bus, w)
+    server = WeightServer.from_settings(secret, w)
+    root = buffer_root(w, settings.run.name, wid)
+    receivers = {  # a policy not trained never gets new weights
+        p.name: WeightReceiver(bus, w, p.name, root, secret, server, settings.raas.region, model_dir(p))
+        for p in policies
+        if p.train
+    }
+    try:
+        for engine in engines.values():
+            await engine.start()
+        yield RaasWorker(settings, bus, engines, wid, tokenizers, receivers)
+    finally:
+        for engine in engines.values():
+            await engine.close()
+        for receiver in receivers.values():
+            receiver.close()
+        server.close()
+        shutil.rmtree(root, ignore_errors=True)

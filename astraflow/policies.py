@@ -1,0 +1,128 @@
+"""Policies of a run: what a recipe says about each (`run.models.<name>`) and what that policy gets.
+
+A policy's engine and trainer settings are the shared top-level `engine` and `trainer` sections with the
+policy's own sections deep-merged over them: a policy overrides only the fields it sets. Every consumer
+reads a policy's settings through `Settings.policy(name)`, never the shared sections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from astraflow.engines.settings import EngineSettings
+from astraflow.trainer.settings import TrainerSettings
+
+if TYPE_CHECKING:
+    from astraflow.config import Settings
+
+
+class RuleError(ValueError):
+    """A settings rule that spans sections was broken; `field` is the dotted setting to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PolicySpec(BaseModel):
+    """One entry of `run.models`, as the recipe writes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = ""
+    """Starting weights of this policy (a Hugging Face directory or hub id; for an `openai` engine, the
+    served model name); default `engine.model` / `trainer.model`, else the `run.tiny` model."""
+    train: bool = True
+    """Trained in this run (its own `batches:<name>` stream and trainer); `false` for a policy that only
+    serves (a judge, a frozen opponent)."""
+    engine: dict[str, Any] = Field(default_factory=dict)
+    """Fields of `engine` this policy sets differently (e.g. `type: openai`, `devices: "1"`)."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """Fields of `trainer` this policy sets differently (not `mode`: lockstep is run-wide)."""
+
+
+class PolicySettings(BaseModel):
+    """The effective settings of one policy: what its engines and its trainer are built from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    train: bool
+    engine: EngineSettings
+    trainer: TrainerSettings
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values in its place; mappings present in both are merged the same way."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def effective(
+    name: str, spec: PolicySpec, engine: EngineSettings, trainer: TrainerSettings, tiny: Path | None
+) -> PolicySettings:
+    """The settings policy `name` runs with. Starting weights, most specific first: the policy's own
+    section, its `model`, the shared section, the tiny model; the trainer's default is the engine's."""
+    if "mode" in spec.trainer:
+        raise RuleError(f"run.models.{name}.trainer.mode", "trainer.mode is run-wide: set it in `trainer`")
+    sections = {}
+    for section, shared in (("engine", engine), ("trainer", trainer)):
+        data = deep_merge(shared.model_dump(), getattr(spec, section))
+        try:
+            sections[section] = type(shared).model_validate(data)
+        except ValidationError as e:
+            problem = e.errors()[0]
+            loc = ".".join(str(p) for p in problem["loc"])
+            raise RuleError(f"run.models.{name}.{section}.{loc}", problem["msg"]) from None
+    e, t = sections["engine"], sections["trainer"]
+    e_model = spec.engine.get("model") or spec.model or engine.model or str(tiny or "")
+    t_model = spec.trainer.get("model") or spec.model or trainer.model or e_model
+    return PolicySettings(
+        name=name,
+        train=spec.train,
+        engine=e.model_copy(update={"model": e_model}),
+        trainer=t.model_copy(update={"model": t_model}),
+    )
+
+
+def model_field(name: str, spec: PolicySpec, section: str) -> str:
+    """The setting a policy's `section` (engine or trainer) took its starting weights from."""
+    if getattr(spec, section).get("model"):
+        return f"run.models.{name}.{section}.model"
+    return f"run.models.{name}.model" if spec.model else f"{section}.model"
+
+
+def missing_local_model(path: str) -> bool:
+    """Whether `path` is written as a local directory (absolute, `./`, `../` or `~`) that does not exist.
+    Anything else may be a hub id, which only the engine can resolve."""
+    local = path.startswith(("/", "./", "../", "~"))
+    return local and not Path(path).expanduser().is_dir()
+
+
+def check_policies(settings: Settings, policies: list[PolicySettings]) -> None:
+    """The rules about the run's policies (`policies`: their effective settings); raises `RuleError`."""
+    models = settings.run.models
+    if not any(p.train for p in policies):
+        raise RuleError("run.models", "no policy is trained (every one has train: false)")
+    tiny = str(settings.run.tiny.path) if settings.run.tiny is not None else None  # built before it is used
+    for p in policies:
+        for section, used in (("engine", p.engine.type != "openai"), ("trainer", p.train)):
+            path = getattr(p, section).model
+            if used and path != tiny and missing_local_model(path):
+                raise RuleError(
+                    model_field(p.name, models[p.name], section), "starting weights: no such directory"
+                )
+    for option, value in settings.raas.workflow_options.items():
+        if option.endswith("_model") and value not in models:
+            raise RuleError(f"raas.workflow_options.{option}", f"names no policy of run.models: {value!r}")
+    if settings.dataflow.feeder.workflow == "solve_and_verify" and len(models) < 2:
+        raise RuleError("run.models", "solve_and_verify needs two policies: a solver and a verifier")
