@@ -1,10 +1,14 @@
-"""One training step of the tiny model under torchrun (FSDP2 on gloo): `torchrun --nproc_per_node N -m
-tests.fsdp_step MODEL_DIR OUT.pt` saves the full parameters after the step (rank 0), after checking that
-the state assembled from the ranks' shards is the one torch gathers."""
+"""One training step of the tiny model under torchrun (FSDP2; gloo on the CPU, NCCL on CUDA):
+`torchrun --nproc_per_node N -m tests.fsdp_step MODEL_DIR OUT.pt [cpu|cuda] [shard]` saves the full
+parameters after the step (rank 0), after checking that the state assembled from the ranks' shards is the
+one torch gathers. Without torchrun it is the one-process reference; `shard` shards even a single rank
+(FSDP2 on one GPU)."""
 
+import os
 import sys
 
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from astraflow.trainer import distributed
@@ -16,18 +20,27 @@ SEQS = [[5, 6, 7, 8, 9], [5, 6, 10], [5, 6, 13, 14], [5, 6, 15, 16, 17, 18], [5,
 REWARDS = [1, 0, 0.5, 0, 1]
 
 
-def main(model_dir: str, out: str) -> None:
-    rank, size = distributed.setup()
+def main(model_dir: str, out: str, device: str = "cpu", force_shard: bool = False) -> None:
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device(device, local) if device == "cuda" else torch.device("cpu")
+    rank, size = distributed.setup(dev)
+    if force_shard and not dist.is_initialized():  # FSDP2 over a group of one (setup joins only for 2+)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     batch = make_batch(model, SEQS, REWARDS)  # behaviour logprobs from the unsharded starting model
-    if size > 1:
-        distributed.shard(model)
+    sharded = size > 1 or force_shard
+    if sharded:
+        distributed.shard(model, dev)
+    else:
+        model.to(dev)
     # The distributed path computes every sample whole (no shared prompts): the reference does too.
     settings = TrainerSettings(lr=1e-3, micro_batch_tokens=12, minibatches=2, share_prefix=False)
     trainer = PolicyTrainer(model, settings)
     trainer.step(batch)
     state = distributed.full_model_state(model)
-    if size > 1:  # the shards each rank copied, assembled: what torch's own full gather gives, exactly
+    if size == 1:  # one rank holds every shard: its local tensors are the whole ones
+        state = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}
+    if sharded:  # the shards each rank copied, assembled: what torch's own full gather gives, exactly
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -37,9 +50,9 @@ def main(model_dir: str, out: str) -> None:
             for k, v in reference.items():
                 assert state[k].shape == v.shape and torch.equal(state[k], v), k
     if rank == 0:
-        torch.save({k: v.detach().clone() for k, v in state.items()}, out)
+        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, out)
     distributed.teardown()  # leave the group before exit, or gloo's threads may abort the process
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], *sys.argv[3:4], force_shard="shard" in sys.argv[4:])

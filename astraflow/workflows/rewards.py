@@ -33,6 +33,13 @@ def math_verify(prompt: str, completion: str, answer: str = "", **sample: Any) -
     return 1.0 if verify(parse(str(answer)), parse(completion)) else 0.0
 
 
+@reward("gsm8k")
+def gsm8k(prompt: str, completion: str, answer: str = "", **sample: Any) -> float:
+    """GSM8K: the reference is a worked solution ending in `#### <number>`; 1.0 when the completion's final
+    answer (its last number, or a `\\boxed{}` one) equals that number, as `math_verify` judges it."""
+    return math_verify(prompt, completion, str(answer).rpartition("####")[2].strip(), **sample)
+
+
 def _score(fn: Callable[..., float], prompt: str, completion: str, sample: dict[str, Any]) -> float:
     fields = {k: v for k, v in sample.items() if k not in ("prompt", "completion")}
     return float(fn(prompt, completion, **fields))

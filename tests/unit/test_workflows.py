@@ -139,3 +139,13 @@ def test_math_verify_reward():
     fn = resolve_reward("math_verify")
     assert fn("q", "so the answer is $\\frac{1}{2}$", answer="0.5") == 1.0
     assert fn("q", "the answer is 3", answer="4") == 0.0
+
+
+def test_gsm8k_reward_compares_the_final_number_with_the_one_after_the_references_hashes():
+    from astraflow.workflows.rewards import gsm8k
+
+    reference = "Natalia sold 48/2 = 24 clips in May.\nShe sold 48+24 = 72 clips in all.\n#### 72"
+    assert gsm8k("", "She sold 72 clips in total.", reference) == 1.0
+    assert gsm8k("", "The answer is \\boxed{72}.", reference) == 1.0
+    assert gsm8k("", "48 + 24 = 71", reference) == 0.0
+    assert gsm8k("", "24 clips in May", reference) == 0.0  # a number of the reasoning, not the answer
