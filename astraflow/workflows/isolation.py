@@ -65,19 +65,21 @@ def _setup_script(root: Path, workdir: Path, uid: int, argv: Sequence[str]) -> s
             links.append(f"ln -s {q(os.readlink(top))} {r}{top}")
         elif os.path.isdir(top):
             trees.append(top)
-    dirs = [*trees, "/proc", "/dev/shm", "/tmp", WORKDIR]
-    # Few commands: each is a process started on every tool call.
+    dirs = [*trees, "/proc", WORKDIR]
+    # Few commands: each is a process started on every tool call. The fresh /tmp and /dev/shm first: a
+    # tree that lives under one of them (an environment in /tmp) is then bound on top, not hidden.
     lines = [
         "set -e",
         f"mount -t tmpfs -o mode=755,size=1m tool-root {r}",
+        f"mkdir -p {r}/dev/shm {r}/tmp",
+        f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-shm {r}/dev/shm",
+        f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-tmp {r}/tmp",
         "mkdir -p " + " ".join(r + q(d) for d in dirs),
         "touch " + " ".join(f"{r}/dev/{d}" for d in _DEVICES),
         *links,
         *(f"mount --bind -o ro {q(t)} {r}{q(t)}" for t in trees),
         f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc",  # this PID namespace's processes only
         *(f"mount --bind /dev/{d} {r}/dev/{d}" for d in _DEVICES),
-        f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-shm {r}/dev/shm",
-        f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-tmp {r}/tmp",
         f"mount --bind {q(str(workdir))} {r}{WORKDIR}",
         f"mount -o remount,ro {r}",
         # Not exec'd: this shell stays the namespace's first process, so the tool is not (the kernel
