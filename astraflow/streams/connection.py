@@ -101,6 +101,7 @@ async def reconnecting(
     """
     delay, down_since, reported = 0.02, 0.0, 0.0
     while True:
+        raise_if_cancelled()
         try:
             result = await call()
         except Exception as e:
@@ -128,8 +129,10 @@ def raise_if_cancelled() -> None:
     """Re-raise a cancellation that a timeout swallowed.
 
     Under Python 3.11 a task cancelled while a read's own `asyncio.timeout` fires sees TimeoutError instead
-    of CancelledError (its `cancelling()` count stays up). Every loop that catches connection errors and
-    goes on calls this first, so a cancelled worker stops instead of retrying forever.
+    of CancelledError, and one cancelled just as an `asyncio.wait_for` finished (redis-py sends every
+    command through one) sees the result instead; either way its `cancelling()` count stays up. Every
+    loop that catches connection errors and goes on calls this first, and every bus call does before it
+    runs, so a cancelled worker stops instead of retrying (or reading) forever.
     """
     task = asyncio.current_task()
     if task is not None and task.cancelling():

@@ -1,5 +1,6 @@
 """Which Redis errors are waited out, and how long a call waits."""
 
+import asyncio
 import math
 
 import pytest
@@ -57,3 +58,28 @@ async def test_a_one_shot_budget_still_gives_up():
 
     with pytest.raises(BusConnectionError):
         await reconnecting(call, 0)
+
+
+async def test_a_cancellation_swallowed_by_a_library_stops_the_next_call():
+    """Python 3.11's `wait_for` returns its result when a cancel arrives just as it finished (redis-py
+    sends every command through one): the task goes on, cancelled. Its next bus call must not run."""
+    calls = 0
+
+    async def call():
+        nonlocal calls
+        calls += 1
+
+    async def worker():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # what the race in wait_for amounts to
+        for _ in range(100):  # a worker's loop: every pass makes a bus call
+            await reconnecting(call, math.inf)
+
+    task = asyncio.create_task(worker())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert calls == 0
