@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    push = command("workflow", _cmd_workflow, "push a workflow class to a running run's RaaS", False)
+    push.add_argument("action", choices=["push"])
+    push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
+    push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
+    push.add_argument("--recipe", help="recipe YAML (for the run's settings)")
     trace = command("trace", _cmd_trace, "show the path of one prompt group", recipe=False)
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
     trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
@@ -243,6 +248,30 @@ def _cmd_clear(args) -> int:
     settings = _settings(args)
     url = _redis_url(settings)
     return asyncio.run(_with_bus(settings, lambda bus: clear_run(bus, url, args.yes)))
+
+
+def _cmd_workflow(args) -> int:
+    import os
+
+    from astraflow.errors import ConfigError
+    from astraflow.workflows.pushed import push
+
+    settings = _settings(args)
+    key = settings.raas.push_key
+    if key is None or not key.get_secret_value():
+        raise ConfigError("pushing a workflow needs the run's push key: set ASTRAFLOW_RAAS__PUSH_KEY")
+    if os.getcwd() not in sys.path:  # the user's module, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+
+    async def run(bus) -> int:
+        pushed = await push(bus, key.get_secret_value().encode(), args.ref, args.name)
+        print(
+            f"pushed {pushed.name} (sha256 {pushed.digest[:16]}, {len(pushed.payload)} bytes) to run "
+            f"{settings.run.name!r}; RaaS with raas.accept_pushed_code load it when a group names it"
+        )
+        return 0
+
+    return asyncio.run(_with_bus(settings, run))
 
 
 def _cmd_ledger(args) -> int:

@@ -39,9 +39,9 @@ from astraflow.workflows.api import (
     RolloutWorkflow,
     WorkflowContext,
     resolve_reward,
-    resolve_workflow,
     reward_name,
 )
+from astraflow.workflows.pushed import PushedWorkflows
 from astraflow.workflows.rewards import RewardRunner
 
 log = structlog.get_logger(__name__)
@@ -74,6 +74,7 @@ class RaasWorker:
         self.busy = BusyClock()
         self.started_at = time.time()
         self._workflows: dict[str, RolloutWorkflow] = {}
+        self._pushed = PushedWorkflows(bus, r)
         self._incarnations: dict[str, str] = {}
         """Model -> trainer incarnation of the loaded weights (from the notices)."""
         self._loads = asyncio.Lock()
@@ -98,7 +99,7 @@ class RaasWorker:
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
-        flow = self._workflow(group.workflow)  # both refused (dead-lettered) unless registered or recipe's
+        flow = await self._workflow(group.workflow)  # both refused (dead-lettered) unless known or pushed
         resolve_reward(reward_name(group.sample, self.ctx.options), self.allowed)
         await self._synced.wait()
         if self.settings.trainer.mode == "sync":  # lockstep: the weights of the group's version, no older
@@ -136,9 +137,9 @@ class RaasWorker:
         )
         return [Out(self.bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]
 
-    def _workflow(self, name: str) -> RolloutWorkflow:
-        if name not in self._workflows:
-            self._workflows[name] = resolve_workflow(name, self.allowed)(self.ctx)
+    async def _workflow(self, name: str) -> RolloutWorkflow:
+        if name not in self._workflows:  # registered, the recipe's, else pushed to the run (if accepted)
+            self._workflows[name] = (await self._pushed.resolve(name, self.allowed))(self.ctx)
         return self._workflows[name]
 
     async def _heartbeat_loop(self) -> None:
