@@ -8,9 +8,12 @@ import sys
 import pytest
 from pydantic import SecretStr
 
+from astraflow.config import Settings
+from astraflow.workflows.pushed import PushedWorkflows, push
 from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
+from tests.integration.test_acl import admin, as_role, connect, denials, install, refused, server  # noqa: F401
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration
 
 KEY = "integration-push-key"
 MODULE = '''
@@ -35,7 +38,7 @@ class Bonus(RolloutWorkflow):
 '''
 
 
-def push(redis_url: str, module_dir, key: str) -> subprocess.CompletedProcess:
+def push_cli(redis_url: str, module_dir, key: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ASTRAFLOW_RAAS__PUSH_KEY": key, "PYTHONPATH": os.getcwd()}
     cmd = [sys.executable, "-m", "astraflow.cli", "workflow", "push", "user_flow_x7:Bonus", "--run", "it"]
     return subprocess.run(
@@ -43,6 +46,7 @@ def push(redis_url: str, module_dir, key: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 async def test_a_workflow_pushed_to_a_running_raas_runs_there_without_its_module(
     bus, redis_url, tiny_model, tmp_path
 ):
@@ -55,12 +59,12 @@ async def test_a_workflow_pushed_to_a_running_raas_runs_there_without_its_module
     worker = spawn_raas(settings)
     try:
         await wait_for(lambda: bus.redis.exists(bus.keys.raas("raas-p")), what="the RaaS up")
-        wrong = push(redis_url, module_dir, "not-the-key")
+        wrong = push_cli(redis_url, module_dir, "not-the-key")
         assert wrong.returncode == 0, wrong.stderr
         [refused] = await submit(bus, 1, workflow="user_flow_x7:Bonus")
         await wait_for(lambda: bus.redis.xlen(bus.keys.dead), what="the wrongly signed push refused")
 
-        done = push(redis_url, module_dir, KEY)  # a correct push replaces it; the RaaS still runs
+        done = push_cli(redis_url, module_dir, KEY)  # a correct push replaces it; the RaaS still runs
         assert done.returncode == 0 and "pushed user_flow_x7:Bonus" in done.stdout, done.stderr
         uids = await submit(bus, 2, start=10, workflow="user_flow_x7:Bonus")
         await wait_for(lambda: bus.redis.xlen(bus.keys.rollouts), 60, "rollouts of the pushed workflow")
@@ -79,3 +83,27 @@ async def test_a_workflow_pushed_to_a_running_raas_runs_there_without_its_module
 
 async def _count(bus, n):
     return await bus.redis.xlen(bus.keys.rollouts) >= n
+
+
+async def test_under_acl_users_a_raas_reads_pushed_workflows_and_cannot_push_one(admin, server, tmp_path):  # noqa: F811
+    passwords = await install(admin, "it")
+    base = Settings()
+    base.run.name, base.redis.url = "it", server.display_url
+    base.raas.accept_pushed_code, base.raas.push_key = True, SecretStr(KEY)
+    (tmp_path / "user_flow_x7.py").write_text(MODULE)
+    pusher = connect(server.url, base)  # an admin connection
+    raas = connect(server.display_url, as_role(base, "it", "raas", passwords["raas"]))
+    try:
+        await raas.identity()
+        sys.path.insert(0, str(tmp_path))
+        try:
+            await push(pusher, KEY.encode(), "user_flow_x7:Bonus")
+        finally:
+            sys.path.remove(str(tmp_path))
+        sys.modules.pop("user_flow_x7", None)
+        flow = await PushedWorkflows(raas, base.raas).resolve("user_flow_x7:Bonus", ())
+        assert flow.__name__ == "Bonus" and await denials(admin) == []
+        assert await refused(lambda: raas.redis.hset(raas.keys.workflows, "evil", b"x"))
+    finally:
+        await pusher.close()
+        await raas.close()
