@@ -109,6 +109,49 @@ async def test_spawn_trains_sub_episodes_with_each_tokens_version(tokenizer, rew
     assert top.reward == 1.0 and [t.reward for t in subs] == [1.0, 1.0]  # credit from the parent's outcome
 
 
+class LoadsBetweenTurns(Scripted):
+    """A scripted parent that, before its second turn, has the helper engine load new weights."""
+
+    def __init__(self, tokenizer, replies, helper, weights):
+        super().__init__(tokenizer, replies)
+        self.helper, self.weights = helper, weights
+
+    async def generate(self, request):
+        if len(self.prompts) == 1:
+            await self.helper.pause()
+            await self.helper.load_weights(self.weights, version=1)
+            await self.helper.resume()
+        return await super().generate(request)
+
+
+async def test_spawn_on_a_real_engine_keeps_the_version_that_sampled_each_token(
+    tokenizer, rewards, tiny_model, tiny_model_v2
+):
+    """Sub-episodes on the hf engine, its weights loaded between them: the first sub-episode's tokens
+    carry version 0, the second's version 1, and the parent sees exactly what each one wrote."""
+    from astraflow.engines.hf import HFEngine
+    from astraflow.engines.settings import EngineSettings
+
+    helper = HFEngine(EngineSettings(type="hf", model=tiny_model))
+    await helper.start()
+    try:
+        replies = ["<spawn>12+30=</spawn>", "<spawn>4+0=</spawn>", "46"]
+        parent = LoadsBetweenTurns(tokenizer, replies, helper, tiny_model_v2)
+        engines = {"parent": parent, "helper": helper}
+        result = await run("spawn", tokenizer, rewards, engines, sub_model="helper")
+    finally:
+        await helper.close()
+    top, first, second = result.trajectories
+    assert (first.model, second.model) == ("helper", "helper")
+    for traj, version in ((first, 0), (second, 1)):
+        sampled = traj.loss_mask == 1
+        assert sampled.any() and set(traj.versions[sampled].tolist()) == {version}
+        assert (traj.logprobs[sampled] < 0).all()
+        answer = tokenizer.decode(traj.token_ids[sampled].tolist(), skip_special_tokens=True).strip()
+        assert f"<result>{answer}</result>" in tokenizer.decode(top.token_ids.tolist())
+    assert set(top.versions[top.loss_mask == 1].tolist()) == {3}
+
+
 async def test_spawn_sub_episodes_may_keep_their_own_reward(tokenizer, rewards):
     parent = Scripted(tokenizer, ["<spawn>12+30=</spawn>", "42", "46"])
     result = await run("spawn", tokenizer, rewards, {"policy": parent}, sub_credit="own")
