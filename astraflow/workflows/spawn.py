@@ -87,10 +87,9 @@ class Spawn(RolloutWorkflow):
             )
             answers = []
             for result in results:
-                subs += result.trajectories if result else []
-                answers.append(
-                    answer_of(self.ctx.tokenizers[sub_model], result.trajectories[0]) if result else ""
-                )
+                done = result.trajectories if result else []
+                subs += done
+                answers.append(answer_of(self.ctx.tokenizers[sub_model], done[0]) if done else "")
             shown = "".join(f"<result>{a}</result>" for a in answers)
             record.observed(tok.encode(f"\n{shown}\n", add_special_tokens=False))
         name = reward_name(sample, opts)
