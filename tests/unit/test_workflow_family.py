@@ -223,9 +223,13 @@ async def test_rewards_get_the_token_ids_and_text_only_rewards_still_work(tokeni
     p = len(engine.prompts[0])
     assert seen == [(engine.prompts[0], t.token_ids[p:].tolist())] and t.reward == len(t.token_ids) - p
     # in the process pool too, and a reward that takes no ids is called without them
-    assert await rewards.score("code_tests", "", CODE, {"tests": TESTS[:1]}, [1, 2], [3]) == (1.0, None)
-    rewards.allowed = frozenset({f"{__name__}:text_only"})
+    rewards.allowed = frozenset({f"{__name__}:text_only", f"{__name__}:ids_only"})
+    assert await rewards.score(f"{__name__}:ids_only", "", "", {}, [1, 2], [3, 4, 5]) == (2 + 30.0, None)
     assert await rewards.score(f"{__name__}:text_only", "", "46", {"answer": "46"}, [1], [2]) == (1.0, None)
+
+
+def ids_only(prompt, completion, prompt_ids, completion_ids):
+    return float(len(prompt_ids) + 10 * len(completion_ids))
 
 
 def rows(n, reward="exact_match"):
