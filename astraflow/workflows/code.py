@@ -5,6 +5,11 @@ The reward is the share of the sample's `tests` (assert statements, or one block
 A test that fails or raises counts as failed; the policy's code is at fault and is trained on. When the
 sandbox stops the program (a limit hit, the interpreter killed or exited early) there is no result: the
 reward raises with the sandbox's reason, so the trajectory gets 0.0 and that error, and is not trained on.
+Limits: 2 s CPU, 256 MiB, 5 s wall (`raas.reward_timeout_s` must leave room for them).
+
+The tests run in the solution's own (sandboxed) interpreter: the result line carries a fresh token so
+ordinary output cannot pass for it, but code written to read the harness could fake it. The sandbox
+contains such code; the reward does not defend against it.
 """
 
 from __future__ import annotations
