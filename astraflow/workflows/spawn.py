@@ -53,6 +53,8 @@ class Spawn(RolloutWorkflow):
     def __init__(self, ctx) -> None:
         super().__init__(ctx)
         self._sub: RolloutWorkflow | None = None
+        if ctx.options.get("sub_credit", "parent") not in ("parent", "own"):
+            raise ValueError(f"spawn: sub_credit {ctx.options['sub_credit']!r} is neither parent nor own")
 
     def sub_workflow(self) -> RolloutWorkflow:
         """Built on first use (a spawn of spawns builds one level at a time)."""
@@ -94,6 +96,6 @@ class Spawn(RolloutWorkflow):
             record.observed(tok.encode(f"\n{shown}\n", add_special_tokens=False))
         name = reward_name(sample, opts)
         score, error = await self.ctx.rewards.score(name, text, final, sample, prompt_ids, final_ids)
-        if opts.get("sub_credit", "parent") == "parent":
+        if opts.get("sub_credit", "parent") == "parent":  # checked at start: parent or own
             subs = [dataclasses.replace(t, reward=score, error=t.error or error) for t in subs]
         return EpisodeResult([record.trajectory(parent, score, finish, error), *subs])

@@ -157,6 +157,8 @@ async def test_spawn_sub_episodes_may_keep_their_own_reward(tokenizer, rewards):
     result = await run("spawn", tokenizer, rewards, {"policy": parent}, sub_credit="own")
     assert [(t.model, t.reward) for t in result.trajectories] == [("policy", 1.0), ("policy", 0.0)]
     assert said(tokenizer, parent, 1) == "12+30="
+    with pytest.raises(ValueError, match="sub_credit 'all' is neither parent nor own"):
+        await run("spawn", tokenizer, rewards, {"policy": parent}, sub_credit="all")
 
 
 async def test_spawn_depth_bounds_recursion(tokenizer, rewards):
