@@ -223,7 +223,7 @@ class Bus:
         nothing something of its own to wait for, ordered after whatever the first attempt wrote."""
         n, timeout = self.min_replicas_ack, self.replica_ack_timeout_ms
         async with self.redis.pipeline(transaction=False) as pipe:
-            self._scripts[name](keys=keys, args=args, client=pipe)
+            await self._scripts[name](keys=keys, args=args, client=pipe)
             pipe.set(self.keys.dedup("replicated"), uuid.uuid4().hex, px=timeout)
             pipe.execute_command("WAIT", n, timeout)
             reply, _, acked = await pipe.execute()
