@@ -104,6 +104,7 @@ async def test_acknowledged_handoffs_survive_a_failover(cluster):
         await drain(df, bus, statuses)
         ledger = await read_ledger(bus, ["policy"])
         assert not ledger.problems(), ledger.render()
+        assert ledger.failover_offset is not None and "failover:" in ledger.render()  # (said, not hidden)
         assert ledger.collected == ledger.submitted and ledger.dead == 0
         twice = {uid: st for uid, st in statuses.items() if st.count("ok") != 1}
         assert not twice, twice  # each rollout acknowledged exactly once: none lost and redone
