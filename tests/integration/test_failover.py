@@ -20,7 +20,7 @@ from astraflow.streams.settings import RedisSettings, StreamsSettings
 from tests.dataflow_helpers import heartbeat, roll_out
 from tests.integration.replicas import attach, kill9, start_replica, start_sentinel, system_redis
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 NAME = "af"
 
 
