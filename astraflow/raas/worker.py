@@ -95,7 +95,8 @@ class RaasWorker:
             await self.bus.redis.delete(self.bus.keys.raas(self.id))
             self.ctx.rewards.close()
             engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}
-            log.info("raas_stopped", engines=engines, **self.runner.stats)
+            reads = dict(self.bus.reader.stats)  # replica reads vs primary fallbacks (redis.replica_url)
+            log.info("raas_stopped", engines=engines, replica_reads=reads, **self.runner.stats)
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
