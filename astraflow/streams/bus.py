@@ -207,23 +207,28 @@ class Bus:
                 for name, value in out.fields.items():
                     args += [name, value]
         try:
-            if self.min_replicas_ack:
-                replies = await self.call(lambda: self._replicated("handoff", keys, args))
-            else:
-                replies = await self._script("handoff", keys, args)
+            replies = await self.hand_off_script(self._scripts["handoff"], keys, args)
         except ResponseError as e:
             raise BusError(f"hand-off refused: {e}") from None
         return [(r[0].decode(), [i.decode() for i in r[1:]]) for r in replies]
 
-    async def _replicated(self, name: str, keys: list[str], args: list):
-        """Run a script, then `WAIT` until `min_replicas_ack` replicas have it (on the same connection,
+    async def hand_off_script(self, script, keys: list[str], args: list):
+        """Run an idempotent script that hands work off (through reconnects), returning its reply only
+        once `redis.min_replicas_ack` replicas have its writes, so that an acknowledged hand-off survives a
+        failover."""
+        if not self.min_replicas_ack:
+            return await self.call(lambda: script(keys=keys, args=args))
+        return await self.call(lambda: self._replicated(script, keys, args))
+
+    async def _replicated(self, script, keys: list[str], args: list):
+        """Run `script`, then `WAIT` until `min_replicas_ack` replicas have it (on the same connection,
         which is what WAIT waits for); fewer in time raise NOREPLICAS, a transient error, so the call is
         tried again. The script is idempotent, so the retry writes nothing twice, and on a promoted replica
         that lacks the first attempt it does the work anew. The SET gives a retry whose script writes
         nothing something of its own to wait for, ordered after whatever the first attempt wrote."""
         n, timeout = self.min_replicas_ack, self.replica_ack_timeout_ms
         async with self.redis.pipeline(transaction=False) as pipe:
-            await self._scripts[name](keys=keys, args=args, client=pipe)
+            await script(keys=keys, args=args, client=pipe)
             pipe.set(self.keys.dedup("replicated"), uuid.uuid4().hex, px=timeout)
             pipe.execute_command("WAIT", n, timeout)
             reply, _, acked = await pipe.execute()
