@@ -5,6 +5,7 @@ from the primary, and once the replica is killed (-9) every read falls back to t
 from __future__ import annotations
 
 import pytest
+import torch
 
 from astraflow import redis_server
 from astraflow.streams import Bus, Out
@@ -87,5 +88,42 @@ async def test_reads_go_to_the_replica_and_fall_back_to_the_primary(tmp_path, pr
         await pub.close()
         rx.close()
         rx.server.close()
+        await regional.close()
+        await central.close()
+
+
+@pytest.mark.slow
+async def test_a_raas_worker_follows_the_trainer_off_the_replica(tmp_path, primary, replica, tiny_model):
+    """The real worker (hf engine) on a bus with `replica_url`: it follows notices and pulls manifests off
+    the replica; after the replica is killed it follows the trainer through the primary."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.integration.raas_helpers import wait_for
+    from tests.integration.test_weight_follow import Follower, _at, served_equals_engine
+
+    streams = StreamsSettings(block_ms=100)
+    central = Bus.connect(primary.url, "it", RedisSettings(), streams)
+    regional = Bus.connect(primary.url, "it", RedisSettings(replica_url=replica.url), streams)
+    await central.bootstrap(["policy"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    pub, _, secret = await trainer(central, WeightsSettings(), tmp_path / "trainer", model.state_dict())
+    f = Follower(regional, primary.url, tiny_model, tmp_path, secret)
+    await f.start()
+    try:
+        for version in range(1, 4):
+            if version == 3:
+                kill9(replica)
+            with torch.no_grad():
+                next(model.parameters()).add_(0.01)
+            await pub.publish(model.state_dict(), version, step=version)
+            await pub.wait()
+            await wait_for(lambda v=version: _at(f.engine, v), 30, f"engine at version {version}")
+            if version == 2:
+                assert regional.reader.stats["replica"] > 0 and regional.reader.stats["fallback"] == 0
+        assert served_equals_engine(pub, f.engine)
+        assert regional.reader.stats["fallback"] > 0
+    finally:
+        await f.close()
+        await pub.close()
         await regional.close()
         await central.close()
