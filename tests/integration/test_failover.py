@@ -18,7 +18,7 @@ from astraflow.dataflow.service import Dataflow
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from tests.dataflow_helpers import heartbeat, roll_out
-from tests.integration.replicas import attach, kill9, start_replica, start_sentinel, system_redis
+from tests.integration.replicas import attach, client, kill9, start_replica, start_sentinel, system_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(90)]
 NAME = "af"
@@ -82,6 +82,11 @@ async def test_acknowledged_handoffs_survive_a_failover(cluster):
     statuses: dict[str, list[str]] = {}
     try:
         await bus.bootstrap(["policy"])
+        direct = client(primary)
+        assert direct.wait(2, 5000) == 2  # (so that the replica Sentinel names surely has the identity)
+        direct.close()
+        identity = await bus.read_only(lambda c: c.hgetall(bus.keys.identity), fresh=bool)
+        assert identity and bus.reader.stats == {"replica": 1}  # off a replica Sentinel named
         df = Dataflow(settings, bus, "df")
         await heartbeat(bus, "sim", 8)
         await df.feeder.step()
