@@ -112,8 +112,8 @@ def _redis_url(settings) -> str:
     from astraflow import redis_server
     from astraflow.errors import RedisServerError
 
-    if settings.redis.url:
-        return settings.redis.url
+    if settings.redis.url or settings.redis.sentinels:  # (with sentinels, they name the primary)
+        return settings.redis.url or ""
     server = redis_server.load(settings.run.path / "redis")
     if server is None or not server.alive():
         raise RedisServerError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -95,7 +96,8 @@ class RaasWorker:
             await self.bus.redis.delete(self.bus.keys.raas(self.id))
             self.ctx.rewards.close()
             engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}
-            log.info("raas_stopped", engines=engines, **self.runner.stats)
+            reads = dict(self.bus.reader.stats)  # replica reads vs primary fallbacks (redis.replica_url)
+            log.info("raas_stopped", engines=engines, replica_reads=reads, **self.runner.stats)
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
@@ -177,11 +179,11 @@ class RaasWorker:
         while True:
             try:
                 if cursor is None:
-                    last = await self.bus.redis.xrevrange(stream, count=1)
-                    entries = last
+                    entries = await self.bus.read_only(lambda r: r.xrevrange(stream, count=1))
                 else:
-                    reply = await self.bus.blocking.xread(
-                        {stream: cursor}, count=64, block=self.bus.settings.block_ms
+                    reply = await self.bus.read_only(
+                        functools.partial(_read_notices, stream, cursor, self.bus.settings.block_ms),
+                        blocking=True,
                     )
                     entries = reply[0][1] if reply else []
             except Exception as e:  # Redis away or refusing: keep following, it is the weights' only path
@@ -230,7 +232,9 @@ class RaasWorker:
         return True
 
     async def _verify_checkpoint(self, path: str, manifest_key: str | None) -> None:
-        fields = await self.bus.call(lambda: self.bus.redis.hgetall(manifest_key)) if manifest_key else {}
+        fields = {}
+        if manifest_key:
+            fields = await self.bus.read_only(lambda r: r.hgetall(manifest_key), fresh=bool)
         if not fields:
             raise WeightIntegrityError(f"checkpoint {path}: no manifest to check it against")
         await asyncio.to_thread(verify_checkpoint, Path(path), decode(fields, WeightManifest))
@@ -274,3 +278,7 @@ class RaasWorker:
                 if msg.incarnation is not None:
                     incarnations[model] = msg.incarnation
         return dataclasses.replace(notice, models=models, manifests=manifests, incarnations=incarnations)
+
+
+def _read_notices(stream: str, cursor: str, block_ms: int, client):
+    return client.xread({stream: cursor}, count=64, block=block_ms)

@@ -34,7 +34,7 @@ _BASE = ["select"]
 _WORKER = (
     "evalsha script|load script|exists multi exec discard xreadgroup xgroup|create xack xadd xpending xclaim "
     "xrange xrevrange xinfo|groups xinfo|consumers xgroup|delconsumer xtrim exists type get set srem "
-    "hincrby hdel hset hget time"
+    "hincrby hdel hset hget time wait"
 ).split()
 COMMANDS: dict[str, list[str]] = {
     # heartbeat (hset + pexpire, del), notices (xread), weight manifests and peer sets
@@ -51,7 +51,7 @@ COMMANDS: dict[str, list[str]] = {
     # `astraflow top`, `inspect`, `ledger`, `trace`: reads only
     "observer": (
         "scan type memory|usage xlen xinfo|groups xpending xrange xrevrange xread hgetall hget hmget scard "
-        "zcard multi exec discard"
+        "zcard multi exec discard info"
     ).split(),
 }
 
