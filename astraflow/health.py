@@ -108,6 +108,8 @@ async def _seen(bus: Bus, t: Target) -> tuple[str, float]:
 
     try:
         consumers = await bus.call(lambda: bus.redis.xinfo_consumers(t.stream, t.group))
+    except redis.exceptions.NoPermissionError as e:
+        raise Unhealthy(f"the probe's Redis user may not read its group: {e}") from None
     except redis.exceptions.ResponseError:  # no such stream or group yet: nobody bootstrapped or read it
         raise Unhealthy(f"no group {t.group!r} on {bus.keys.short(t.stream)} yet") from None
     seen = {_text(c["name"]): int(c["idle"]) / 1000 for c in consumers}
