@@ -8,6 +8,7 @@ environment and its hostname (a replica's own hostname shows as its own consumer
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -390,3 +391,79 @@ def test_the_sbatch_script_parses_and_its_commands_pass_astraflow_config():
     assert out.returncode == 0, out.stderr
     settings = yaml.safe_load(out.stdout)
     assert settings["run"]["dir"] == SBATCH_ENV["ASTRAFLOW_RUN__DIR"]  # checkpoints on shared storage
+
+
+def start_redis(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    tmp.mkdir()
+    cmd = ["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    wait_for(lambda: redis_up_as(port, "default", args[args.index("--requirepass") + 1]), 30, "redis up")
+    return proc, port
+
+
+def redis_up_as(port: str, user: str, password: str) -> bool:
+    try:
+        return redis.Redis(port=int(port), username=user, password=password).ping()
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_acl_job_installs_users_under_which_every_workers_probe_runs(tmp_path):
+    """The `redis-acl` Job's command, run as a local process against a primary and a replica with the
+    manifests' admin password: each role's user exists on both, and each worker's readiness probe,
+    run under that user, gets as far as the worker itself (no NOPERM)."""
+    if not shutil.which("redis-server"):
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("no redis-server (7.x) on PATH")
+    docs = k8s_docs()
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
+    admin = secrets["astraflow-redis-admin"]["password"]
+    auth = ("--requirepass", admin, "--masterauth", admin)
+    procs = []
+    try:
+        primary, port = start_redis(tmp_path / "primary", *auth)
+        procs.append(primary)
+        replica, replica_port = start_redis(tmp_path / "replica", *auth, "--replicaof", "127.0.0.1", port)
+        procs.append(replica)
+
+        def local(value: str) -> str:
+            value = value.replace("redis-replica:6379", f"127.0.0.1:{replica_port}")
+            return value.replace("redis:6379", f"127.0.0.1:{port}")
+
+        def run_env(c: dict) -> dict[str, str]:
+            env, _ = container_env(docs, c)
+            for k, v in env.items():  # the Secrets' values, as Kubernetes mounts them
+                name, _, key = v.partition("/")
+                env[k] = secrets[name][key] if name in secrets else local(v)
+            path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"  # `astraflow` on PATH
+            return {**os.environ, **env, "PATH": path}
+
+        (job,) = [c for d, c in containers(docs) if d["kind"] == "Job"]
+        cmd = [*job["command"], *[local(a) for a in job["args"]]]
+        out = subprocess.run(cmd, cwd=ROOT, env=run_env(job), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        run = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["ASTRAFLOW_RUN__NAME"]
+        users = secrets["astraflow-redis-users"]
+        for role in acl.ROLES:
+            for p in (port, replica_port):  # ACL users are not replicated: the Job installs them on both
+                client = redis.Redis(port=int(p), protocol=2)  # AUTH on a fresh connection
+                assert client.execute_command("AUTH", acl.user_name(run, role), users[role])
+
+        # The run exists (its identity and groups), no worker yet: each probe says which one it misses.
+        root = redis.Redis(port=int(port), password=admin)
+        keys = Keys(run)
+        root.hset(keys.identity, mapping={"nonce": "n", "created": "1"})
+        for stream, group in keys.grouped_streams(["policy"]).items():
+            root.xgroup_create(stream, group, id="0", mkstream=True)
+        for _, c in containers(docs):
+            if c["command"][1:2] and c["command"][1] in ROLES:
+                probe = astraflow_args(c["readinessProbe"]["exec"]["command"])
+                out = subprocess.run(probe, cwd=ROOT, env=run_env(c), capture_output=True, text=True)
+                assert out.returncode == 1, out.stdout + out.stderr
+                assert out.stdout.startswith(f"unhealthy: no consumer {c['command'][1]}-"), out.stdout
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
