@@ -64,7 +64,8 @@ def target(settings: Settings, role: str, bus: Bus, name: str | None, model: str
     if role == "trainer":
         model = model or settings.trained[0]
         # between reads the trainer runs a step, which the bus lets run handler_timeout_s
-        return Target(bus.keys.batches(model), GROUP_TRAINER, f"trainer-{model}", True, s.handler_timeout_s)
+        bound = s.handler_timeout_s + read_s
+        return Target(bus.keys.batches(model), GROUP_TRAINER, f"trainer-{model}", True, bound)
     if role == "raas":  # a RaaS with every slot busy on long episodes reads nothing: its heartbeat tells
         stream, group, configured, bound = bus.keys.prompts, GROUP_RAAS, settings.raas.id, math.inf
     elif role == "dataflow":
