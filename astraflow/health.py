@@ -138,13 +138,11 @@ def _text(value: bytes | str) -> str:
 
 
 async def probe(settings: Settings, url: str, role: str, **kw) -> tuple[bool, str]:
-    """(healthy, one line) for `astraflow health`; waits at most PROBE_BUDGET_S for Redis."""
-    redis = settings.redis.model_copy(
-        update={
-            "reconnect_max_s": PROBE_BUDGET_S,
-            "socket_timeout_s": min(settings.redis.socket_timeout_s, 2.0),
-        }
-    )
+    """(healthy, one line) for `astraflow health`; waits at most PROBE_BUDGET_S (or the shorter
+    `redis.reconnect_max_s`) for Redis."""
+    budget_s = min(settings.redis.reconnect_max_s, PROBE_BUDGET_S)
+    timeout_s = min(settings.redis.socket_timeout_s, budget_s)
+    redis = settings.redis.model_copy(update={"reconnect_max_s": budget_s, "socket_timeout_s": timeout_s})
     bus = Bus.connect(url, settings.run.name, redis, settings.streams)
     try:
         return True, await check(bus, settings, role, **kw)

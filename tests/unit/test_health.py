@@ -91,6 +91,7 @@ def free_port() -> int:
 
 
 async def test_without_redis_a_worker_is_not_ready_but_not_restarted_either(settings):
+    settings.redis.reconnect_max_s = 0.2
     url = f"redis://127.0.0.1:{free_port()}/0"
     ok, line = await probe(settings, url, "dataflow")
     assert not ok and line.startswith("unhealthy: redis unreachable")
