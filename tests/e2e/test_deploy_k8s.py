@@ -16,15 +16,7 @@ import yaml
 from astraflow.cli import _parser
 from astraflow.health import ROLES
 from astraflow.streams import Keys, acl
-from tests.e2e.deploy_helpers import (
-    DEPLOY,
-    ROOT,
-    astraflow_args,
-    effective_settings,
-    free_port,
-    redis_up,
-    wait_for,
-)
+from tests.e2e import deploy_helpers as deploy
 
 pytestmark = [pytest.mark.e2e]
 
@@ -34,7 +26,7 @@ K8S_VERSION = "1.30"
 
 def k8s_docs() -> list[dict]:
     """Every resource the kustomization lists; it lists every manifest of the folder."""
-    folder = DEPLOY / "k8s"
+    folder = deploy.DEPLOY / "k8s"
     listed = yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
     assert sorted(listed) == sorted(p.name for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
     return [d for name in listed for d in yaml.safe_load_all((folder / name).read_text())]
@@ -130,17 +122,17 @@ def test_every_container_command_and_probe_is_one_astraflow_runs_under_its_roles
             continue
         _parser().parse_args(cmd[1:])
         recipe = next(a for a in cmd[2:] if a.endswith(".yaml"))
-        assert effective_settings(recipe, env)["run"]["name"] == run
+        assert deploy.effective_settings(recipe, env)["run"]["name"] == run
         checked.append(d["metadata"]["name"])
     assert {"dataflow", "trainer", "raas"} <= set(checked)
 
 
 def start_redis(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = deploy.free_port()
     tmp.mkdir()
     cmd = ["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    wait_for(lambda: redis_up(port, args[args.index("--requirepass") + 1]), 30, "redis up")
+    deploy.wait_for(lambda: deploy.redis_up(port, args[args.index("--requirepass") + 1]), 30, "redis up")
     return proc, port
 
 
@@ -177,7 +169,7 @@ def test_the_acl_job_installs_users_under_which_every_workers_probe_runs(tmp_pat
 
         (job,) = [c for d, c in containers(docs) if d["kind"] == "Job"]
         cmd = [*job["command"], *[local(a) for a in job["args"]]]
-        out = subprocess.run(cmd, cwd=ROOT, env=run_env(job), capture_output=True, text=True, timeout=120)
+        out = subprocess.run(cmd, cwd=deploy.ROOT, env=run_env(job), capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
         run = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["ASTRAFLOW_RUN__NAME"]
         users = secrets["astraflow-redis-users"]
@@ -194,8 +186,8 @@ def test_the_acl_job_installs_users_under_which_every_workers_probe_runs(tmp_pat
             root.xgroup_create(stream, group, id="0", mkstream=True)
         for _, c in containers(docs):
             if c["command"][1:2] and c["command"][1] in ROLES:
-                probe = astraflow_args(c["readinessProbe"]["exec"]["command"])
-                out = subprocess.run(probe, cwd=ROOT, env=run_env(c), capture_output=True, text=True)
+                probe = deploy.astraflow_args(c["readinessProbe"]["exec"]["command"])
+                out = subprocess.run(probe, cwd=deploy.ROOT, env=run_env(c), capture_output=True, text=True)
                 assert out.returncode == 1, out.stdout + out.stderr
                 assert out.stdout.startswith(f"unhealthy: no consumer {c['command'][1]}-"), out.stdout
     finally:
