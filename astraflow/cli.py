@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
+    health = command("health", _cmd_health, "exit 0 if this host's worker of a role is ready (or alive)")
+    health.add_argument("--role", required=True, choices=["raas", "dataflow", "trainer"])
+    health.add_argument("--name", help="the worker's consumer name (default: its id, else this host's)")
+    health.add_argument("--model", help="trainer: the policy it trains (default: the first trained)")
+    health.add_argument("--live", action="store_true", help="liveness: judge only the worker's own signal")
+    health.add_argument("--max-idle-s", type=float, help="bound on the consumer's idle s (default: by role)")
     clear = command("clear", _cmd_clear, "delete every Redis key of a run (--run NAME)", recipe=False)
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
@@ -237,6 +243,16 @@ def _joined(args, settings) -> str:
     url = _redis_url(settings)
     asyncio.run(check_start(url, settings, fresh=False, resume=args.resume))
     return url
+
+
+def _cmd_health(args) -> int:
+    from astraflow.health import probe
+
+    settings = _settings(args)
+    kw = {"name": args.name, "model": args.model, "live": args.live, "max_idle_s": args.max_idle_s}
+    healthy, line = asyncio.run(probe(settings, _redis_url(settings), args.role, **kw))
+    print(line)
+    return 0 if healthy else 1
 
 
 def _cmd_clear(args) -> int:
