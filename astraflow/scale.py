@@ -196,8 +196,16 @@ async def read_plan(
     return plan(await read_demands(bus, settings, window), pool_rates(beats, before), headroom), beats
 
 
-async def write_plan(bus: Bus, p: Plan) -> None:
-    await bus.redis.hset(bus.keys.scale, mapping=p.as_fields())
+async def write_plan(bus: Bus, p: Plan) -> bool:
+    """Store the plan in the run's `scale` hash; False when this Redis user may not write (the read-only
+    `observer` ACL user: the figure is then only printed or served)."""
+    from redis.exceptions import NoPermissionError
+
+    try:
+        await bus.redis.hset(bus.keys.scale, mapping=p.as_fields())
+    except NoPermissionError:
+        return False
+    return True
 
 
 def render(p: Plan, run: str) -> str:

@@ -28,8 +28,10 @@ GAUGES = {
 
 async def once(bus: Bus, settings, headroom: float, window: int) -> int:
     p, _ = await read_plan(bus, settings, headroom, window)
-    await write_plan(bus, p)
+    written = await write_plan(bus, p)
     print(render(p, settings.run.name))
+    if not written:
+        print(f"(not written to {bus.keys.scale}: this Redis user may not write it)")
     return 0
 
 
@@ -53,7 +55,8 @@ async def serve(
             log.warning("scale_read_failed", error=repr(e))
             await asyncio.sleep(interval_s)
             continue
-        await write_plan(bus, p)
+        if not await write_plan(bus, p) and not history:  # said once
+            log.warning("scale_not_written", key=bus.keys.scale, reason="this Redis user may not write it")
         for name, value in (
             ("astraflow_raas_needed", p.needed),
             ("astraflow_raas_workers", p.pool.workers),

@@ -6,7 +6,8 @@ every request sleeps `tokens x token_ms` and returns that many tokens, so the en
 two cores, bounds a worker, as a GPU would. For each pool size the bench starts the workers against a
 redis-server of its own, waits for their heartbeats, then a feeder publishes `per_worker x N` prompt
 groups at once and the clock runs until the last rollout group is handed back. Baseline: the single
-worker's rate in the same run; linear is N times it.
+worker's rate in the same run; linear is N times it. The last column is a worker's rate while generating
+as `astraflow scale` reads it from the heartbeats (groups per generating second), for comparison.
 
     PYTHONPATH=. python tests/bench/raas_scaling.py [--sizes 1,2,4] [--per-worker 48] [--slots 4]
         [--samples 4] [--tokens 16] [--token-ms 20] [--rounds 1]
@@ -27,7 +28,9 @@ from pathlib import Path
 from astraflow import redis_server, tiny
 from astraflow.config import Settings, load_settings, to_env
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.launch.progress import read_heartbeats
 from astraflow.messages import PromptGroup, encode
+from astraflow.scale import pool_rates
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 
@@ -90,8 +93,9 @@ def settings_for(url: str, model: str, run: str, run_dir: Path, worker: str, arg
     return s
 
 
-async def measure(url: str, model: str, n: int, round_: int, tmp: Path, args) -> float:
-    """Prompt groups per second of `n` fresh workers on `per_worker x n` groups."""
+async def measure(url: str, model: str, n: int, round_: int, tmp: Path, args) -> tuple[float, float]:
+    """Prompt groups per second of `n` fresh workers on `per_worker x n` groups, and each worker's rate
+    while generating as `astraflow scale` reads it from their heartbeats."""
     run = f"scaling-{n}-{round_}"
     run_dir = tmp / run
     run_dir.mkdir(parents=True)
@@ -124,7 +128,12 @@ async def measure(url: str, model: str, n: int, round_: int, tmp: Path, args) ->
             if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
                 raise RuntimeError(f"the workers made no progress: see {run_dir}")
             await asyncio.sleep(0.01)
-        return total / (time.perf_counter() - started)
+        rate = total / (time.perf_counter() - started)
+        beats: list = []
+        while sum(hb.groups for hb in beats) < total:  # what `astraflow scale` sees of the same work
+            await asyncio.sleep(0.2)
+            beats = await read_heartbeats(bus)
+        return rate, pool_rates(beats).per_worker_groups_per_s
     finally:
         for w in workers:
             w.terminate()
@@ -152,7 +161,7 @@ def main() -> None:
         tmp = Path(d)
         model = str(tiny.build(tmp / "model"))
         server = redis_server.start(tmp / "redis")
-        rates: dict[int, list[float]] = {n: [] for n in sizes}
+        rates: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
         try:
             for r in range(args.rounds):  # sizes interleaved across rounds: drift hits them alike
                 for n in sizes:
@@ -165,11 +174,12 @@ def main() -> None:
         f" at {args.token_ms:g} ms/token, {args.slots} slots (engine bound: {ideal:.1f} groups/s per"
         f" worker), median of {args.rounds} round(s)"
     )
-    one = statistics.median(rates[sizes[0]]) / sizes[0]
-    print(f"{'workers':>8}{'groups/s':>12}{'linear':>12}{'of linear':>12}")
+    one = statistics.median(r for r, _ in rates[sizes[0]]) / sizes[0]
+    print(f"{'workers':>8}{'groups/s':>12}{'linear':>12}{'of linear':>12}{'scale: per worker':>20}")
     for n in sizes:
-        rate = statistics.median(rates[n])
-        print(f"{n:>8}{rate:>12.2f}{one * n:>12.2f}{rate / (one * n):>12.2f}")
+        rate = statistics.median(r for r, _ in rates[n])
+        seen = statistics.median(w for _, w in rates[n])
+        print(f"{n:>8}{rate:>12.2f}{one * n:>12.2f}{rate / (one * n):>12.2f}{seen:>20.2f}")
 
 
 if __name__ == "__main__":
