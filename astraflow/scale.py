@@ -96,6 +96,8 @@ def plan(demands: list[Demand], pool: Pool, headroom: float = HEADROOM) -> Plan:
     busy = [d for d in demands if d.capacity_samples_per_s > 0]
     if not busy:
         return Plan(demands, pool, headroom, keep, "no trainer step measured yet: keep the pool as it is")
+    if pool.workers == 0:
+        return Plan(demands, pool, headroom, keep, "no RaaS worker alive: start one to measure its rate")
     if pool.per_worker_groups_per_s <= 0:
         return Plan(demands, pool, headroom, keep, "no RaaS production measured yet: keep the pool as it is")
     top = max(busy, key=lambda d: d.groups_per_s)

@@ -69,6 +69,10 @@ async def test_drops_and_replay_change_the_demand(bus):
 
 
 async def test_no_evidence_keeps_the_pool(bus):
+    await feed(bus, 3, 64, 1.0, 0.0, [])
+    p, _ = await read_plan(bus, Settings())
+    assert p.needed == 1 and "no RaaS worker alive" in p.reason
+    await bus.redis.delete(bus.keys.metrics)
     for hb in (beat("a", 0, 0.0), beat("b", 0, 0.0)):
         await bus.redis.hset(bus.keys.raas(hb.uid), mapping=encode(hb))
     p, _ = await read_plan(bus, Settings())
