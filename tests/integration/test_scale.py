@@ -13,6 +13,7 @@ import pytest
 from astraflow import redis_server
 from astraflow.cli import main
 from astraflow.messages import Heartbeat, decode, encode
+from astraflow.streams import Bus
 from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
 
 
@@ -156,3 +157,42 @@ async def test_as_the_read_only_observer_the_plan_is_printed_not_written(
         assert await bus.redis.exists(bus.keys.scale) == 0
     finally:
         await bus.redis.execute_command("ACL", "DELUSER", user.name)
+
+
+@pytest.mark.slow
+async def test_the_exporter_waits_out_a_redis_restart(tmp_path, redis_settings, streams_settings):
+    """Redis killed under the exporter: it keeps serving the last figure and stays up; once Redis is back
+    (AOF) it follows the pool again."""
+    server = redis_server.start(tmp_path / "redis", appendfsync="always")
+    bus = Bus.connect(server.url, "it", redis_settings, streams_settings)
+    await trainer_steps(bus, 64, 1.0, 3.0)
+    rates = {"a": 1, "b": 1}
+    beating = asyncio.create_task(pulse(bus, rates))
+    url_file = tmp_path / "redis-url"
+    url_file.write_text(server.url)
+    port = redis_server.free_port()
+    cmd = [sys.executable, "-m", "astraflow.cli", "scale", "--run", "it", "--redis-file", str(url_file)]
+    cmd += ["--serve", str(port), "--bind", "127.0.0.1", "--interval", "0.2", "--headroom", "1.25"]
+    log = open(tmp_path / "scale.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    needed = 'astraflow_raas_needed{run="it"}'
+    try:
+        await until_gauge(port, proc, needed, 10.0)
+        beating.cancel()
+        server.kill()
+        await asyncio.sleep(3)
+        assert proc.poll() is None, (tmp_path / "scale.log").read_text()[-2000:]
+        assert scrape(port)[needed] == 10.0
+        server = redis_server.start(
+            tmp_path / "redis", port=server.port, password=server.password, appendfsync="always"
+        )
+        rates["c"] = 4
+        beating = asyncio.create_task(pulse(bus, rates))
+        await until_gauge(port, proc, needed, 5.0)
+        assert b"scale_read_failed" in (tmp_path / "scale.log").read_bytes()
+    finally:
+        beating.cancel()
+        proc.terminate()
+        proc.wait(timeout=10)
+        await bus.close()
+        server.stop()
