@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
     scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
     scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
+    push = command("workflow", _cmd_workflow, "push a workflow class to a running run's RaaS", False)
+    push.add_argument("action", choices=["push"])
+    push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
+    push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
+    push.add_argument("--recipe", help="recipe YAML (for the run's settings)")
     trace = command("trace", _cmd_trace, "show the path of one prompt group", recipe=False)
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
     trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
@@ -113,8 +118,8 @@ def _redis_url(settings) -> str:
     from astraflow import redis_server
     from astraflow.errors import RedisServerError
 
-    if settings.redis.url:
-        return settings.redis.url
+    if settings.redis.url or settings.redis.sentinels:  # (with sentinels, they name the primary)
+        return settings.redis.url or ""
     server = redis_server.load(settings.run.path / "redis")
     if server is None or not server.alive():
         raise RedisServerError(
@@ -249,6 +254,30 @@ def _cmd_clear(args) -> int:
     settings = _settings(args)
     url = _redis_url(settings)
     return asyncio.run(_with_bus(settings, lambda bus: clear_run(bus, url, args.yes)))
+
+
+def _cmd_workflow(args) -> int:
+    import os
+
+    from astraflow.errors import ConfigError
+    from astraflow.workflows.pushed import push
+
+    settings = _settings(args)
+    key = settings.raas.push_key
+    if key is None or not key.get_secret_value():
+        raise ConfigError("pushing a workflow needs the run's push key: set ASTRAFLOW_RAAS__PUSH_KEY")
+    if os.getcwd() not in sys.path:  # the user's module, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+
+    async def run(bus) -> int:
+        pushed = await push(bus, key.get_secret_value().encode(), args.ref, args.name)
+        print(
+            f"pushed {pushed.name} (sha256 {pushed.digest[:16]}, {len(pushed.payload)} bytes) to run "
+            f"{settings.run.name!r}; RaaS with raas.accept_pushed_code load it when a group names it"
+        )
+        return 0
+
+    return asyncio.run(_with_bus(settings, run))
 
 
 def _cmd_ledger(args) -> int:

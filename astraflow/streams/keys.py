@@ -144,6 +144,11 @@ class Keys:
         """String: the run's secret for weight transfers (when `weights.secret` is not set)."""
         return self._k("weights:secret")
 
+    @property
+    def workflows(self) -> str:
+        """Hash: workflow name -> a pushed workflow (`astraflow workflow push`), signed for this run."""
+        return self._k("workflows")
+
     def consumer_name(self, name: str) -> str:
         """String with a TTL: `host pid token` of the live process running under consumer name `name`."""
         return self._k(f"name:{name}")

@@ -11,33 +11,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from astraflow.engines.base import Engine, GenerateRequest
-from astraflow.messages import Trajectory
 from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, reward_name, workflow
 from astraflow.workflows.rlvr import encode_prompt
 from astraflow.workflows.sandbox import run_python
+from astraflow.workflows.transcript import Transcript, cut_after_calls
 
 TOOL_CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
-
-
-def cut_at_tool_call(tokenizer: Any, token_ids: list[int]) -> tuple[int, str | None]:
-    """How many tokens make up the turn up to the first complete tool call, and its code (None: no call).
-
-    "The first k tokens contain a complete call" only turns true as k grows: a binary search finds the
-    shortest such prefix in O(log n) decodes."""
-    match = TOOL_CALL.search(tokenizer.decode(token_ids, skip_special_tokens=True))
-    if match is None:
-        return len(token_ids), None
-    lo, hi = 1, len(token_ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if TOOL_CALL.search(tokenizer.decode(token_ids[:mid], skip_special_tokens=True)):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo, match.group(1)
 
 
 @workflow("multi_turn")
@@ -49,42 +29,24 @@ class MultiTurn(RolloutWorkflow):
         opts, model = self.ctx.options, next(iter(engines))
         tokenizer = self.ctx.tokenizers[model]
         text, prompt_ids = encode_prompt(tokenizer, sample, bool(opts.get("chat")))
-        n = len(prompt_ids)
-        ids, logprobs, mask, versions = list(prompt_ids), [0.0] * n, [0] * n, [-1] * n
-        final, finish = "", "length"
+        record = Transcript(prompt_ids)
+        final, final_ids, finish = "", [], "length"
         for _ in range(int(opts.get("max_turns", 4))):
-            resp = await engines[model].generate(GenerateRequest(list(ids), self.ctx.sampling))
-            k, code = cut_at_tool_call(tokenizer, resp.token_ids)
-            ids += resp.token_ids[:k]
-            logprobs += resp.logprobs[:k]
-            mask += [1] * k
-            versions += resp.versions[:k]
-            final, finish = tokenizer.decode(resp.token_ids[:k], skip_special_tokens=True), resp.finish_reason
-            if code is None:
+            resp = await engines[model].generate(GenerateRequest(list(record.ids), self.ctx.sampling))
+            k, calls = cut_after_calls(tokenizer, resp.token_ids, TOOL_CALL)
+            final_ids, finish = record.sampled(resp, k), resp.finish_reason
+            final = tokenizer.decode(final_ids, skip_special_tokens=True)
+            if not calls:
                 break
             result = await run_python(
-                code,
+                calls[0],
                 cpu_s=int(opts.get("tool_cpu_s", 2)),
                 memory_mb=int(opts.get("tool_memory_mb", 256)),
                 wall_s=float(opts.get("tool_wall_s", 5.0)),
             )
-            observation = tokenizer.encode(
-                f"\n<output>\n{result.output}</output>\n", add_special_tokens=False
+            record.observed(
+                tokenizer.encode(f"\n<output>\n{result.output}</output>\n", add_special_tokens=False)
             )
-            ids += observation
-            logprobs += [0.0] * len(observation)
-            mask += [0] * len(observation)
-            versions += [-1] * len(observation)
         name = reward_name(sample, opts)
-        score, error = await self.ctx.rewards.score(name, text, final, sample)
-        traj = Trajectory(
-            model=model,
-            token_ids=np.asarray(ids, np.int32),
-            logprobs=np.asarray(logprobs, np.float32),
-            loss_mask=np.asarray(mask, np.uint8),
-            versions=np.asarray(versions, np.int32),
-            reward=score,
-            finish_reason=finish,
-            error=error,
-        )
-        return EpisodeResult([traj])
+        score, error = await self.ctx.rewards.score(name, text, final, sample, prompt_ids, final_ids)
+        return EpisodeResult([record.trajectory(model, score, finish, error)])
