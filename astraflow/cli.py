@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    scale = command("scale", _cmd_scale, "how many RaaS workers the run needs, and why (--serve: for KEDA)")
+    scale.add_argument("--headroom", type=float, default=1.2, help="margin over the demand (default 1.2)")
+    scale.add_argument("--window", type=int, default=20, help="recent trainer steps measured (default 20)")
+    scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
+    scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
+    scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
     push = command("workflow", _cmd_workflow, "push a workflow class to a running run's RaaS", False)
     push.add_argument("action", choices=["push"])
     push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
@@ -301,6 +307,20 @@ async def _ledger(bus, settings, as_json: bool) -> int:
     ledger = await read_ledger(bus, settings.trained)
     print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
     return 1 if ledger.problems() else 0
+
+
+def _cmd_scale(args) -> int:
+    from astraflow.launch import scaling
+
+    settings = _settings(args)
+    if args.serve is None:
+        fn = lambda bus: scaling.once(bus, settings, args.headroom, args.window)  # noqa: E731
+    else:
+        window_s = 12 * args.interval  # the pool's production over the last minute (at 5 s)
+        fn = lambda bus: scaling.serve(  # noqa: E731
+            bus, settings, args.headroom, args.window, args.serve, args.bind, args.interval, window_s
+        )
+    return asyncio.run(_with_bus(settings, fn))
 
 
 def _cmd_trace(args) -> int:

@@ -103,14 +103,8 @@ class Progress:
 
     async def _read_detail(self) -> tuple:
         ledger = await read_ledger(self.bus, list(self.models))
-        raas = []
-        async for key in self.bus.redis.scan_iter(match=self.bus.keys.raas("*"), count=1000):
-            fields = await self.bus.redis.hgetall(key)
-            try:
-                hb = decode(fields, Heartbeat)
-            except DecodeError:
-                continue
-            raas.append(hb)
+        raas = await read_heartbeats(self.bus)
+        for hb in raas:
             self._generating[(hb.uid, hb.started_at)] = hb.generating_s
         return ledger, raas, await inspect_run(self.bus)
 
@@ -154,6 +148,17 @@ class Progress:
         finally:
             if out is not None:
                 out.close()
+
+
+async def read_heartbeats(bus: Bus) -> list[Heartbeat]:
+    """The live RaaS workers' heartbeats (an unreadable one is skipped)."""
+    beats = []
+    async for key in bus.redis.scan_iter(match=bus.keys.raas("*"), count=1000):
+        try:
+            beats.append(decode(await bus.redis.hgetall(key), Heartbeat))
+        except DecodeError:
+            continue
+    return beats
 
 
 def samples_per_s(m: ModelProgress) -> float:

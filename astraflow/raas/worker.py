@@ -31,6 +31,7 @@ from astraflow.messages import (
 )
 from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
+from astraflow.streams.bus import OK
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.weights.files import verify_checkpoint
@@ -158,6 +159,7 @@ class RaasWorker:
                 updated_at=time.time(),
                 engine=", ".join(f"{resolve_type(p.engine)}:{p.engine.model}" for p in self.policies),
                 generating_s=round(self.busy.seconds(), 3),
+                groups=self.runner.stats[OK],
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)
             try:

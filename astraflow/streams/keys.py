@@ -89,6 +89,12 @@ class Keys:
         """Hash: the dataflow's small shared state (feeder cursor, trainer versions, last notice, ...)."""
         return self._k("state")
 
+    @property
+    def scale(self) -> str:
+        """Hash: the RaaS workers the run needs and its inputs (`needed`, `workers`, `demand_groups_per_s`,
+        `per_worker_groups_per_s`, `headroom`, `reason`, `updated_at`), written by `astraflow scale`."""
+        return self._k("scale")
+
     def curator(self, name: str) -> str:
         """Hash of per-prompt curator state (`ewma`, `streak`) or the GRESO probabilities (`greso`)."""
         return self._k(f"curator:{name}")
