@@ -18,7 +18,6 @@ import yaml
 
 from astraflow.cli import _parser
 from astraflow.streams import Keys
-from astraflow.streams.settings import RedisSettings
 from tests.e2e.deploy_helpers import (
     ASTRAFLOW,
     DEPLOY,
@@ -95,8 +94,6 @@ class Host:
         name = f"{svc}#{replica}"
         env = {k: self.text(str(v), name) for k, v in self.services[svc].get("environment", {}).items()}
         env.update({k: "127.0.0.1" for k, v in env.items() if k.endswith("__HOST") and v in self.services})
-        if "replica_url" not in RedisSettings.model_fields:  # redis.replica_url: region b reads the primary
-            env.pop("ASTRAFLOW_REDIS__REPLICA_URL", None)
         if self.services[svc].get("deploy", {}).get("replicas", 1) > 1:  # each container's own hostname
             env[f"ASTRAFLOW_{svc.upper()}__ID"] = f"{svc}-{replica}"
         return {**os.environ, **QUICK, **env}

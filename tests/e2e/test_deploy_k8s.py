@@ -15,6 +15,7 @@ import yaml
 
 from astraflow.cli import _parser
 from astraflow.health import ROLES
+from astraflow.launch.scaling import GAUGES
 from astraflow.streams import Keys, acl
 from tests.e2e import deploy_helpers as deploy
 
@@ -84,10 +85,6 @@ def test_keda_scales_the_raas_deployment_on_the_runs_needed_workers_gauge():
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
     metric = re.search(r"(\w+)\{run=\"([^\"]+)\"\}", trigger["metadata"]["query"])
     assert metric.group(2) == run and float(trigger["metadata"]["threshold"]) == 1.0
-    try:  # the exporter (`astraflow scale --serve`) lands with issue 13's item 5
-        from astraflow.launch.scaling import GAUGES
-    except ImportError:
-        GAUGES = {"astraflow_raas_needed": ""}
     assert metric.group(1) in GAUGES
     exporter = next(c for _, c in containers(docs) if c["command"][1:2] == ["scale"])
     assert exporter["command"][exporter["command"].index("--serve") + 1] == str(
@@ -117,9 +114,7 @@ def test_every_container_command_and_probe_is_one_astraflow_runs_under_its_roles
         elif "ASTRAFLOW_REDIS__USERNAME" in env:
             role = from_secret["ASTRAFLOW_REDIS__PASSWORD"]
             assert env["ASTRAFLOW_REDIS__USERNAME"] == acl.user_name(run, role) and role in acl.ROLES
-        if cmd[1] not in known:
-            assert cmd[1] == "scale", cmd  # `astraflow scale` lands with issue 13's item 5
-            continue
+        assert cmd[1] in known, cmd
         _parser().parse_args(cmd[1:])
         recipe = next(a for a in cmd[2:] if a.endswith(".yaml"))
         assert deploy.effective_settings(recipe, env)["run"]["name"] == run

@@ -132,29 +132,32 @@ async def _count(bus, n: int) -> bool:
     return len(await rollouts(bus)) >= n
 
 
-async def test_as_the_read_only_observer_the_plan_is_printed_not_written(
-    bus, redis_instance, tmp_path, capsys
+@pytest.mark.parametrize("role", ["observer", "dataflow"])
+async def test_under_an_acl_user_the_plan_is_written_only_by_a_writing_role(
+    bus, redis_instance, tmp_path, capsys, role
 ):
     """The observer ACL user (what `top` and `inspect` run as) may not write: `astraflow scale` still
-    prints the plan, says the hash was not written, and leaves Redis as it was."""
+    prints the plan, says the hash was not written, and leaves Redis as it was. The dataflow's user (what
+    the Kubernetes scaler runs as) writes it."""
     from astraflow.streams import acl
 
     if int((await bus.redis.info("server"))["redis_version"].split(".")[0]) < 7:
         pytest.skip("ACL key selectors need Redis 7")
     await trainer_steps(bus, 64, 1.0, 3.0)
     await bus.redis.hset(bus.keys.raas("a"), mapping=encode(heartbeat("a", 100, 100.0, time.time() - 100)))
-    user = acl.acl_user("it", "observer", "observer-pw")
+    user = acl.acl_user("it", role, "role-pw")
     await bus.redis.execute_command(*user.command())
     try:
-        url_file = tmp_path / "observer-url"
-        url_file.write_text(f"redis://{user.name}:observer-pw@127.0.0.1:{redis_instance.port}/0")
+        url_file = tmp_path / "role-url"
+        url_file.write_text(f"redis://{user.name}:role-pw@127.0.0.1:{redis_instance.port}/0")
         capsys.readouterr()
         cmd = ["scale", "--run", "it", "--redis-file", str(url_file), "--headroom", "1.25"]
         assert await asyncio.to_thread(main, cmd) == 0
         out = capsys.readouterr().out
         assert [line.split()[-1] for line in out.splitlines() if line.startswith("needed")] == ["10"]
-        assert "may not write it" in out
-        assert await bus.redis.exists(bus.keys.scale) == 0
+        writes = role != "observer"
+        assert ("may not write it" in out) != writes
+        assert await bus.redis.exists(bus.keys.scale) == writes
     finally:
         await bus.redis.execute_command("ACL", "DELUSER", user.name)
 
