@@ -133,10 +133,11 @@ class Keys:
         """Sorted set (score: when it joined): `region|endpoint` of processes serving that version."""
         return self._k(f"weights:{model}:{version}:peers")
 
-    def weight_relay(self, model: str, version: int, region: str, what: str) -> str:
+    def weight_relay(self, model: str, version: int, incarnation: str, region: str, what: str) -> str:
         """String with a TTL: endpoint of the one process of `region` that pulls `what` (full or delta) of
-        that version over the long link and relays it to the region (`weights/lua/elect.lua`)."""
-        return self._k(f"weights:{model}:{version}:relay:{region}:{what}")
+        that version, as that trainer incarnation published it, over the long link and relays it to the
+        region (`weights/lua/elect.lua`)."""
+        return self._k(f"weights:{model}:{version}:relay:{incarnation}:{region}:{what}")
 
     @property
     def weights_secret(self) -> str:

@@ -181,7 +181,7 @@ class WeightReceiver:
         """Pull `what` of the version the region's way (see the module doc), `relay` serving it meanwhile."""
         version, failed = manifest.version, ""
         for _ in range(RELAY_ROUNDS):
-            seat = await self.election.elect(version, what, failed)
+            seat = await self.election.elect(manifest, what, failed)
             if seat == self.server.endpoint:  # this process crosses the long link for the region
                 holders = await self._peers(version) if what == "full" else []
                 if what == "full":

@@ -1,10 +1,11 @@
 """The regional relay: per region, version and kind of bytes (full or delta), one receiver pulls over the
 long link and the others of the region pull from it while it is still receiving.
 
-Election is a key `weights:<model>:<v>:relay:<region>:<what>` set NX with a TTL (`lua/elect.lua`): the
-first receiver of the region to ask becomes the relay; the others are told its endpoint. A receiver
-that finds the relay dead (refused, reset) or stalled (silent past `io_timeout_s`) unseats it in the same
-script and asks again, so one of the survivors takes over; the TTL clears a relay nobody asked about.
+Election is a key `weights:<model>:<v>:relay:<incarnation>:<region>:<what>` set NX with a TTL
+(`lua/elect.lua`): the first receiver of the region to ask becomes the relay; the others are told its
+endpoint. A receiver that finds the relay dead (refused, reset) or stalled (silent past `io_timeout_s`)
+unseats it in the same script and asks again, so one of the survivors takes over; the TTL clears a relay
+nobody asked about.
 A delta in relay is spooled to an unlinked file so the weight server can `sendfile` what has arrived.
 """
 
@@ -16,6 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from astraflow.messages import WeightManifest
 from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.weights.transport import Source
@@ -34,10 +36,13 @@ class Election:
         )
         self._script = register_scripts(bus.redis, "astraflow.weights", ("elect",))["elect"]
 
-    async def elect(self, version: int, what: str, failed: str = "") -> str:
-        """The endpoint of the relay (this process's when it won), after unseating `failed` if it still
-        holds the seat."""
-        key = self.bus.keys.weight_relay(self.model, version, self.region, what)
+    async def elect(self, manifest: WeightManifest, what: str, failed: str = "") -> str:
+        """The endpoint of the relay of the manifest's version (this process's when it won), after
+        unseating `failed` if it still holds the seat. A republished version (another trainer
+        incarnation, other bytes) has a seat of its own."""
+        key = self.bus.keys.weight_relay(
+            self.model, manifest.version, manifest.incarnation, self.region, what
+        )
         args = [self.endpoint, self.ttl_ms, failed]
         got = await self.bus.call(lambda: self._script(keys=[key], args=args))
         return got.decode() if isinstance(got, bytes) else got

@@ -111,7 +111,7 @@ async def test_a_relay_killed_or_stopped_mid_pull_is_replaced(bus, tmp_path, far
     followers = region_b(bus, secret, tmp_path, 3)
     try:
         endpoint = relay.stdout.readline().strip()  # type: ignore[union-attr]
-        seat = bus.keys.weight_relay(MODEL, 0, "b", "full")
+        seat = bus.keys.weight_relay(MODEL, 0, pub.incarnation, "b", "full")
         while await bus.redis.get(seat) != endpoint.encode() or proxy.down < full // 5:
             assert relay.poll() is None
             await asyncio.sleep(0.02)
