@@ -49,10 +49,12 @@ async def far_trainer(bus, tmp_path):
     proxy.close()
 
 
-def region_b(bus, secret, tmp_path, n: int) -> list[WeightReceiver]:
+def region_b(bus, secret, tmp_path, n: int, name: str = "b") -> list[WeightReceiver]:
     settings = WeightsSettings(io_timeout_s=2.0)
     return [
-        WeightReceiver(bus, settings, MODEL, tmp_path / f"b{i}", secret, WeightServer(secret), region="b")
+        WeightReceiver(
+            bus, settings, MODEL, tmp_path / f"{name}{i}", secret, WeightServer(secret), region="b"
+        )
         for i in range(n)
     ]
 
@@ -94,6 +96,35 @@ async def test_one_delta_or_full_crosses_into_the_region_per_version_whatever_th
         assert sum(rx.stats["relayed_pulls"] for rx in receivers) == 4 * (n - 1)
     finally:
         close(receivers)
+
+
+async def test_a_version_republished_by_a_restarted_trainer_elects_its_own_relay(bus, tmp_path, far_trainer):
+    pub, state, secret, proxy = far_trainer
+    before = region_b(bus, secret, tmp_path, 2)
+    restarted = None
+    try:
+        key = await publish(pub, state, 0)
+        await asyncio.gather(*(rx.sync(key, 0) for rx in before))  # their relay serves the old bytes of v0
+        state["embed.weight"].add_(1.0)  # the restarted trainer's v0 is other weights
+        restarted = WeightPublisher(bus, pub.settings, MODEL, pub.specs, tmp_path / "restarted", secret)
+        proxy.target = ("127.0.0.1", restarted.server.port)
+        await publish(restarted, state, 0)
+        proxy.reset()
+        after = region_b(bus, secret, tmp_path, 3, name="after")
+        before += after
+        await asyncio.gather(*(rx.sync(key, 0) for rx in after))
+        for rx in after:
+            assert bytes(rx.buffer.served.data) == bytes(restarted.buffer.served.data)
+            assert rx.stats["integrity_errors"] == rx.stats["relay_failovers"] == 0
+        assert (
+            restarted.buffer.served.data.nbytes
+            <= proxy.down
+            <= restarted.buffer.served.data.nbytes + HANDSHAKES
+        )
+    finally:
+        if restarted is not None:
+            await restarted.close()
+        close(before)
 
 
 @pytest.mark.slow
