@@ -3,8 +3,8 @@
 For each announced version: read the manifest; pull the delta when this process holds exactly the base
 version's bytes (same digest), else the full buffer; verify the whole digest before anyone sees the
 bytes. Either kind crosses into a region once (`relay`): the region's elected relay pulls it from the
-trainer (one elected after a relay failed: a full buffer from a peer of the region that holds it, when
-one does), and the others pull it from the relay while it is still receiving; a relay that dies or
+trainer (a full buffer from a peer of the region that holds it, when one does), and the others pull it
+from the relay while it is still receiving; a relay that dies or
 stalls is replaced by another election (at most `RELAY_ROUNDS`, then the trainer). A mismatch raises
 WeightIntegrityError inside, is logged and counted, and the version is pulled again in full from the
 trainer. Once verified, this process serves
@@ -184,9 +184,7 @@ class WeightReceiver:
         for _ in range(RELAY_ROUNDS):
             seat = await self.election.elect(manifest, what, failed)
             if seat == self.server.endpoint:  # this process crosses the long link for the region
-                # after a relay failed, peers of the region that hold the version may serve it (only then:
-                # a version republished by a restarted trainer has other bytes than those peers hold)
-                holders = await self._peers(version) if what == "full" and failed else []
+                holders = await self._peers(version) if what == "full" else []
                 if what == "full":
                     await self._join_peers(version)
                 sources = holders + list(manifest.endpoints)
