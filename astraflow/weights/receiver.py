@@ -4,10 +4,9 @@ For each announced version: read the manifest; pull the delta when this process 
 version's bytes (same digest), else the full buffer; verify the whole digest before anyone sees the
 bytes. Either kind crosses into a region once (`relay`): the region's elected relay pulls it from the
 trainer (a full buffer from a peer of the region that holds it, when one does), and the others pull it
-from the relay while it is still receiving; a relay that dies or
-stalls is replaced by another election (at most `RELAY_ROUNDS`, then the trainer). A mismatch raises
-WeightIntegrityError inside, is logged and counted, and the version is pulled again in full from the
-trainer. Once verified, this process serves
+from the relay while it is still receiving; a relay that dies or stalls is replaced by another election
+(at most `RELAY_ROUNDS`, then the trainer). A mismatch raises WeightIntegrityError inside, is logged and
+counted, and the version is pulled again in full from the trainer. Once verified, this process serves
 the version (and the delta that made it) until it is replaced. A source that fails or stalls (past
 `io_timeout_s`) is left for the next one, and a failed peer is removed from the version's peers; each
 attempt gives up after `pull_deadline_s` over all its sources.
