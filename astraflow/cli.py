@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
     trainer.add_argument("--model", help="the policy to train (default: the run's first trained policy)")
     dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
+    for server in (raas, trainer):  # they serve weights
+        server.add_argument(
+            "--advertise", metavar="ADDR", help="HOST[:PORT] others pull weights from (weights.advertise)"
+        )
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
     health = command("health", _cmd_health, "exit 0 if this host's worker of a role is ready (or alive)")
@@ -108,6 +112,8 @@ def _settings(args):
     overrides = list(args.set)
     if args.run:
         overrides.append(f"run.name={args.run}")
+    if getattr(args, "advertise", None):
+        overrides.append(f"weights.advertise={args.advertise}")
     if args.redis:
         overrides.append(f"redis.url={args.redis}")
         if "@" in args.redis.split("//", 1)[-1].split("/", 1)[0]:

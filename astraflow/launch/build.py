@@ -46,6 +46,7 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
     closed on exit."""
     from astraflow.engines import make_engine, resolve_type
     from astraflow.raas.worker import RaasWorker
+    from astraflow.weights import address
     from astraflow.weights.files import buffer_root
     from astraflow.weights.publisher import run_secret
     from astraflow.weights.receiver import WeightReceiver
@@ -67,7 +68,7 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
             from transformers import AutoTokenizer
 
             tokenizers[p.name] = AutoTokenizer.from_pretrained(p.engine.model)
-    w = settings.weights
+    w = address.resolved(settings.weights, settings.redis.url)
     secret = await run_secret(bus, w)
     server = WeightServer.from_settings(secret, w)
     root = buffer_root(w, settings.run.name, wid)

@@ -61,7 +61,15 @@ COMMANDS: dict[str, list[str]] = {
 _STREAM_PLUMBING = ("dead", "errors", "in_flight", "ledger", "dedup:*", "run", "name:*")
 KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     "raas": {
-        "rw": ("prompts", "rollouts", *_STREAM_PLUMBING, "raas:*", "weights:*:*:peers", "weights:secret"),
+        "rw": (
+            "prompts",
+            "rollouts",
+            *_STREAM_PLUMBING,
+            "raas:*",
+            "weights:*:*:peers",
+            "weights:*:*:relay:*",
+            "weights:secret",
+        ),
         "r": ("notices", "versions", "weights:*:*", "state", "workflows"),
     },
     "dataflow": {

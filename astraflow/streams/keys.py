@@ -139,6 +139,12 @@ class Keys:
         """Sorted set (score: when it joined): `region|endpoint` of processes serving that version."""
         return self._k(f"weights:{model}:{version}:peers")
 
+    def weight_relay(self, model: str, version: int, incarnation: str, region: str, what: str) -> str:
+        """String with a TTL: endpoint of the one process of `region` that pulls `what` (full or delta) of
+        that version, as that trainer incarnation published it, over the long link and relays it to the
+        region (`weights/lua/elect.lua`)."""
+        return self._k(f"weights:{model}:{version}:relay:{incarnation}:{region}:{what}")
+
     @property
     def weights_secret(self) -> str:
         """String: the run's secret for weight transfers (when `weights.secret` is not set)."""

@@ -29,7 +29,7 @@ from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.trainer import checkpoint, devices, distributed
 from astraflow.trainer.step import PolicyTrainer
-from astraflow.weights import layout
+from astraflow.weights import address, layout
 from astraflow.weights.files import buffer_root
 from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
 
@@ -119,9 +119,8 @@ class TrainerService:
         state = await asyncio.to_thread(self._all, "model_state")
         root = buffer_root(self.settings.weights, self.settings.run.name, f"trainer-{self.model_name}")
         specs = layout.layout(state, self.settings.weights.dtype)
-        self.publisher = WeightPublisher(
-            self.bus, self.settings.weights, self.model_name, specs, root, secret
-        )
+        weights = address.resolved(self.settings.weights, self.settings.redis.url)
+        self.publisher = WeightPublisher(self.bus, weights, self.model_name, specs, root, secret)
         # Serve the restored (or initial) version. A durable version is announced at most once (dedup key),
         # so after a crash it is announced again only if the crash came before that - or if the dead
         # trainer announced versions past this checkpoint (`checkpoint_every` > 1): those weights are

@@ -169,11 +169,14 @@ class WeightPublisher:
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
+        # a version republished (by a restarted trainer) has other bytes than its peers hold: none yet
+        peers = self.bus.keys.weight_peers(self.model, manifest.version)
         redis, ttl = self.bus.redis, self.settings.manifest_ttl_s
 
         async def write():
             async with redis.pipeline(transaction=True) as pipe:
-                await pipe.delete(key).hset(key, mapping=encode(manifest)).expire(key, ttl).execute()
+                pipe.delete(key, peers).hset(key, mapping=encode(manifest)).expire(key, ttl)
+                await pipe.execute()
 
         await self.bus.call(write)
         msg = VersionPublished(

@@ -1,13 +1,15 @@
 """The RaaS's side of the weight manager: pull, patch, verify, hand over, relay.
 
-For each announced version: read the manifest; pull the delta (from the trainer) when this process holds
-exactly the base version's bytes (same digest), else the full buffer (from the newest peer in its
-region that holds or is receiving the version, else the trainer); verify the whole digest before anyone
-sees the bytes. A mismatch raises WeightIntegrityError inside, is logged and counted, and the version is
-pulled again in full from the trainer. While a full pull runs, this process already serves the bytes it
-has to later peers (a pipelined relay chain); once verified it serves the version until it is replaced.
-A source that fails or stalls (past `io_timeout_s`) is left for the next one, and a failed peer is
-removed from the version's peers; each attempt gives up after `pull_deadline_s` over all its sources.
+For each announced version: read the manifest; pull the delta when this process holds exactly the base
+version's bytes (same digest), else the full buffer; verify the whole digest before anyone sees the
+bytes. Either kind crosses into a region once (`relay`): the region's elected relay pulls it from the
+trainer (a full buffer from a peer of the region that holds it, when one does), and the others pull it
+from the relay while it is still receiving; a relay that dies or stalls is replaced by another election
+(at most `RELAY_ROUNDS`, then the trainer). A mismatch raises WeightIntegrityError inside, is logged and
+counted, and the version is pulled again in full from the trainer. Once verified, this process serves
+the version (and the delta that made it) until it is replaced. A source that fails or stalls (past
+`io_timeout_s`) is left for the next one, and a failed peer is removed from the version's peers; each
+attempt gives up after `pull_deadline_s` over all its sources.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import structlog
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Bus
-from astraflow.weights import codec, layout, wire
+from astraflow.weights import codec, files, layout, wire
 from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.relay import Election, Spool
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source, pull
@@ -33,6 +36,8 @@ from astraflow.weights.wire import TransferError
 log = structlog.get_logger(__name__)
 CONFIG_SUFFIXES = (".json", ".txt", ".model", ".jinja")
 """Files copied from the model directory so that a half is a loadable checkpoint directory."""
+RELAY_ROUNDS = 3
+"""Elections one pull tries (a relay found dead or stalled is unseated) before going to the trainer."""
 
 
 class WeightReceiver:
@@ -56,6 +61,9 @@ class WeightReceiver:
         self._tls = wire.tls_contexts(settings)[1]
         self._last_delta: tuple[int, int, bytes] | None = None
         """(from, to, bytes) of the delta that made the served version: replayed on the idle half."""
+        self._spool: tuple[int, Spool] | None = None
+        """(version, spool) of the delta this process serves to its region."""
+        self.election = Election(bus, model, region, server.endpoint, settings.manifest_ttl_s)
 
     async def sync(self, manifest_key: str, version: int) -> Half:
         """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
@@ -120,11 +128,23 @@ class WeightReceiver:
         return half
 
     async def _pull_delta(self, manifest: WeightManifest, deadline: float) -> bytes:
-        delta = bytearray(manifest.delta_nbytes)
-        await self._from_any(manifest.endpoints, [], manifest.version, "delta", memoryview(delta), deadline)
-        if hashlib.blake2b(delta, digest_size=16).hexdigest() != manifest.delta_digest:
-            raise WeightIntegrityError(f"{self.model} v{manifest.version}: delta digest mismatch")
-        return bytes(delta)
+        """The version's delta, through the region's relay; served to the region from then on."""
+        spool = Spool(files.private_dir(self.root / "deltas"), manifest.delta_nbytes)
+        self.server.register(self.model, manifest.version, "delta", spool.source)
+        try:
+            await self._in_region(manifest, "delta", spool.view, spool.source, deadline)
+            delta = spool.data()
+            if hashlib.blake2b(delta, digest_size=16).hexdigest() != manifest.delta_digest:
+                raise WeightIntegrityError(f"{self.model} v{manifest.version}: delta digest mismatch")
+        except BaseException:
+            self.server.unregister(self.model, manifest.version, "delta")
+            spool.close()
+            raise
+        if self._spool is not None:
+            self.server.unregister(self.model, self._spool[0], "delta")
+            self._spool[1].close()
+        self._spool = (manifest.version, spool)
+        return delta
 
     def _to_base(self, half: Half, idle_version: int | None) -> None:
         """Bring the half being written to the served (base) version: patch it in place with the delta
@@ -141,28 +161,46 @@ class WeightReceiver:
         else:
             half.data[:] = served.data
 
-    async def _pull_full(self, manifest: WeightManifest, half: Half, peers: bool, deadline: float) -> None:
-        """Pull the full buffer into `half` (from peers first with `peers`), serving what has arrived to
-        peers meanwhile (relay)."""
+    async def _pull_full(self, manifest: WeightManifest, half: Half, relayed: bool, deadline: float) -> None:
+        """Pull the full buffer into `half` (through the region's relay with `relayed`, else from the
+        trainer), serving what has arrived to peers meanwhile."""
         relay = Source(half.fileno(), half.data_offset, len(half.data), complete=False)
         self.server.register(self.model, manifest.version, "full", relay)
-        holders = await self._peers(manifest.version) if peers else []
-        if peers:
-            await self._join_peers(manifest.version)
         try:
-            await self._from_any(
-                holders + list(manifest.endpoints),
-                holders,
-                manifest.version,
-                "full",
-                half.data,
-                deadline,
-                relay.arrived,
-            )
+            if relayed:
+                await self._in_region(manifest, "full", half.data, relay, deadline)
+            else:
+                v, trainer = manifest.version, list(manifest.endpoints)
+                await self._from_any(trainer, [], v, "full", half.data, deadline, relay.arrived)
         except BaseException:
             relay.fail()
             raise
         self.stats["full_pulls"] += 1
+
+    async def _in_region(self, manifest: WeightManifest, what: str, into, relay: Source, deadline) -> None:
+        """Pull `what` of the version the region's way (see the module doc), `relay` serving it meanwhile."""
+        version, failed = manifest.version, ""
+        for _ in range(RELAY_ROUNDS):
+            seat = await self.election.elect(manifest, what, failed)
+            if seat == self.server.endpoint:  # this process crosses the long link for the region
+                holders = await self._peers(version) if what == "full" else []
+                if what == "full":
+                    await self._join_peers(version)
+                sources = holders + list(manifest.endpoints)
+                await self._from_any(sources, holders, version, what, into, deadline, relay.arrived)
+                self.stats["relay_pulls"] += 1
+                return
+            try:
+                await self._from_any([seat], [], version, what, into, deadline, relay.arrived)
+                self.stats["relayed_pulls"] += 1
+                return
+            except TransferError:
+                failed = seat
+                self.stats["relay_failovers"] += 1
+                if what == "full":  # nor is it a holder to try (a stalled one would stall the next relay)
+                    await self._leave_peers(version, seat)
+                log.warning("weights_relay_failed", model=self.model, version=version, what=what, relay=seat)
+        await self._from_any(list(manifest.endpoints), [], version, what, into, deadline, relay.arrived)
 
     async def _from_any(
         self, endpoints: list[str], peers: list[str], version: int, what: str, into, deadline, on_bytes=None
@@ -228,5 +266,7 @@ class WeightReceiver:
         await self.bus.call(add)
 
     def close(self) -> None:
+        if self._spool is not None:
+            self._spool[1].close()
         if self.buffer is not None:
             self.buffer.close()

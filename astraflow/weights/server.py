@@ -20,14 +20,15 @@ import ssl
 import threading
 from collections import Counter
 
-from astraflow.weights import wire
+from astraflow.weights import address, wire
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import PIECE, Source, TokenBucket
 from astraflow.weights.wire import TransferError
 
 
 class WeightServer:
-    """Serves registered sources to authenticated peers; `endpoint` is host:port."""
+    """Serves registered sources to authenticated peers on `host`; `endpoint` is the host:port others are
+    told (`advertise` when given, see `address.endpoint`)."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class WeightServer:
         tls: ssl.SSLContext | None = None,
         io_timeout_s: float = 30.0,
         max_connections: int = 64,
+        advertise: str | None = None,
     ) -> None:
         self.secret, self.tls, self.io_timeout_s = secret, tls, io_timeout_s
         self.bucket = TokenBucket(egress_bps)
@@ -48,20 +50,23 @@ class WeightServer:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._open: set[socket.socket] = set()
         self._listener = socket.create_server((host, port))
-        self.endpoint = f"{host}:{self._listener.getsockname()[1]}"
+        self.port = self._listener.getsockname()[1]
+        self.endpoint = address.endpoint(host, self.port, advertise)
         self._thread = threading.Thread(target=self._accept_loop, name="weight-server", daemon=True)
         self._thread.start()
 
     @classmethod
     def from_settings(cls, secret: bytes, settings: WeightsSettings) -> WeightServer:
+        """A server as `settings` say; an unset `host` (settings not `address.resolved`) is loopback."""
         return cls(
             secret,
-            settings.host,
+            settings.host or address.LOOPBACK,
             settings.port,
             settings.egress_bps,
             tls=wire.tls_contexts(settings)[0],
             io_timeout_s=settings.io_timeout_s,
             max_connections=settings.max_connections,
+            advertise=settings.advertise,
         )
 
     def register(self, model: str, version: int, what: str, source: Source) -> None:

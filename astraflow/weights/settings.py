@@ -18,8 +18,12 @@ class WeightsSettings(BaseModel):
     """Dtype of the served weights (what engines load)."""
     dir: Path | None = None
     """Where weight buffers live; default /dev/shm/astraflow-<uid>/<run> (else the temp dir)."""
-    host: str = "127.0.0.1"
-    """Address the weight server listens on and advertises (a routable one on a cluster)."""
+    host: str | None = None
+    """Address the weight server listens on; unset = loopback for a local run (embedded Redis or one on
+    this host), else this host's address on the route to the Redis host (see `weights.address`)."""
+    advertise: str | None = None
+    """HOST or HOST:PORT other processes are told to pull from (`--advertise`; NAT, a Kubernetes Service);
+    unset = `host` and the bound port."""
     port: int = Field(0, ge=0)
     """Port of the weight server; 0 = any free one."""
     full_every: int = Field(10, ge=1)
@@ -48,6 +52,12 @@ class WeightsSettings(BaseModel):
     """PEM private key of `tls_cert`."""
     tls_ca: Path | None = None
     """PEM CA bundle that weight servers' certificates are checked against."""
+
+    @model_validator(mode="after")
+    def _wildcard(self) -> WeightsSettings:
+        if self.host in ("0.0.0.0", "::") and self.advertise is None:
+            raise ValueError(f"weights.host {self.host} is no address to pull from: set weights.advertise")
+        return self
 
     @model_validator(mode="after")
     def _tls_files(self) -> WeightsSettings:

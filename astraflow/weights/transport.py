@@ -66,7 +66,13 @@ class Source:
     def arrived(self, start: int, end: int) -> None:
         """Bytes [start, end) are now in the file."""
         with self._cond:
-            self._ranges.append((start, end))
+            merged: list[tuple[int, int]] = []  # kept merged: one run per connection filling the source
+            for s, e in sorted([*self._ranges, (start, end)]):
+                if merged and s <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+                else:
+                    merged.append((s, e))
+            self._ranges = merged
             self._cond.notify_all()
 
     def fail(self) -> None:
@@ -74,22 +80,22 @@ class Source:
             self.failed = True
             self._cond.notify_all()
 
-    def _prefix(self) -> int:
-        end = 0
-        for s, e in sorted(self._ranges):
-            if s > end:
-                break
-            end = max(end, e)
-        return end
+    def _reach(self, pos: int) -> int:
+        """End of the bytes that have arrived contiguously from `pos` (`pos` when it has not arrived)."""
+        for s, e in self._ranges:
+            if s <= pos < e:
+                return e
+        return pos
 
     def wait_past(self, pos: int, timeout_s: float = 60.0) -> int:
-        """How far the contiguous bytes reach, once beyond `pos`; raises if the source failed."""
+        """How far the bytes from `pos` reach contiguously, once beyond `pos` (a range pulled in parallel
+        is served as it arrives, before the ones ahead of it); raises if the source failed."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self.failed or self._prefix() > pos, timeout_s):
+            if not self._cond.wait_for(lambda: self.failed or self._reach(pos) > pos, timeout_s):
                 raise TransferError("source stalled")
             if self.failed:
                 raise TransferError("source failed")
-            return self._prefix()
+            return self._reach(pos)
 
 
 class Connection:
