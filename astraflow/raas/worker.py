@@ -31,8 +31,8 @@ from astraflow.messages import (
 )
 from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
-from astraflow.streams.bus import OK
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.streams.entries import OK
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.weights.files import verify_checkpoint
 from astraflow.weights.publisher import newest_published

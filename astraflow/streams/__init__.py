@@ -1,7 +1,8 @@
 """The Redis Streams bus: publish, consume, hand off atomically, lease, reclaim, dead-letter, trim."""
 
-from astraflow.streams.bus import DUP, LOST, OK, Bus, Entry, Out
+from astraflow.streams.bus import Bus
 from astraflow.streams.consumer import Consumer
+from astraflow.streams.entries import DUP, LOST, OK, Entry, Out
 from astraflow.streams.keys import Keys
 from astraflow.streams.runner import Runner
 

@@ -6,56 +6,20 @@ dedup keys, and acknowledgements, renewals and releases are owner-checked Lua sc
 
 from __future__ import annotations
 
-import hashlib
 import math
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.connection import reconnecting, register_scripts
+from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
 from astraflow.streams.keys import CONSUMER_FORGET_MS, Keys
 from astraflow.streams.replica import ReplicaReads, connect_clients
 from astraflow.streams.runs import RunIdentity, new_identity_args
 from astraflow.streams.settings import RedisSettings, StreamsSettings
-
-# Statuses of one hand-off item.
-OK, DUP, LOST = "ok", "dup", "lost"
-MAX_FIELDS = 1000
-"""Most fields an entry may have (Lua's unpack limit is near 4000; entries have a handful)."""
-DEAD_FIELD_MAX_BYTES = 4096
-"""A dead letter copies fields up to this size; a larger one is replaced by its size and sha1."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One delivered stream entry."""
-
-    stream: str
-    id: str
-    fields: dict[str, bytes]
-    deliveries: int = 1
-
-
-class Out(NamedTuple):
-    """One entry to publish: target stream, its fields, and an idempotency key (None = no dedup)."""
-
-    stream: str
-    fields: Mapping[str, bytes | str]
-    dedup: str | None = None
-
-
-class Item(NamedTuple):
-    """One unit of a hand-off: the input to acknowledge (an Entry, an entry id, or '' for none), the
-    entries to publish, and the uid of a prompt group to settle as dead ('' = none)."""
-
-    input: Entry | str
-    outs: Sequence[Out]
-    dead_uid: str = ""
 
 
 class Bus:
@@ -355,12 +319,3 @@ class Bus:
             maxlen = self.settings.capped_maxlen
             return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
         return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS]))
-
-
-def dead_field_value(value: bytes | str) -> bytes | str:
-    """A field as a dead letter copies it: itself, or when over DEAD_FIELD_MAX_BYTES its size and sha1 (the
-    same text as claim.lua writes), so a dead letter stays small whatever it holds."""
-    raw = value.encode() if isinstance(value, str) else value
-    if len(raw) <= DEAD_FIELD_MAX_BYTES:
-        return value
-    return f"omitted: {len(raw)} bytes, sha1 {hashlib.sha1(raw).hexdigest()}"

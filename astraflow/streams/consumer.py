@@ -7,8 +7,9 @@ from collections.abc import Sequence
 
 from redis.exceptions import ResponseError
 
-from astraflow.streams.bus import Bus, Entry, Out
+from astraflow.streams.bus import Bus
 from astraflow.streams.connection import BACKOFF_CAP_S, is_transient
+from astraflow.streams.entries import Entry, Out
 
 RENEW_LAG_S = 1.5 * BACKOFF_CAP_S
 """How long after Redis is back a renewal in flight may still be backing off (the jittered cap)."""

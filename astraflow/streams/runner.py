@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 import structlog
 
 from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy
-from astraflow.streams.bus import LOST, Entry, Out
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
+from astraflow.streams.entries import LOST, Entry, Out
 
 Handler = Callable[[Entry], Awaitable[Sequence[Out]]]
 log = structlog.get_logger(__name__)

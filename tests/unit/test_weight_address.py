@@ -9,7 +9,8 @@ import socket
 import pytest
 from pydantic import ValidationError
 
-from astraflow.cli import _parser, _settings
+from astraflow.cli import _parser
+from astraflow.commands import settings_from as _settings
 from astraflow.weights import address
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

@@ -1,0 +1,210 @@
+"""The `astraflow` commands that look at or administer a run (top, inspect, ledger, trace, scale, clear,
+redis, workflow push, model tiny), and the settings and Redis every command starts from. Imports stay
+inside the handlers so `astraflow --help` is instant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+
+def settings_from(args):
+    from astraflow.config import load_settings
+
+    overrides = list(args.set)
+    if args.run:
+        overrides.append(f"run.name={args.run}")
+    if getattr(args, "advertise", None):
+        overrides.append(f"weights.advertise={args.advertise}")
+    if args.redis:
+        overrides.append(f"redis.url={args.redis}")
+        if "@" in args.redis.split("//", 1)[-1].split("/", 1)[0]:
+            print("astraflow: warning: --redis credentials show in ps; use --redis-file", file=sys.stderr)
+    recipe = getattr(args, "recipe", None)
+    settings = load_settings(recipe, overrides)
+    if args.redis_file:  # not on the command line, where `ps` would show its password
+        settings.redis.url = Path(args.redis_file).read_text().strip()
+    return settings
+
+
+def redis_url(settings) -> str:
+    """The configured Redis, else the embedded one recorded in the run directory."""
+    from astraflow import redis_server
+    from astraflow.errors import RedisServerError
+
+    if settings.redis.url or settings.redis.sentinels:  # (with sentinels, they name the primary)
+        return settings.redis.url or ""
+    server = redis_server.load(settings.run.path / "redis")
+    if server is None or not server.alive():
+        raise RedisServerError(
+            f"no Redis for run {settings.run.name!r}: pass --redis URL or `astraflow redis start --run ...`"
+        )
+    return server.url
+
+
+def cmd_redis(args) -> int:
+    from astraflow import redis_server
+
+    settings = settings_from(args)
+    if args.action == "acl":
+        from astraflow.streams import acl
+
+        url = redis_url(settings) if args.apply else None
+        return asyncio.run(acl.command(settings, url, Path(args.passwords) if args.passwords else None))
+    where = settings.run.path / "redis"
+    server = redis_server.load(where)
+    if args.action == "start":
+        if server is not None and server.alive():
+            print(f"already running: {server.display_url} (pid {server.pid})")
+            return 0
+        server = redis_server.start(where)
+        print(
+            f"started {server.display_url} (pid {server.pid}, {Path(server.binary).name}); "
+            f"password in {where / redis_server.STATE_FILE}"
+        )
+    elif args.action == "stop":
+        if server is None or not server.alive():
+            print("not running")
+            return 0
+        server.stop()
+        print(f"stopped pid {server.pid}")
+    else:
+        alive = server is not None and server.alive()
+        print(
+            json.dumps(
+                {
+                    "running": alive,
+                    "url": server.display_url if server else None,
+                    "pid": server.pid if server else None,
+                    "dir": str(where),
+                }
+            )
+        )
+        return 0 if alive else 3
+    return 0
+
+
+def cmd_top(args) -> int:
+    settings = settings_from(args)
+    return asyncio.run(with_bus(settings, lambda bus: _top(bus, settings)))
+
+
+async def _top(bus, settings) -> int:
+    from rich.live import Live
+
+    from astraflow.launch.progress import Progress, render
+
+    r = settings.run
+    progress = Progress(bus, settings.trained, r.reward_window)
+    with Live(refresh_per_second=2) as live:
+        while True:
+            live.update(render(await progress.poll(), r.reward_window, r.target_reward))
+            await asyncio.sleep(1.0)
+
+
+def cmd_inspect(args) -> int:
+    return asyncio.run(with_bus(settings_from(args), _inspect))
+
+
+async def _inspect(bus) -> int:
+    from astraflow.streams.inspect import report
+
+    print(await report(bus))
+    return 0
+
+
+def cmd_clear(args) -> int:
+    from astraflow.errors import ConfigError
+    from astraflow.launch.runs import clear_run
+
+    if not args.run:
+        raise ConfigError("name the run to clear: astraflow clear --run NAME")
+    settings = settings_from(args)
+    url = redis_url(settings)
+    return asyncio.run(with_bus(settings, lambda bus: clear_run(bus, url, args.yes)))
+
+
+def cmd_workflow(args) -> int:
+    import os
+
+    from astraflow.errors import ConfigError
+    from astraflow.workflows.pushed import push
+
+    settings = settings_from(args)
+    key = settings.raas.push_key
+    if key is None or not key.get_secret_value():
+        raise ConfigError("pushing a workflow needs the run's push key: set ASTRAFLOW_RAAS__PUSH_KEY")
+    if os.getcwd() not in sys.path:  # the user's module, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+
+    async def run(bus) -> int:
+        pushed = await push(bus, key.get_secret_value().encode(), args.ref, args.name)
+        print(
+            f"pushed {pushed.name} (sha256 {pushed.digest[:16]}, {len(pushed.payload)} bytes) to run "
+            f"{settings.run.name!r}; RaaS with raas.accept_pushed_code load it when a group names it"
+        )
+        return 0
+
+    return asyncio.run(with_bus(settings, run))
+
+
+def cmd_ledger(args) -> int:
+    settings = settings_from(args)
+    return asyncio.run(with_bus(settings, lambda bus: _ledger(bus, settings, args.json)))
+
+
+async def _ledger(bus, settings, as_json: bool) -> int:
+    from astraflow.dataflow.ledger import read_ledger
+
+    ledger = await read_ledger(bus, settings.trained)
+    print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
+    return 1 if ledger.problems() else 0
+
+
+def cmd_scale(args) -> int:
+    from astraflow.launch import scaling
+
+    settings = settings_from(args)
+    if args.serve is None:
+        fn = lambda bus: scaling.once(bus, settings, args.headroom, args.window)  # noqa: E731
+    else:
+        window_s = 12 * args.interval  # the pool's production over the last minute (at 5 s)
+        fn = lambda bus: scaling.serve(  # noqa: E731
+            bus, settings, args.headroom, args.window, args.serve, args.bind, args.interval, window_s
+        )
+    return asyncio.run(with_bus(settings, fn))
+
+
+def cmd_trace(args) -> int:
+    settings = settings_from(args)
+    return asyncio.run(with_bus(settings, lambda bus: _trace(bus, settings, args.uid)))
+
+
+async def _trace(bus, settings, uid: str) -> int:
+    from astraflow.dataflow.ledger import read_trace, render_trace
+
+    trace = await read_trace(bus, uid)
+    if trace is None:
+        print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} (unknown, or past retention)")
+        return 1
+    print(render_trace(uid, trace, settings.trained))
+    return 0
+
+
+async def with_bus(settings, fn) -> int:
+    from astraflow.launch.runs import with_bus
+
+    return await with_bus(redis_url(settings), settings, fn)
+
+
+def cmd_model_tiny(args) -> int:
+    from astraflow import tiny
+
+    out = tiny.build(args.out_dir, seed=args.seed)
+    print(f"built {out}")
+    if args.warm_start:
+        loss = tiny.warm_start(out, args.warm_start, steps=args.steps, seed=args.seed)
+        print(f"warm start on {args.warm_start}: {args.steps} steps, final loss {loss:.3f}")
+    return 0
