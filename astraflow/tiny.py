@@ -113,15 +113,25 @@ def build(
 
 
 def warm_start(
-    model_dir: str | Path, task: str, *, steps: int = 300, batch: int = 64, lr: float = 1e-3, seed: int = 0
+    model_dir: str | Path,
+    task: str,
+    *,
+    steps: int = 300,
+    batch: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    threads: int | None = None,
 ) -> float:
     """Supervised steps on `task` (loss on the answer and eos only; with the task's `demo`, on its trained
-    segments and eos); saves in place, returns the last loss."""
+    segments and eos); saves in place, returns the last loss. `threads`: torch's CPU threads for it (None:
+    torch's default)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.workflows.tasks import get_task
 
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -8,27 +8,24 @@ import pytest
 
 from tests.e2e.test_launcher import rewards, run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
-# A smaller tiny model than the recipe's (its 300-step warm start alone takes about a minute): the same
-# tokenizer and warm-start mix, 25% of the demonstrations calling the tool.
-SMALL = [
-    "run.tiny.hidden=64",
-    "run.tiny.intermediate=256",
-    "run.tiny.layers=2",
-    "run.tiny.warm_start_steps=150",
-]
+# The recipe's own tiny model: built and warm-started once per checkout (runs/.cache, shared with
+# `astraflow run recipes/calculator-tiny.yaml`; about a minute on two idle cores), then 20 steps. A smaller
+# model or a shorter warm start copies the expression too badly for RL to start (150 steps of the same
+# model: 5% reward at the start against 16%; a 2-layer 64-wide one: no group with any reward at all).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_rl_raises_the_tool_call_rate(tmp_path):
     run_dir = tmp_path / "run"
-    summary = run(run_dir, "e2e-calc", *SMALL, "run.max_steps=25", recipe="recipes/calculator-tiny.yaml")
-    assert summary["stopped"] == "25 steps" and summary["ledger"]["balanced"], summary
+    summary = run(run_dir, "e2e-calc", "run.max_steps=20", recipe="recipes/calculator-tiny.yaml")
+    assert summary["stopped"] == "20 steps" and summary["ledger"]["balanced"], summary
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     calls = [s["rollout_tool_call"] for s in steps]
     first, last = sum(calls[:3]) / 3, sum(calls[-5:]) / 5
+    # In the calibration run (README) steps 1-3 called the tool 17-25% of the time, steps 16-20 over 80%.
     assert last >= first + 0.25, f"tool-call rate did not rise: steps 1-3 {first:.2f}, last 5 {last:.2f}"
     r = rewards(run_dir)
-    assert sum(r[-5:]) / 5 > sum(r[:3]) / 3, r
+    assert sum(r[-5:]) / 5 >= sum(r[:3]) / 3 + 0.15, r
     policy = summary["models"]["policy"]
     assert policy["tool_call_last_window"] > policy["tool_call_first_window"]
     assert (run_dir / "reward.png").stat().st_size > 10_000
