@@ -67,10 +67,27 @@ def _parser() -> argparse.ArgumentParser:
     dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
+    health = command("health", _cmd_health, "exit 0 if this host's worker of a role is ready (or alive)")
+    health.add_argument("--role", required=True, choices=["raas", "dataflow", "trainer"])
+    health.add_argument("--name", help="the worker's consumer name (default: its id, else this host's)")
+    health.add_argument("--model", help="trainer: the policy it trains (default: the first trained)")
+    health.add_argument("--live", action="store_true", help="liveness: judge only the worker's own signal")
+    health.add_argument("--max-idle-s", type=float, help="bound on the consumer's idle s (default: by role)")
     clear = command("clear", _cmd_clear, "delete every Redis key of a run (--run NAME)", recipe=False)
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     ledger = command("ledger", _cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    scale = command("scale", _cmd_scale, "how many RaaS workers the run needs, and why (--serve: for KEDA)")
+    scale.add_argument("--headroom", type=float, default=1.2, help="margin over the demand (default 1.2)")
+    scale.add_argument("--window", type=int, default=20, help="recent trainer steps measured (default 20)")
+    scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
+    scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
+    scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
+    push = command("workflow", _cmd_workflow, "push a workflow class to a running run's RaaS", False)
+    push.add_argument("action", choices=["push"])
+    push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
+    push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
+    push.add_argument("--recipe", help="recipe YAML (for the run's settings)")
     trace = command("trace", _cmd_trace, "show the path of one prompt group", recipe=False)
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
     trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
@@ -107,8 +124,8 @@ def _redis_url(settings) -> str:
     from astraflow import redis_server
     from astraflow.errors import RedisServerError
 
-    if settings.redis.url:
-        return settings.redis.url
+    if settings.redis.url or settings.redis.sentinels:  # (with sentinels, they name the primary)
+        return settings.redis.url or ""
     server = redis_server.load(settings.run.path / "redis")
     if server is None or not server.alive():
         raise RedisServerError(
@@ -234,6 +251,16 @@ def _joined(args, settings) -> str:
     return url
 
 
+def _cmd_health(args) -> int:
+    from astraflow.health import probe
+
+    settings = _settings(args)
+    kw = {"name": args.name, "model": args.model, "live": args.live, "max_idle_s": args.max_idle_s}
+    healthy, line = asyncio.run(probe(settings, _redis_url(settings), args.role, **kw))
+    print(line)
+    return 0 if healthy else 1
+
+
 def _cmd_clear(args) -> int:
     from astraflow.errors import ConfigError
     from astraflow.launch.runs import clear_run
@@ -243,6 +270,30 @@ def _cmd_clear(args) -> int:
     settings = _settings(args)
     url = _redis_url(settings)
     return asyncio.run(_with_bus(settings, lambda bus: clear_run(bus, url, args.yes)))
+
+
+def _cmd_workflow(args) -> int:
+    import os
+
+    from astraflow.errors import ConfigError
+    from astraflow.workflows.pushed import push
+
+    settings = _settings(args)
+    key = settings.raas.push_key
+    if key is None or not key.get_secret_value():
+        raise ConfigError("pushing a workflow needs the run's push key: set ASTRAFLOW_RAAS__PUSH_KEY")
+    if os.getcwd() not in sys.path:  # the user's module, as `python -m` would find it
+        sys.path.insert(0, os.getcwd())
+
+    async def run(bus) -> int:
+        pushed = await push(bus, key.get_secret_value().encode(), args.ref, args.name)
+        print(
+            f"pushed {pushed.name} (sha256 {pushed.digest[:16]}, {len(pushed.payload)} bytes) to run "
+            f"{settings.run.name!r}; RaaS with raas.accept_pushed_code load it when a group names it"
+        )
+        return 0
+
+    return asyncio.run(_with_bus(settings, run))
 
 
 def _cmd_ledger(args) -> int:
@@ -256,6 +307,20 @@ async def _ledger(bus, settings, as_json: bool) -> int:
     ledger = await read_ledger(bus, settings.trained)
     print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
     return 1 if ledger.problems() else 0
+
+
+def _cmd_scale(args) -> int:
+    from astraflow.launch import scaling
+
+    settings = _settings(args)
+    if args.serve is None:
+        fn = lambda bus: scaling.once(bus, settings, args.headroom, args.window)  # noqa: E731
+    else:
+        window_s = 12 * args.interval  # the pool's production over the last minute (at 5 s)
+        fn = lambda bus: scaling.serve(  # noqa: E731
+            bus, settings, args.headroom, args.window, args.serve, args.bind, args.interval, window_s
+        )
+    return asyncio.run(_with_bus(settings, fn))
 
 
 def _cmd_trace(args) -> int:

@@ -246,6 +246,8 @@ class Heartbeat(Message):
     """Engine type (vllm, hf, openai) and model."""
     generating_s: float = 0.0
     """Seconds since `started_at` during which at least one prompt group was being rolled out."""
+    groups: int = 0
+    """Prompt groups handed off to `rollouts` since `started_at` (its production, for `astraflow scale`)."""
 
 
 KINDS: dict[str, type[Message]] = {

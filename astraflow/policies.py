@@ -108,6 +108,12 @@ def missing_local_model(path: str) -> bool:
     return local and not Path(path).expanduser().is_dir()
 
 
+TWO_POLICY_WORKFLOWS = {
+    "solve_and_verify": "a solver and a verifier",
+    "route": "a small one and a large one to hand off to",
+}
+
+
 def check_policies(settings: Settings, policies: list[PolicySettings]) -> None:
     """The rules about the run's policies (`policies`: their effective settings); raises `RuleError`."""
     models = settings.run.models
@@ -124,5 +130,6 @@ def check_policies(settings: Settings, policies: list[PolicySettings]) -> None:
     for option, value in settings.raas.workflow_options.items():
         if option.endswith("_model") and value not in models:
             raise RuleError(f"raas.workflow_options.{option}", f"names no policy of run.models: {value!r}")
-    if settings.dataflow.feeder.workflow == "solve_and_verify" and len(models) < 2:
-        raise RuleError("run.models", "solve_and_verify needs two policies: a solver and a verifier")
+    roles = TWO_POLICY_WORKFLOWS.get(settings.dataflow.feeder.workflow)
+    if roles and len(models) < 2:
+        raise RuleError("run.models", f"{settings.dataflow.feeder.workflow} needs two policies: {roles}")

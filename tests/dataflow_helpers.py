@@ -47,9 +47,11 @@ async def roll_out(
     version: int | Callable[[PromptGroup], int] = 0,
     tokens: int = 8,
     metrics: Callable[[PromptGroup, int], dict[str, float]] | None = None,
+    statuses: dict[str, list[str]] | None = None,
 ) -> list[str]:
     """Take up to `count` prompt groups as one RaaS and hand back their rollouts (each trajectory with the
-    workflow metrics `metrics(group, i)` when given); returns the uids."""
+    workflow metrics `metrics(group, i)` when given); returns the uids. `statuses`: each uid's hand-off
+    statuses are appended there."""
     entries = await bus.read(bus.keys.prompts, GROUP_RAAS, "raas-sim", count, None)
     items, uids = [], []
     for e in entries:
@@ -71,7 +73,9 @@ async def roll_out(
         items.append((e, [Out(bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]))
         uids.append(group.uid)
     if items:
-        await bus.handoff(bus.keys.prompts, GROUP_RAAS, "raas-sim", items)
+        replies = await bus.handoff(bus.keys.prompts, GROUP_RAAS, "raas-sim", items)
+        for uid, (status, _) in zip(uids, replies, strict=True):
+            (statuses if statuses is not None else {}).setdefault(uid, []).append(status)
     return uids
 
 

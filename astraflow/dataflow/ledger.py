@@ -5,6 +5,12 @@ Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concur
     collected[m] == ready[m] + trained[m] + sum(dropped[m][reason])  (each model's part of a group)
 With one model these are `submitted == in_flight + ready + trained + dropped + dead`. `ready[m]` must also
 equal the size of the ready set, and `replayed` counts replay on purpose, outside the identity.
+
+After a failover the counters are those the promoted replica had: a consistent, earlier state of the run
+(replication keeps the order of writes, and every script's writes together). What the old primary
+acknowledged after that point is gone from Redis - with `redis.min_replicas_ack` 0 a hand-off may be among
+it, and its work is redone - so the ledger says that a failover happened, where, and attributes any
+imbalance to it rather than presenting it as a bug.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
 
@@ -40,6 +48,8 @@ class Ledger:
     skipped: int
     unknown: int
     models: dict[str, ModelLedger]
+    failover_offset: int | None = None
+    """Replication offset at which this Redis was promoted from a replica (None: no failover known)."""
 
     def problems(self) -> list[str]:
         """Every way the identity fails; empty when the ledger balances."""
@@ -66,6 +76,7 @@ class Ledger:
             "models": {n: {**vars(m), "dropped_total": m.dropped_total} for n, m in self.models.items()},
             "balanced": not self.problems(),
             "problems": self.problems(),
+            "failover_offset": self.failover_offset,
         }
 
     def render(self) -> str:
@@ -89,7 +100,15 @@ class Ledger:
                 f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead}"
             )
         problems = self.problems()
-        lines += [f"NOT BALANCED: {p}" for p in problems] if problems else ["balanced"]
+        if self.failover_offset is not None:
+            lines.append(
+                "failover: this Redis was promoted from a replica at replication offset"
+                f" {self.failover_offset};"
+                " what the old primary acknowledged later is lost (and redone), unless redis.min_replicas_ack"
+                " held hand-offs back until a replica had them"
+            )
+        cause = " (lost in the failover)" if self.failover_offset is not None else ""
+        lines += [f"NOT BALANCED{cause}: {p}" for p in problems] if problems else ["balanced"]
         return "\n".join(lines)
 
 
@@ -121,7 +140,20 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
         skipped=counts.get("skipped", 0),
         unknown=counts.get("unknown", 0),
         models=per_model,
+        failover_offset=await failover_offset(bus),
     )
+
+
+async def failover_offset(bus: Bus) -> int | None:
+    """Where this Redis took over from a failed primary (`INFO replication`: a promoted replica keeps the
+    old primary's replication id as `master_replid2`, until it restarts), else None."""
+    try:
+        info = await bus.call(lambda: bus.redis.info("replication"))
+    except ResponseError:  # a Redis that does not answer INFO (fakeredis; a user without +info)
+        return None
+    if info.get("role") != "master" or set(str(info.get("master_replid2", "0"))) == {"0"}:
+        return None
+    return int(info["second_repl_offset"])
 
 
 DEAD_SCAN = 10_000

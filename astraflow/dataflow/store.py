@@ -69,7 +69,8 @@ class Store:
         self._scripts = register_scripts(bus.redis, "astraflow.dataflow", SCRIPTS, prelude="common.lua")
 
     async def _run(self, name: str, keys: list[str], args: list):
-        return await self.bus.call(lambda: self._scripts[name](keys=keys, args=args))
+        # Every script decides and acknowledges: with redis.min_replicas_ack, only once replicas have it.
+        return await self.bus.hand_off_script(self._scripts[name], keys, args)
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -113,7 +114,8 @@ class Store:
     async def room(self, backlog_limit: int, ready_limit: int) -> int:
         """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""
         keys = [self.keys.prompts, *(self.keys.ready(m) for m in self.models)]
-        return int(await self._run("room", keys, [GROUP_RAAS, backlog_limit, ready_limit]))
+        args = [GROUP_RAAS, backlog_limit, ready_limit]
+        return int(await self.bus.call(lambda: self._scripts["room"](keys=keys, args=args)))  # (read only)
 
     async def collect(self, consumer: str, items: Sequence[Collected]) -> list[list[str]]:
         """Settle collected rollout entries (see collect.lua); returns per item [status, outcomes...]."""

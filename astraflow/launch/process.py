@@ -20,7 +20,12 @@ def process_name(kind: str, configured: str | None = None) -> str:
     """`configured`, else `<kind>-<host>-<pid>-<4 hex>`: unique to this process start (pids repeat across
     container restarts), so a new process never mistakes its predecessor's pending entries for entries it
     merely lost track of, and still readable in `redis-cli XINFO CONSUMERS`."""
-    return configured or f"{kind}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+    return configured or f"{name_prefix(kind)}{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def name_prefix(kind: str) -> str:
+    """How every default name of a `kind` process on this host starts (`astraflow health` finds it so)."""
+    return f"{kind}-{socket.gethostname()}-"
 
 
 async def run_until_signalled(

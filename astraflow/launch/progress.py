@@ -107,14 +107,8 @@ class Progress:
 
     async def _read_detail(self) -> tuple:
         ledger = await read_ledger(self.bus, list(self.models))
-        raas = []
-        async for key in self.bus.redis.scan_iter(match=self.bus.keys.raas("*"), count=1000):
-            fields = await self.bus.redis.hgetall(key)
-            try:
-                hb = decode(fields, Heartbeat)
-            except DecodeError:
-                continue
-            raas.append(hb)
+        raas = await read_heartbeats(self.bus)
+        for hb in raas:
             self._generating[(hb.uid, hb.started_at)] = hb.generating_s
         return ledger, raas, await inspect_run(self.bus)
 
@@ -177,6 +171,17 @@ def moving(points: list[tuple[int, float, float]], window: int) -> float | None:
 def metrics_text(m: ModelProgress, window: int) -> str:
     """The workflow's metrics' moving averages, ` tool_call 0.812`, or nothing."""
     return "".join(f" {name} {moving(points, window):.3f}" for name, points in m.curves.items() if points)
+
+
+async def read_heartbeats(bus: Bus) -> list[Heartbeat]:
+    """The live RaaS workers' heartbeats (an unreadable one is skipped)."""
+    beats = []
+    async for key in bus.redis.scan_iter(match=bus.keys.raas("*"), count=1000):
+        try:
+            beats.append(decode(await bus.redis.hgetall(key), Heartbeat))
+        except DecodeError:
+            continue
+    return beats
 
 
 def samples_per_s(m: ModelProgress) -> float:

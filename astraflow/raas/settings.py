@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 
 class SamplingSettings(BaseModel):
@@ -36,6 +36,12 @@ class RaasSettings(BaseModel):
     """The user's `module:Name` rewards and workflows that prompt groups (dataset rows) may name, besides
     the registered names, `dataflow.feeder.workflow` and `workflow_options.reward`. A group naming anything
     else is dead-lettered: data never picks the code that runs."""
+    accept_pushed_code: bool = False
+    """Run workflows pushed to the run (`astraflow workflow push`) whose signature verifies under
+    `push_key` for this run. Off: a pushed workflow is never unpickled."""
+    push_key: SecretStr | None = None
+    """The secret that signs pushed workflows (HMAC-SHA256), held by whoever pushes and by the RaaS that
+    accept pushed code, never stored in Redis: set it with `ASTRAFLOW_RAAS__PUSH_KEY`."""
     reward_processes: int = Field(2, ge=1)
     reward_timeout_s: float = Field(10.0, gt=0)
     """A reward call running longer fails its trajectory ("timed out") and its process is replaced."""
@@ -49,3 +55,9 @@ class RaasSettings(BaseModel):
         if bad:
             raise ValueError(f"not module:Name: {bad}")
         return refs
+
+    @model_validator(mode="after")
+    def _push_key_to_accept(self) -> RaasSettings:
+        if self.accept_pushed_code and not (self.push_key and self.push_key.get_secret_value()):
+            raise ValueError("accept_pushed_code needs push_key (set ASTRAFLOW_RAAS__PUSH_KEY)")
+        return self

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -30,6 +31,7 @@ from astraflow.messages import (
 )
 from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
+from astraflow.streams.bus import OK
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.weights.files import verify_checkpoint
@@ -39,9 +41,9 @@ from astraflow.workflows.api import (
     RolloutWorkflow,
     WorkflowContext,
     resolve_reward,
-    resolve_workflow,
     reward_name,
 )
+from astraflow.workflows.pushed import PushedWorkflows
 from astraflow.workflows.rewards import RewardRunner
 
 log = structlog.get_logger(__name__)
@@ -74,6 +76,7 @@ class RaasWorker:
         self.busy = BusyClock()
         self.started_at = time.time()
         self._workflows: dict[str, RolloutWorkflow] = {}
+        self._pushed = PushedWorkflows(bus, r)
         self._incarnations: dict[str, str] = {}
         """Model -> trainer incarnation of the loaded weights (from the notices)."""
         self._loads = asyncio.Lock()
@@ -94,11 +97,12 @@ class RaasWorker:
             await self.bus.redis.delete(self.bus.keys.raas(self.id))
             self.ctx.rewards.close()
             engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}
-            log.info("raas_stopped", engines=engines, **self.runner.stats)
+            reads = dict(self.bus.reader.stats)  # replica reads vs primary fallbacks (redis.replica_url)
+            log.info("raas_stopped", engines=engines, replica_reads=reads, **self.runner.stats)
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
-        flow = self._workflow(group.workflow)  # both refused (dead-lettered) unless registered or recipe's
+        flow = await self._workflow(group.workflow)  # both refused (dead-lettered) unless known or pushed
         resolve_reward(reward_name(group.sample, self.ctx.options), self.allowed)
         await self._synced.wait()
         if self.settings.trainer.mode == "sync":  # lockstep: the weights of the group's version, no older
@@ -136,9 +140,9 @@ class RaasWorker:
         )
         return [Out(self.bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]
 
-    def _workflow(self, name: str) -> RolloutWorkflow:
-        if name not in self._workflows:
-            self._workflows[name] = resolve_workflow(name, self.allowed)(self.ctx)
+    async def _workflow(self, name: str) -> RolloutWorkflow:
+        if name not in self._workflows:  # registered, the recipe's, else pushed to the run (if accepted)
+            self._workflows[name] = (await self._pushed.resolve(name, self.allowed))(self.ctx)
         return self._workflows[name]
 
     async def _heartbeat_loop(self) -> None:
@@ -155,6 +159,7 @@ class RaasWorker:
                 updated_at=time.time(),
                 engine=", ".join(f"{resolve_type(p.engine)}:{p.engine.model}" for p in self.policies),
                 generating_s=round(self.busy.seconds(), 3),
+                groups=self.runner.stats[OK],
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)
             try:
@@ -176,11 +181,11 @@ class RaasWorker:
         while True:
             try:
                 if cursor is None:
-                    last = await self.bus.redis.xrevrange(stream, count=1)
-                    entries = last
+                    entries = await self.bus.read_only(lambda r: r.xrevrange(stream, count=1))
                 else:
-                    reply = await self.bus.blocking.xread(
-                        {stream: cursor}, count=64, block=self.bus.settings.block_ms
+                    reply = await self.bus.read_only(
+                        functools.partial(_read_notices, stream, cursor, self.bus.settings.block_ms),
+                        blocking=True,
                     )
                     entries = reply[0][1] if reply else []
             except Exception as e:  # Redis away or refusing: keep following, it is the weights' only path
@@ -229,7 +234,9 @@ class RaasWorker:
         return True
 
     async def _verify_checkpoint(self, path: str, manifest_key: str | None) -> None:
-        fields = await self.bus.call(lambda: self.bus.redis.hgetall(manifest_key)) if manifest_key else {}
+        fields = {}
+        if manifest_key:
+            fields = await self.bus.read_only(lambda r: r.hgetall(manifest_key), fresh=bool)
         if not fields:
             raise WeightIntegrityError(f"checkpoint {path}: no manifest to check it against")
         await asyncio.to_thread(verify_checkpoint, Path(path), decode(fields, WeightManifest))
@@ -273,3 +280,7 @@ class RaasWorker:
                 if msg.incarnation is not None:
                     incarnations[model] = msg.incarnation
         return dataclasses.replace(notice, models=models, manifests=manifests, incarnations=incarnations)
+
+
+def _read_notices(stream: str, cursor: str, block_ms: int, client):
+    return client.xread({stream: cursor}, count=64, block=block_ms)

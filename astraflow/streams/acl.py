@@ -34,24 +34,25 @@ _BASE = ["select"]
 _WORKER = (
     "evalsha script|load script|exists multi exec discard xreadgroup xgroup|create xack xadd xpending xclaim "
     "xrange xrevrange xinfo|groups xinfo|consumers xgroup|delconsumer xtrim exists type get set srem "
-    "hincrby hdel hset hget time"
+    "hincrby hdel hset hget time wait"
 ).split()
 COMMANDS: dict[str, list[str]] = {
     # heartbeat (hset + pexpire, del), notices (xread), weight manifests and peer sets
-    # and the run state's newest published versions (the notice retry)
-    "raas": [*_WORKER, *"xread pexpire del hgetall hmget zadd zrevrange zrem expire".split()],
-    # feeder, collector, batch former, barrier (the dataflow scripts), live pool (SCAN of heartbeats)
+    # and the run state's newest published versions (the notice retry), pushed workflows (hexists)
+    "raas": [*_WORKER, *"xread pexpire del hgetall hmget hexists zadd zrevrange zrem expire".split()],
+    # feeder, collector, batch former, barrier (the dataflow scripts), live pool (SCAN of heartbeats);
+    # `astraflow scale` under this user (the ledger's counts, the replication state it reports)
     "dataflow": [
         *_WORKER,
         *"sadd hexists hgetall hmget expire scan zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
-        "zrevrange del zremrangebyrank".split(),
+        "zrevrange del zremrangebyrank scard info".split(),
     ],
     # batches and their samples, the weight manifest it publishes, metrics
     "trainer": [*_WORKER, *"hgetall hmget del expire".split()],
     # `astraflow top`, `inspect`, `ledger`, `trace`: reads only
     "observer": (
         "scan type memory|usage xlen xinfo|groups xpending xrange xrevrange xread hgetall hget hmget scard "
-        "zcard multi exec discard"
+        "zcard multi exec discard info"
     ).split(),
 }
 
@@ -61,12 +62,12 @@ _STREAM_PLUMBING = ("dead", "errors", "in_flight", "ledger", "dedup:*", "run", "
 KEYS: dict[str, dict[str, tuple[str, ...]]] = {
     "raas": {
         "rw": ("prompts", "rollouts", *_STREAM_PLUMBING, "raas:*", "weights:*:*:peers", "weights:secret"),
-        "r": ("notices", "versions", "weights:*:*", "state"),
+        "r": ("notices", "versions", "weights:*:*", "state", "workflows"),
     },
     "dataflow": {
         "rw": (
             *"prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
-            "formed:* trace:* traces batches:*".split(),
+            "formed:* trace:* traces batches:* scale".split(),
             *_STREAM_PLUMBING,
         ),
         "r": ("raas:*",),

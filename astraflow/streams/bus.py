@@ -17,8 +17,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
-from astraflow.streams.connection import make_client, reconnecting, register_scripts
+from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.keys import CONSUMER_FORGET_MS, Keys
+from astraflow.streams.replica import ReplicaReads, connect_clients
 from astraflow.streams.runs import RunIdentity, new_identity_args
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
@@ -73,6 +74,10 @@ class Bus:
         client: aioredis.Redis,
         blocking: aioredis.Redis,
         reconnect_max_s: float = 60.0,
+        *,
+        reader: ReplicaReads | None = None,
+        min_replicas_ack: int = 0,
+        replica_ack_timeout_ms: int = 1000,
     ) -> None:
         self.keys = keys
         self.reconnect_max_s = reconnect_max_s
@@ -81,6 +86,9 @@ class Bus:
         self.blocking = blocking
         self._scripts = register_scripts(client, prelude="common.lua")
         self.failures = 0
+        self.reader = reader or ReplicaReads(None, None)
+        """Read-only traffic off a replica (`read_only`); `reader.stats` counts where reads went."""
+        self.min_replicas_ack, self.replica_ack_timeout_ms = min_replicas_ack, replica_ack_timeout_ms
 
     @classmethod
     def connect(
@@ -94,17 +102,30 @@ class Bus:
     ) -> Bus:
         """A bus on `url`. `wait_out`: calls wait out any Redis outage (long-running workers) instead of
         raising after `redis.reconnect_max_s`."""
-        client = make_client(url, redis_settings)
+        r = redis_settings
+        client, replica = connect_clients(url, r)
         # Blocking reads get their own pool with a socket timeout longer than the block.
-        blocking = make_client(
-            url, redis_settings, read_timeout_s=settings.block_ms / 1000 + redis_settings.socket_timeout_s
+        blocking, replica_blocking = connect_clients(
+            url, r, read_timeout_s=settings.block_ms / 1000 + r.socket_timeout_s
         )
-        budget = math.inf if wait_out else redis_settings.reconnect_max_s
-        return cls(Keys(run), settings, client, blocking, budget)
+        budget = math.inf if wait_out else r.reconnect_max_s
+        reader = ReplicaReads(replica, replica_blocking)
+        ack = {"min_replicas_ack": r.min_replicas_ack, "replica_ack_timeout_ms": r.replica_ack_timeout_ms}
+        return cls(Keys(run), settings, client, blocking, budget, reader=reader, **ack)
 
     async def close(self) -> None:
         await self.redis.aclose()
         await self.blocking.aclose()
+        await self.reader.close()
+
+    async def read_only(self, command, *, blocking: bool = False, fresh=lambda _: True):
+        """`command(client)`, a read-only command, off the replica when there is one (see `ReplicaReads`;
+        a reply that is not `fresh` there is asked of the primary), else on the primary: through
+        reconnects, or for `blocking` reads on the blocking pool as they are."""
+        if blocking:
+            return await self.reader.read(command, lambda: command(self.blocking), blocking=True, fresh=fresh)
+        primary = lambda: self.call(lambda: command(self.redis))  # noqa: E731
+        return await self.reader.read(command, primary, fresh=fresh)
 
     async def bootstrap(self, models: Sequence[str]) -> RunIdentity:
         """Create the run's identity (unless it has one), every stream and every consumer group of the
@@ -186,10 +207,34 @@ class Bus:
                 for name, value in out.fields.items():
                     args += [name, value]
         try:
-            replies = await self._script("handoff", keys, args)
+            replies = await self.hand_off_script(self._scripts["handoff"], keys, args)
         except ResponseError as e:
             raise BusError(f"hand-off refused: {e}") from None
         return [(r[0].decode(), [i.decode() for i in r[1:]]) for r in replies]
+
+    async def hand_off_script(self, script, keys: list[str], args: list):
+        """Run an idempotent script that hands work off (through reconnects), returning its reply only
+        once `redis.min_replicas_ack` replicas have its writes, so that an acknowledged hand-off survives a
+        failover."""
+        if not self.min_replicas_ack:
+            return await self.call(lambda: script(keys=keys, args=args))
+        return await self.call(lambda: self._replicated(script, keys, args))
+
+    async def _replicated(self, script, keys: list[str], args: list):
+        """Run `script`, then `WAIT` until `min_replicas_ack` replicas have it (on the same connection,
+        which is what WAIT waits for); fewer in time raise NOREPLICAS, a transient error, so the call is
+        tried again. The script is idempotent, so the retry writes nothing twice, and on a promoted replica
+        that lacks the first attempt it does the work anew. The SET gives a retry whose script writes
+        nothing something of its own to wait for, ordered after whatever the first attempt wrote."""
+        n, timeout = self.min_replicas_ack, self.replica_ack_timeout_ms
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await script(keys=keys, args=args, client=pipe)
+            pipe.set(self.keys.dedup("replicated"), uuid.uuid4().hex, px=timeout)
+            pipe.execute_command("WAIT", n, timeout)
+            reply, _, acked = await pipe.execute()
+        if int(acked) < n:
+            raise ResponseError(f"NOREPLICAS {acked} of {n} replicas acknowledged in {timeout} ms")
+        return reply
 
     def check_size(self, out: Out) -> None:
         """Raise MessageTooLarge when `out` is over `streams.max_entry_bytes` or has too many fields."""

@@ -29,7 +29,6 @@ SCRIPT_NAMES = ("handoff", "renew", "release", "claim", "trim", "create_run")
 def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | None = None) -> aioredis.Redis:
     """A client that never retries by itself: `reconnecting` owns retries and the reconnect budget.
 
-    RESP2 everywhere: Redis 6.2, 7.x and fakeredis then give the same reply shapes.
     `read_timeout_s` is for connections that block (XREADGROUP BLOCK): it must exceed the block time.
     """
     tls = {}
@@ -37,19 +36,27 @@ def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | No
         files = {"ssl_ca_certs": settings.tls_ca_file, "ssl_certfile": settings.tls_cert_file}
         files["ssl_keyfile"] = settings.tls_key_file
         tls = {k: str(v) for k, v in files.items() if v is not None}
-    credentials = {"username": settings.username} if settings.username else {}
+    kwargs = client_kwargs(settings, read_timeout_s)
+    return aioredis.Redis.from_url(url, **credentials(settings), **tls, **kwargs)
+
+
+def credentials(settings: RedisSettings) -> dict[str, str]:
+    found = {"username": settings.username} if settings.username else {}
     if settings.password:
-        credentials["password"] = settings.password.get_secret_value()
-    return aioredis.Redis.from_url(
-        url,
-        **credentials,
-        **tls,
-        protocol=2,
-        socket_timeout=read_timeout_s or settings.socket_timeout_s,
-        socket_connect_timeout=settings.socket_timeout_s,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=False,
-    )
+        found["password"] = settings.password.get_secret_value()
+    return found
+
+
+def client_kwargs(settings: RedisSettings, read_timeout_s: float | None) -> dict:
+    """What every client is made with: no retries of its own, RESP2 everywhere (Redis 6.2, 7.x and
+    fakeredis then give the same reply shapes), bytes."""
+    return {
+        "protocol": 2,
+        "socket_timeout": read_timeout_s or settings.socket_timeout_s,
+        "socket_connect_timeout": settings.socket_timeout_s,
+        "retry": Retry(NoBackoff(), 0),
+        "decode_responses": False,
+    }
 
 
 def register_scripts(
@@ -66,10 +73,11 @@ def register_scripts(
 
 
 TRANSIENT_CODES = frozenset(
-    {"OOM", "BUSY", "LOADING", "READONLY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"}
+    {"OOM", "BUSY", "LOADING", "READONLY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "NOREPLICAS"}
 )
 """Error replies of a Redis that is up but cannot serve writes for now (out of memory, loading its data,
-a replica being promoted, a failing disk): waited out like a lost connection, never blamed on an entry."""
+a replica being promoted, a failing disk, too few replicas in sync): waited out like a lost connection,
+never blamed on an entry."""
 _SCRIPT_CODE = re.compile(r": -([A-Z]+) ")  # Redis 6.2 wraps a script's failed call as "...: -OOM ..."
 REPORT_EVERY_S = 10.0
 """While Redis stays unreachable, `reconnecting` logs `redis_unreachable` this often."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from redis.exceptions import ResponseError
+
 from astraflow.streams.bus import Bus
 from astraflow.streams.memory import UNCHECKED, eviction_policy, memory_by_family, render_memory
+from astraflow.streams.replica import replica_lag
 
 LAG_SCAN_LIMIT = 10_000
 
@@ -75,4 +78,16 @@ async def report(bus: Bus) -> str:
     limit = f", maxmemory {maxmemory} B" if maxmemory else ""
     evicting = "" if policy in ("noeviction", UNCHECKED) else "  (may evict: entries lost silently)"
     memory = render_memory(await memory_by_family(bus))
-    return f"{streams}\n\n{memory}\n\nmaxmemory-policy: {policy}{limit}{evicting}"
+    replicas = await render_replicas(bus)
+    return f"{streams}\n\n{memory}\n\nmaxmemory-policy: {policy}{limit}{evicting}\n{replicas}"
+
+
+async def render_replicas(bus: Bus) -> str:
+    """Each replica of the primary and how far behind it is (bytes of the replication stream)."""
+    try:
+        lags = await bus.call(lambda: replica_lag(bus.redis))
+    except ResponseError:  # NOPERM: a user without INFO
+        return "replicas: unchecked (INFO refused)"
+    if not lags:
+        return "replicas: none"
+    return "replicas: " + ", ".join(f"{address} lag {lag} B" for address, lag in lags)

@@ -89,6 +89,12 @@ class Keys:
         """Hash: the dataflow's small shared state (feeder cursor, trainer versions, last notice, ...)."""
         return self._k("state")
 
+    @property
+    def scale(self) -> str:
+        """Hash: the RaaS workers the run needs and its inputs (`needed`, `workers`, `demand_groups_per_s`,
+        `per_worker_groups_per_s`, `headroom`, `reason`, `updated_at`), written by `astraflow scale`."""
+        return self._k("scale")
+
     def curator(self, name: str) -> str:
         """Hash of per-prompt curator state (`ewma`, `streak`) or the GRESO probabilities (`greso`)."""
         return self._k(f"curator:{name}")
@@ -137,6 +143,11 @@ class Keys:
     def weights_secret(self) -> str:
         """String: the run's secret for weight transfers (when `weights.secret` is not set)."""
         return self._k("weights:secret")
+
+    @property
+    def workflows(self) -> str:
+        """Hash: workflow name -> a pushed workflow (`astraflow workflow push`), signed for this run."""
+        return self._k("workflows")
 
     def consumer_name(self, name: str) -> str:
         """String with a TTL: `host pid token` of the live process running under consumer name `name`."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from astraflow.streams import keys
 
@@ -29,6 +29,29 @@ class RedisSettings(BaseModel):
     reconnect_max_s: float = 60.0
     """How long a one-shot command keeps reconnecting (with backoff) before it raises BusConnectionError;
     long-running workers wait out any outage instead."""
+    replica_url: str | None = None
+    """redis:// of a (region-local) replica: read-only traffic (notices, weight manifests, peer lists) goes
+    there, everything else to the primary. A key the replica lacks yet, or a replica that is down or
+    refusing, is read from the primary instead. Unset with `sentinels`: one of Sentinel's replicas."""
+    sentinels: list[str] = Field(default_factory=list)
+    """host:port of Redis Sentinels: when set, the primary (and replicas) are the ones they name for
+    `master_name`, so every worker follows a failover; `url` is then unused."""
+    master_name: str = "astraflow"
+    """The name Sentinel monitors the primary under (`sentinel monitor NAME ...`)."""
+    min_replicas_ack: int = Field(0, ge=0)
+    """> 0: a hand-off is acknowledged to its worker only once `WAIT` reports this many replicas have it,
+    so it survives a failover. 0: a failover may lose the last hand-offs (the ledger reports them)."""
+    replica_ack_timeout_ms: int = Field(1000, gt=0)
+    """How long one `WAIT` for `min_replicas_ack` replicas lasts before the hand-off is tried again."""
+
+    @field_validator("sentinels")
+    @classmethod
+    def _host_ports(cls, sentinels: list[str]) -> list[str]:
+        for s in sentinels:
+            host, _, port = s.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel {s!r}: expected host:port")
+        return sentinels
 
 
 class StreamsSettings(BaseModel):

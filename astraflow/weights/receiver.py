@@ -59,7 +59,7 @@ class WeightReceiver:
 
     async def sync(self, manifest_key: str, version: int) -> Half:
         """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
-        fields = await self.bus.call(lambda: self.bus.redis.hgetall(manifest_key))
+        fields = await self.bus.read_only(lambda r: r.hgetall(manifest_key), fresh=bool)  # (replica lag)
         if not fields:
             raise TransferError(f"manifest {manifest_key} is gone")
         manifest = decode(fields, WeightManifest)
@@ -201,9 +201,8 @@ class WeightReceiver:
 
     async def _peers(self, version: int) -> list[str]:
         """Endpoints of peers in this region that hold or receive `version`, newest first."""
-        members = await self.bus.call(
-            lambda: self.bus.redis.zrevrange(self.bus.keys.weight_peers(self.model, version), 0, -1)
-        )
+        key = self.bus.keys.weight_peers(self.model, version)
+        members = await self.bus.read_only(lambda r: r.zrevrange(key, 0, -1))
         out = []
         for m in members:
             region, _, endpoint = m.decode().partition("|")

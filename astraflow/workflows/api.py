@@ -139,5 +139,15 @@ def load(ref: str, kind: str):
 
 
 def _load_builtins() -> None:
-    for module in ("rewards", "rlvr", "multi_turn", "solve_verify"):
+    for module in (
+        "rewards",
+        "rlvr",
+        "multi_turn",
+        "solve_verify",
+        "actor_verify",
+        "plan_solve",
+        "route",
+        "spawn",
+        "code",
+    ):
         importlib.import_module(f"astraflow.workflows.{module}")

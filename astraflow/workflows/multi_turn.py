@@ -15,14 +15,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from astraflow.engines.base import Engine, GenerateRequest
-from astraflow.messages import Trajectory
 from astraflow.workflows import calculator
 from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, reward_name, workflow
 from astraflow.workflows.rlvr import encode_prompt
 from astraflow.workflows.sandbox import ToolResult, run_python
+from astraflow.workflows.transcript import Transcript, cut_after_calls
 
 TOOL_CALL = re.compile(r"<python>(.*?)</python>", re.DOTALL)
 
@@ -56,26 +54,6 @@ TOOLS = {
 }
 
 
-def cut_at_tool_call(
-    tokenizer: Any, token_ids: list[int], pattern: re.Pattern[str] = TOOL_CALL
-) -> tuple[int, str | None]:
-    """How many tokens make up the turn up to the first complete tool call, and its code (None: no call).
-
-    "The first k tokens contain a complete call" only turns true as k grows: a binary search finds the
-    shortest such prefix in O(log n) decodes."""
-    match = pattern.search(tokenizer.decode(token_ids, skip_special_tokens=True))
-    if match is None:
-        return len(token_ids), None
-    lo, hi = 1, len(token_ids)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if pattern.search(tokenizer.decode(token_ids[:mid], skip_special_tokens=True)):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo, match.group(1)
-
-
 @workflow("multi_turn")
 class MultiTurn(RolloutWorkflow):
     """Options: `tool` (`python` or `calculator`), `max_turns` (4), `tool_cpu_s` (2), `tool_memory_mb`
@@ -85,42 +63,24 @@ class MultiTurn(RolloutWorkflow):
     async def run_episode(self, engines: Mapping[str, Engine], sample: dict[str, Any]) -> EpisodeResult:
         opts, model = self.ctx.options, next(iter(engines))
         tokenizer = self.ctx.tokenizers[model]
-        text, prompt_ids = encode_prompt(tokenizer, sample, bool(opts.get("chat")))
-        n = len(prompt_ids)
-        ids, logprobs, mask, versions = list(prompt_ids), [0.0] * n, [0] * n, [-1] * n
         try:
             tool = TOOLS[opts.get("tool", "python")]
         except KeyError:
             raise ValueError(f"unknown tool: {opts.get('tool')!r} (built in: {', '.join(TOOLS)})") from None
-        final, finish, calls, failed = "", "length", 0, 0
+        text, prompt_ids = encode_prompt(tokenizer, sample, bool(opts.get("chat")))
+        record = Transcript(prompt_ids)
+        final, final_ids, finish, ran, failed = "", [], "length", 0, 0
         for _ in range(int(opts.get("max_turns", 4))):
-            resp = await engines[model].generate(GenerateRequest(list(ids), self.ctx.sampling))
-            k, code = cut_at_tool_call(tokenizer, resp.token_ids, tool.call)
-            ids += resp.token_ids[:k]
-            logprobs += resp.logprobs[:k]
-            mask += [1] * k
-            versions += resp.versions[:k]
-            final, finish = tokenizer.decode(resp.token_ids[:k], skip_special_tokens=True), resp.finish_reason
-            if code is None:
+            resp = await engines[model].generate(GenerateRequest(list(record.ids), self.ctx.sampling))
+            k, calls = cut_after_calls(tokenizer, resp.token_ids, tool.call)
+            final_ids, finish = record.sampled(resp, k), resp.finish_reason
+            final = tokenizer.decode(final_ids, skip_special_tokens=True)
+            if not calls:
                 break
-            result = await tool.run(code, opts)
-            calls, failed = calls + 1, failed + (not result.ok)
-            observation = tokenizer.encode(tool.observation(result.output), add_special_tokens=False)
-            ids += observation
-            logprobs += [0.0] * len(observation)
-            mask += [0] * len(observation)
-            versions += [-1] * len(observation)
+            result = await tool.run(calls[0], opts)
+            ran, failed = ran + 1, failed + (not result.ok)
+            record.observed(tokenizer.encode(tool.observation(result.output), add_special_tokens=False))
         name = reward_name(sample, opts)
-        score, error = await self.ctx.rewards.score(name, text, final, sample)
-        traj = Trajectory(
-            model=model,
-            token_ids=np.asarray(ids, np.int32),
-            logprobs=np.asarray(logprobs, np.float32),
-            loss_mask=np.asarray(mask, np.uint8),
-            versions=np.asarray(versions, np.int32),
-            reward=score,
-            finish_reason=finish,
-            error=error,
-            metrics={"tool_call": float(calls > 0 and not failed)},
-        )
-        return EpisodeResult([traj])
+        score, error = await self.ctx.rewards.score(name, text, final, sample, prompt_ids, final_ids)
+        metrics = {"tool_call": float(ran > 0 and not failed)}
+        return EpisodeResult([record.trajectory(model, score, finish, error, metrics)])

@@ -8,6 +8,7 @@ trajectory is marked failed with the reason and the worker goes on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import multiprocessing as mp
 import os
 import signal
@@ -40,14 +41,27 @@ def gsm8k(prompt: str, completion: str, answer: str = "", **sample: Any) -> floa
     return math_verify(prompt, completion, str(answer).rpartition("####")[2].strip(), **sample)
 
 
-def _score(fn: Callable[..., float], prompt: str, completion: str, sample: dict[str, Any]) -> float:
+TOKEN_FIELDS = ("prompt_ids", "completion_ids")
+"""Keyword arguments a reward gets besides the row's fields: the token ids the policy saw and sampled."""
+
+
+def _score(
+    fn: Callable[..., float], prompt: str, completion: str, sample: dict[str, Any], ids: dict[str, list[int]]
+) -> float:
+    """`fn(prompt, completion, **row fields, prompt_ids=..., completion_ids=...)`; the ids only where `fn`
+    takes them (by name or `**kwargs`), so a reward written for text alone keeps working."""
     fields = {k: v for k, v in sample.items() if k not in ("prompt", "completion")}
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    fields.update({k: v for k, v in ids.items() if takes_any or k in params})
     return float(fn(prompt, completion, **fields))
 
 
-def _score_in_pool(target: str, prompt: str, completion: str, sample: dict[str, Any]) -> float:
+def _score_in_pool(
+    target: str, prompt: str, completion: str, sample: dict[str, Any], ids: dict[str, list[int]]
+) -> float:
     """In a pool process: `target` is the `module:qualname` of a reward the worker already resolved."""
-    return _score(load(target, "reward"), prompt, completion, sample)
+    return _score(load(target, "reward"), prompt, completion, sample, ids)
 
 
 class RewardRunner:
@@ -68,16 +82,25 @@ class RewardRunner:
         return ProcessPoolExecutor(self.processes, mp_context=ctx)
 
     async def score(
-        self, name: str, prompt: str, completion: str, sample: dict[str, Any]
+        self,
+        name: str,
+        prompt: str,
+        completion: str,
+        sample: dict[str, Any],
+        prompt_ids: list[int] | None = None,
+        completion_ids: list[int] | None = None,
     ) -> tuple[float, str | None]:
-        """(reward, None), or (0.0, reason) when the reward raised or timed out."""
+        """(reward, None), or (0.0, reason) when the reward raised or timed out. The token ids, when the
+        workflow gives them, reach rewards that take `prompt_ids` / `completion_ids` (as lists of ints)."""
+        given = {"prompt_ids": prompt_ids, "completion_ids": completion_ids}
+        ids = {k: [int(t) for t in v] for k, v in given.items() if v is not None}
         try:
             fn = resolve_reward(name, self.allowed)
         except ValueError as e:
             return 0.0, str(e)
         if name in INLINE_REWARDS:
             try:
-                return _score(fn, prompt, completion, sample), None
+                return _score(fn, prompt, completion, sample, ids), None
             except Exception as e:
                 return 0.0, f"reward {name!r} raised {type(e).__name__}: {e}"
         # The pool's processes import the function by its module path, so rewards registered by name
@@ -88,7 +111,7 @@ class RewardRunner:
                 pool = self._pool
                 try:
                     future = asyncio.wrap_future(
-                        pool.submit(_score_in_pool, target, prompt, completion, sample)
+                        pool.submit(_score_in_pool, target, prompt, completion, sample, ids)
                     )
                     return await asyncio.wait_for(future, self.timeout_s), None
                 except asyncio.CancelledError:

@@ -51,5 +51,7 @@ class RLVR(RolloutWorkflow):
         resp = await engines[model].generate(GenerateRequest(prompt_ids, self.ctx.sampling))
         completion = tokenizer.decode(resp.token_ids, skip_special_tokens=True)
         name = reward_name(sample, self.ctx.options)
-        score, error = await self.ctx.rewards.score(name, text, completion, sample)
+        score, error = await self.ctx.rewards.score(
+            name, text, completion, sample, prompt_ids, resp.token_ids
+        )
         return EpisodeResult([trajectory(model, prompt_ids, resp, score, error)])

@@ -99,6 +99,8 @@ def test_a_workflow_model_must_be_a_policy(tmp_path):
         load_settings(path, ["raas.workflow_options.verifier_model=judge"])
     with pytest.raises(ConfigError, match=r"--set: run\.models: solve_and_verify needs two policies"):
         load_settings(path, ["run.models=[solver]"])
+    with pytest.raises(ConfigError, match=r"run\.models: route needs two policies: a small one and a large"):
+        load_settings(path, ["run.models=[solver]", "dataflow.feeder.workflow=route"])
 
 
 def test_starting_weights_must_exist(tmp_path, monkeypatch):

@@ -84,7 +84,8 @@ async def test_multi_turn_runs_the_tool_and_masks_its_output(tokenizer, rewards)
 
 
 async def test_multi_turn_tool_that_never_ends_is_cut_by_its_limit(tokenizer, rewards):
-    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards, tool_cpu_s=1, tool_wall_s=3))
+    # The wall limit is far above the CPU one: the CPU limit must fire first, even on a loaded machine.
+    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards, tool_cpu_s=1, tool_wall_s=30))
     engine = Scripted(tokenizer, ["<python>while True: pass</python>", "done"])
     await flow.run_episode({"policy": engine}, {"prompt": "loop", "answer": "done"})
     assert "over the 1s CPU-time limit" in tokenizer.decode(engine.prompts[1])

@@ -1,0 +1,233 @@
+"""deploy/ without Docker or Slurm: every compose service run as a local process (hostnames mapped to
+127.0.0.1, ports to free ones, volumes to temp dirs) trains and balances its ledger, and `astraflow health`
+tells a live worker from a killed one; the sbatch script parses and its commands pass `astraflow config`.
+
+No Docker daemon exists on these machines: a container is emulated by its command, its environment and
+its hostname (a replica's own hostname shows as its own consumer id)."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from astraflow.cli import _parser
+from astraflow.streams import Keys
+from tests.e2e.deploy_helpers import (
+    ASTRAFLOW,
+    DEPLOY,
+    ROOT,
+    astraflow_args,
+    effective_settings,
+    free_port,
+    redis_up,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.e2e]
+
+REDIS_PORT = "6379"
+# On top of each service's compose environment: a smaller model than the recipe's (no warm start) and
+# smaller batches, so a short run fits a loaded 2-core box; groups without reward variance are trained
+# too (an untrained model rarely solves one), so versions follow.
+QUICK = {
+    "ASTRAFLOW_RUN__TINY__HIDDEN": "64",
+    "ASTRAFLOW_RUN__TINY__LAYERS": "2",
+    "ASTRAFLOW_RUN__TINY__INTERMEDIATE": "128",
+    "ASTRAFLOW_RUN__TINY__WARM_START_STEPS": "0",
+    "ASTRAFLOW_DATAFLOW__BATCH__SIZE": "32",
+    "ASTRAFLOW_DATAFLOW__COLLECTOR__DYNAMIC_SAMPLING": "false",
+}
+
+
+# --- compose ---------------------------------------------------------------------------------------------
+
+
+def compose_services(*names: str) -> dict[str, dict]:
+    """The services of `docker compose -f A -f B`: later files add services or override their keys."""
+    merged: dict[str, dict] = {}
+    for name in names:
+        for svc, spec in yaml.safe_load((DEPLOY / "compose" / name).read_text())["services"].items():
+            merged[svc] = {**merged.get(svc, {}), **spec}
+    return merged
+
+
+class Host:
+    """This machine standing in for the compose network: service names resolve to 127.0.0.1, each Redis
+    service's port is a free local one, and each container's volumes are directories of `tmp`."""
+
+    def __init__(self, services: dict[str, dict], tmp: Path) -> None:
+        self.services, self.tmp = services, tmp
+        self.ports = {s: free_port() for s, spec in services.items() if spec["image"].startswith("redis")}
+
+    def text(self, value: str, container: str) -> str:
+        for svc, port in self.ports.items():
+            value = value.replace(f"{svc}:{REDIS_PORT}", f"127.0.0.1:{port}")
+        for volume in self.services[container.rsplit("#", 1)[0]].get("volumes", []):
+            target = volume.split(":", 1)[1]
+            if value == target or value.startswith(target + "/"):
+                return str(self.tmp / container / value.lstrip("/"))
+        return value
+
+    def redis_command(self, svc: str) -> list[str]:
+        out, args = [], self.services[svc]["command"][1:]
+        for i, arg in enumerate(args):
+            before = args[i - 1] if i else ""
+            if before == "--port":
+                arg = self.ports[svc]
+            elif before == "--replicaof":
+                arg = "127.0.0.1"
+            elif args[i - 2 : i][:1] == ["--replicaof"]:
+                arg = self.ports[args[i - 1]]
+            elif before == "--dir":
+                arg = self.text(arg, svc)
+                Path(arg).mkdir(parents=True)
+            out.append(arg)
+        return ["redis-server", *out, "--bind", "127.0.0.1"]
+
+    def env(self, svc: str, replica: int | str) -> dict[str, str]:
+        name = f"{svc}#{replica}"
+        env = {k: self.text(str(v), name) for k, v in self.services[svc].get("environment", {}).items()}
+        env.update({k: "127.0.0.1" for k, v in env.items() if k.endswith("__HOST") and v in self.services})
+        if self.services[svc].get("deploy", {}).get("replicas", 1) > 1:  # each container's own hostname
+            env[f"ASTRAFLOW_{svc.upper()}__ID"] = f"{svc}-{replica}"
+        return {**os.environ, **QUICK, **env}
+
+
+def prebuild_tiny_model(recipe: str) -> None:
+    """Each container builds the recipe's tiny model in its own directory; processes sharing this
+    checkout would build it in one directory at once, so it is built once first."""
+    code = (
+        "from astraflow.config import load_settings as load\n"
+        f"from astraflow.launch.tiny import build_tiny\nbuild_tiny(load({recipe!r}))"
+    )
+    cmd, env = [sys.executable, "-c", code], {**os.environ, **QUICK}
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
+
+
+def healthchecks(checks: list[tuple[dict, dict]], *extra: str) -> list[tuple[int, str]]:
+    """(exit status, output) of the healthcheck of each (service, environment), run at once."""
+    procs = []
+    for spec, env in checks:
+        test = spec["healthcheck"]["test"]
+        assert test[0] == "CMD", test
+        cmd = astraflow_args(test[1:]) + list(extra)
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True))
+    return [(p.wait(timeout=60), p.stdout.read()) for p in procs]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_two_region_compose_services_as_local_processes_train_and_report_health(tmp_path):
+    services = compose_services("compose.yaml", "compose.two-region.yaml")
+    host = Host(services, tmp_path)
+    workers = {s: spec for s, spec in services.items() if s not in host.ports}
+    run = next(iter(workers.values()))["environment"]["ASTRAFLOW_RUN__NAME"]
+    keys = Keys(run)
+    prebuild_tiny_model(workers["trainer"]["command"][2])
+    procs: dict[str, subprocess.Popen] = {}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def start(name: str, cmd: list[str], env=None) -> None:
+        out = open(logs / f"{name}.log", "w")
+        procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def tail(name: str) -> str:
+        return (logs / f"{name}.log").read_text()[-3000:]
+
+    try:
+        for svc in sorted(host.ports, key=lambda s: "--replicaof" in services[s]["command"]):
+            start(svc, host.redis_command(svc))
+            wait_for(lambda s=svc: redis_up(host.ports[s]), 30, f"{svc} up")
+        primary = redis.Redis(port=int(host.ports["redis"]))
+        for svc, spec in workers.items():
+            for i in range(1, spec.get("deploy", {}).get("replicas", 1) + 1):
+                start(f"{svc}#{i}", astraflow_args(spec["command"]), host.env(svc, i))
+
+        def versions() -> int:
+            found = [k.decode().rsplit(":", 1)[1] for k in primary.scan_iter(keys.weights("policy", "*"))]
+            return max([int(v) for v in found if v.isdigit()], default=0)
+
+        def probe(*names: str, extra=()) -> list[tuple[int, str]]:
+            return healthchecks([(workers[n.split("#")[0]], host.env(*n.split("#"))) for n in names], *extra)
+
+        def all_ready(names: list[str]) -> list[tuple[int, str]] | None:
+            results = probe(*names)
+            return results if all(rc == 0 for rc, _ in results) else None
+
+        def dead(name: str, extra: tuple[str, ...]) -> tuple[int, str] | None:
+            (result,) = probe(name, extra=extra)
+            return result if result[0] else None
+
+        wait_for(lambda: versions() >= 2, 240, f"2 versions; trainer log:\n{tail('trainer#1')}")
+        running = [name for name in procs if name.split("#")[0] in workers]
+        ready = wait_for(lambda: all_ready(running), 60, "every worker ready")
+        assert all(out.startswith("ready:") for _, out in ready), ready
+
+        # A dataflow replica killed: its probe says so, and the run goes on with the other one.
+        os.kill(procs["dataflow#2"].pid, signal.SIGKILL)
+        procs["dataflow#2"].wait()
+        live = ("--live", "--max-idle-s", "3")
+        _, out = wait_for(lambda: dead("dataflow#2", live), 30, "dataflow-2 unhealthy")
+        assert "dataflow-2 last read rollouts" in out, out
+        assert probe("dataflow#1", extra=live)[0][0] == 0
+        seen = versions()
+        wait_for(lambda: versions() > seen, 120, f"training goes on; trainer log:\n{tail('trainer#1')}")
+
+        # Region b's workers took part, beside region b's Redis, a replica of the primary with the run.
+        consumers = {c["name"].decode() for c in primary.xinfo_consumers(keys.prompts, "raas")}
+        assert {"raas-a1", "raas-a2", "raas-b1", "raas-b2"} <= consumers, consumers
+        replica = redis.Redis(port=int(host.ports["redis-replica-b"]))
+        assert replica.info("replication")["role"] == "slave" and replica.exists(keys.identity)
+
+        for name, proc in procs.items():
+            if name.split("#")[0] in workers and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in procs.items():
+            if name.split("#")[0] in workers:
+                proc.wait(timeout=90)
+        url = f"redis://127.0.0.1:{host.ports['redis']}/0"
+        ledger = subprocess.run(
+            [*ASTRAFLOW, "ledger", "--run", run, "--redis", url], cwd=ROOT, capture_output=True, text=True
+        )
+        assert ledger.returncode == 0 and "balanced" in ledger.stdout, ledger.stdout + ledger.stderr
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+# --- Slurm -------------------------------------------------------------------------------------------------
+
+SBATCH = DEPLOY / "slurm" / "astraflow.sbatch"
+# What the script's variables hold on a cluster, for `astraflow config`.
+SBATCH_ENV = {
+    "ASTRAFLOW_RUN__NAME": "addition",
+    "ASTRAFLOW_RUN__DIR": "/shared/runs/slurm-addition/run",
+    "ASTRAFLOW_REDIS__URL": "redis://node001:6379/0",
+    "ASTRAFLOW_REDIS__PASSWORD": "from-the-password-file",
+    "ASTRAFLOW_WEIGHTS__HOST": "node002",
+    "ASTRAFLOW_RAAS__ID": "raas-0",
+}
+
+
+def test_the_sbatch_script_parses_and_its_commands_pass_astraflow_config():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+    script = SBATCH.read_text()
+    recipe = re.search(r"RECIPE=\$\{1:-([^}]+)\}", script).group(1)
+    assert set(re.findall(r"\b(ASTRAFLOW_\w+)=", script)) <= set(SBATCH_ENV)
+    assert "af:{$ASTRAFLOW_RUN__NAME}:run" in script and Keys("x").identity == "af:{x}:run"
+    found = re.findall(r'astraflow (\w+) "\$(?:RECIPE|0)"([^>\n\']*)', script)
+    assert {sub for sub, _ in found} == {"trainer", "dataflow", "raas", "health"}, found
+    for sub, rest in found:
+        rest = rest.replace('"${RESUME[@]}"', "--resume").replace('"$@"', "--resume").split()
+        _parser().parse_args([sub, recipe, *rest])
+    settings = effective_settings(recipe, SBATCH_ENV)
+    assert settings["run"]["dir"] == SBATCH_ENV["ASTRAFLOW_RUN__DIR"]  # checkpoints on shared storage
