@@ -9,9 +9,10 @@ import pytest
 from tests.e2e.test_launcher import rewards, run
 
 # The recipe's own tiny model: built and warm-started once per checkout (runs/.cache, shared with
-# `astraflow run recipes/calculator-tiny.yaml`; about a minute on two idle cores), then 20 steps. A smaller
-# model or a shorter warm start copies the expression too badly for RL to start (150 steps of the same
-# model: 5% reward at the start against 16%; a 2-layer 64-wide one: no group with any reward at all).
+# `astraflow run recipes/calculator-tiny.yaml`; 2.5-5.5 minutes on the shared 2-core machine), then 20
+# steps (43 s). A smaller model or a shorter warm start copies the expression too badly for RL to start
+# (150 steps of the same model: 5% reward at the start against 16%; a 2-layer 64-wide one: no group with
+# any reward at all).
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
