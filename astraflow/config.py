@@ -43,7 +43,8 @@ TINY_CACHE = Path("runs") / ".cache"
 class TinyModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tokenizer: Literal["char", "bpe"] = "char"
+    tokenizer: Literal["char", "char_calc", "bpe"] = "char"
+    """char: digits, `+`, `=`; char_calc: those and the calculator tool's `*-<>|`; bpe: a 512-token BPE."""
     hidden: int = 128
     layers: int = 4
     heads: int = 4

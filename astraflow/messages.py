@@ -65,6 +65,9 @@ class Trajectory(Message):
     finish_reason: str = ""
     error: str | None = None
     """Why this trajectory failed (reward raised or timed out, ...); None when it did not."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the workflow measured in the episode (`tool_call`: 1.0 or 0.0, ...); the dataflow reports the
+    mean of each per model and step, as it does the reward."""
 
     def _check(self) -> None:
         n = len(self.token_ids)

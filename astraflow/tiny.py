@@ -26,9 +26,10 @@ def build_tokenizer(vocab_size: int = 512):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from astraflow.workflows.tasks import TASKS, rows
+    from astraflow.workflows.tasks import rows
 
-    corpus = [r["prompt"] + r["answer"] for name in TASKS for r in rows(name, 2000, seed=1)]
+    # These two tasks only: a task added later must not change the merges of existing tokenizers.
+    corpus = [r["prompt"] + r["answer"] for name in ("addition", "reverse") for r in rows(name, 2000, seed=1)]
     corpus += [_TEXT] * 20
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -49,14 +50,17 @@ def build_tokenizer(vocab_size: int = 512):
 
 CHAR_VOCAB = ["<pad>", "<eos>", *"0123456789", "+", "="]
 """The character-level vocabulary of the default addition recipe (14 tokens)."""
+CALC_VOCAB = [*CHAR_VOCAB, "*", "-", "<", ">", "|"]
+"""`char_calc`: the same with the calculator tool's characters (`<12*34>` calls it, `408|` is its reply)."""
+CHAR_VOCABS = {"char": CHAR_VOCAB, "char_calc": CALC_VOCAB}
 
 
-def build_char_tokenizer():
-    """One token per character of `CHAR_VOCAB`, pad and eos; decoding concatenates characters."""
+def build_char_tokenizer(vocab: list[str] = CHAR_VOCAB):
+    """One token per character of `vocab`, pad and eos; decoding concatenates characters."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(CHAR_VOCAB)}, unk_token="<pad>"))
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
@@ -80,9 +84,9 @@ def build(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if tokenizer_kind == "char":
-        tokenizer = build_char_tokenizer()
-        vocab_size = len(CHAR_VOCAB)
+    if tokenizer_kind in CHAR_VOCABS:
+        tokenizer = build_char_tokenizer(CHAR_VOCABS[tokenizer_kind])
+        vocab_size = len(CHAR_VOCABS[tokenizer_kind])
     else:
         tokenizer = build_tokenizer(vocab_size)
     config = Qwen2Config(
@@ -109,14 +113,25 @@ def build(
 
 
 def warm_start(
-    model_dir: str | Path, task: str, *, steps: int = 300, batch: int = 64, lr: float = 1e-3, seed: int = 0
+    model_dir: str | Path,
+    task: str,
+    *,
+    steps: int = 300,
+    batch: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    threads: int | None = None,
 ) -> float:
-    """Supervised steps on `task` (loss on the answer and eos only); saves in place, returns the last loss."""
+    """Supervised steps on `task` (loss on the answer and eos only; with the task's `demo`, on its trained
+    segments and eos); saves in place, returns the last loss. `threads`: torch's CPU threads for it (None:
+    torch's default)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.workflows.tasks import get_task
 
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -129,9 +144,14 @@ def warm_start(
         ids, labels = [], []
         for row in (t.sample(rng) for _ in range(batch)):
             p = tokenizer.encode(row["prompt"])
-            a = [*tokenizer.encode(row["answer"]), tokenizer.eos_token_id]
-            ids.append(p + a)
-            labels.append([-100] * len(p) + a)
+            ids.append(list(p))
+            labels.append([-100] * len(p))
+            for text, trained in t.demo(row, rng) if t.demo else [(row["answer"], True)]:
+                seg = tokenizer.encode(text)
+                ids[-1] += seg
+                labels[-1] += seg if trained else [-100] * len(seg)
+            ids[-1].append(tokenizer.eos_token_id)
+            labels[-1].append(tokenizer.eos_token_id)
         width = max(map(len, ids))
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])

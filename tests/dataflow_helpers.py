@@ -24,7 +24,9 @@ from astraflow.streams.keys import GROUP_RAAS, GROUP_TRAINER
 RewardFn = Callable[[PromptGroup, int], float]
 
 
-def trajectory(model: str, reward: float, version: int, tokens: int = 8) -> Trajectory:
+def trajectory(
+    model: str, reward: float, version: int, tokens: int = 8, metrics: dict[str, float] | None = None
+) -> Trajectory:
     mask = np.zeros(tokens, np.uint8)
     mask[tokens // 2 :] = 1
     return Trajectory(
@@ -34,6 +36,7 @@ def trajectory(model: str, reward: float, version: int, tokens: int = 8) -> Traj
         loss_mask=mask,
         versions=np.where(mask == 1, version, -1).astype(np.int32),
         reward=reward,
+        metrics=metrics or {},
     )
 
 
@@ -43,17 +46,23 @@ async def roll_out(
     reward: RewardFn,
     version: int | Callable[[PromptGroup], int] = 0,
     tokens: int = 8,
+    metrics: Callable[[PromptGroup, int], dict[str, float]] | None = None,
     statuses: dict[str, list[str]] | None = None,
 ) -> list[str]:
-    """Take up to `count` prompt groups as one RaaS and hand back their rollouts; returns the uids.
-    `statuses`: each uid's hand-off statuses are appended there."""
+    """Take up to `count` prompt groups as one RaaS and hand back their rollouts (each trajectory with the
+    workflow metrics `metrics(group, i)` when given); returns the uids. `statuses`: each uid's hand-off
+    statuses are appended there."""
     entries = await bus.read(bus.keys.prompts, GROUP_RAAS, "raas-sim", count, None)
     items, uids = [], []
     for e in entries:
         group = decode(e.fields, PromptGroup)
         v = version(group) if callable(version) else version
         n = group.n_samples
-        trajs = [trajectory(m, reward(group, i), v, tokens) for m in group.models for i in range(n)]
+        trajs = [
+            trajectory(m, reward(group, i), v, tokens, metrics(group, i) if metrics else None)
+            for m in group.models
+            for i in range(n)
+        ]
         rollout = RolloutGroup(
             uid=group.uid,
             raas="raas-sim",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Collection
@@ -67,12 +68,18 @@ class Collector:
         await self._metrics(settled)
 
     async def _metrics(self, items: list[Collected]) -> None:
-        """Per model, the on-policy reward of what was collected (before any filter): `kind=rollouts`."""
+        """Per model, the on-policy reward of what was collected (before any filter), and the sums of
+        the workflow's metrics (`metrics`: JSON {name: [sum, trajectories]}): `kind=rollouts`."""
         totals: dict[str, tuple[float, int, int]] = {}
+        metrics: dict[str, dict[str, list[float]]] = {}
         for it in items:
             for model, (mean, n) in it.rewards.items():
                 reward_sum, samples, groups = totals.get(model, (0.0, 0, 0))
                 totals[model] = (reward_sum + mean * n, samples + n, groups + 1)
+            for model, sums in it.metrics.items():
+                for name, (total, n) in sums.items():
+                    acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
+                    acc[0], acc[1] = acc[0] + total, acc[1] + n
         if not totals:
             return
         bus, now = self.store.bus, f"{time.time():.3f}"
@@ -84,6 +91,7 @@ class Collector:
                 "samples": str(n),
                 "reward_sum": repr(r),
                 "time": now,
+                **({"metrics": json.dumps(metrics[m])} if metrics.get(m) else {}),
             }
             for m, (r, n, g) in totals.items()
         ]

@@ -4,7 +4,7 @@ trainer version at the instant of the write)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,16 @@ def _version_range(trajectories: Sequence[Trajectory]) -> tuple[int, int] | None
     return (int(trained.min()), int(trained.max())) if len(trained) else None
 
 
+def _metric_sums(trajectories: Iterable[Trajectory]) -> dict[str, tuple[float, int]]:
+    """Per workflow metric: (sum, trajectories reporting it)."""
+    sums: dict[str, tuple[float, int]] = {}
+    for t in trajectories:
+        for name, value in t.metrics.items():
+            total, n = sums.get(name, (0.0, 0))
+            sums[name] = (total + float(value), n + 1)
+    return sums
+
+
 class Judge:
     """Decides each model's part of a rollout group under the collector settings."""
 
@@ -94,6 +104,7 @@ class Judge:
             rewards={m: (sum(r) / len(r), len(r)) for m, r in scored.items() if r},
             zero_variance=len(first) > 1 and min(first) == max(first),
             trace=trace,
+            metrics={m: _metric_sums(t for t in ok if t.model == m) for m in models},
         )
 
     def _part(self, group: RolloutGroup, raw: bytes, model: str) -> tuple[Part, tuple[int, int] | None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.messages import VersionPublished
@@ -52,6 +52,9 @@ class Collected:
     """Per model, in the group's order: (mean reward, trajectories) of the trajectories that did not fail."""
     zero_variance: bool
     trace: Mapping[str, str]
+    metrics: Mapping[str, Mapping[str, tuple[float, int]]] = field(default_factory=dict)
+    """Per model and workflow metric: (sum, trajectories reporting it) over the trajectories that did not
+    fail."""
 
     @property
     def mean_reward(self) -> float | None:

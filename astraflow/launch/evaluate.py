@@ -59,7 +59,9 @@ class PeriodicEval:
     def __init__(self, settings: Settings, progress: Progress) -> None:
         self.settings, self.progress = settings, progress
         ds = settings.dataflow.dataset
-        self.task = ds.task if ds.type == "task" else None
+        # Greedy single-turn decoding cannot measure an episode that calls a tool.
+        single_turn = settings.dataflow.feeder.workflow != "multi_turn"
+        self.task = ds.task if ds.type == "task" and single_turn else None
         self._thread: threading.Thread | None = None
         self._last = 0.0
         self._evaluator = None

@@ -30,10 +30,14 @@ class ModelProgress:
     """Reward sum and samples of rollouts collected since the last step."""
     train_s: float = 0.0
     """Trainer compute time (`step_s`) summed over the steps."""
+    curves: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)
+    """Per workflow metric (`tool_call`, ...): (version, wall seconds, its mean over the rollouts collected
+    since the previous step), for the steps after which some rollout reported it."""
+    pending_metrics: dict[str, list[float]] = field(default_factory=dict)
+    """Per workflow metric: [sum, trajectories] of rollouts collected since the last step."""
 
     def moving_reward(self, window: int) -> float | None:
-        tail = [r for _, _, r in self.steps[-window:]]
-        return sum(tail) / len(tail) if tail else None
+        return moving(self.steps, window)
 
     def eta_s(self, window: int, target: float, horizon_s: float = 60.0) -> float | None:
         """Seconds until the moving reward reaches `target` at its trend over the last `horizon_s` (a
@@ -122,6 +126,9 @@ class Progress:
                 if f.get("kind") == "rollouts":
                     m.pending[0] += float(f["reward_sum"])
                     m.pending[1] += int(f["samples"])
+                    for name, (total, n) in json.loads(f.get("metrics", "{}")).items():
+                        acc = m.pending_metrics.setdefault(name, [0.0, 0])
+                        acc[0], acc[1] = acc[0] + total, acc[1] + n
                     continue
                 if f.get("kind") != "trainer":
                     continue
@@ -131,9 +138,14 @@ class Progress:
                 m.pending = [0.0, 0.0]
                 stats["rollout_reward"] = reward
                 version = int(f["version"])
-                while m.steps and m.steps[-1][0] >= version:  # a restarted trainer retrained these
-                    m.steps.pop()
+                for curve in (m.steps, *m.curves.values()):
+                    while curve and curve[-1][0] >= version:  # a restarted trainer retrained these
+                        curve.pop()
                 m.steps.append((version, at, reward))
+                for name, (total, n) in m.pending_metrics.items():
+                    stats[f"rollout_{name}"] = total / n
+                    m.curves.setdefault(name, []).append((version, at, total / n))
+                m.pending_metrics = {}
                 m.last = stats
                 m.samples += int(stats.get("samples", 0))
                 m.train_s += float(stats.get("step_s", 0.0))
@@ -148,6 +160,17 @@ class Progress:
         finally:
             if out is not None:
                 out.close()
+
+
+def moving(points: list[tuple[int, float, float]], window: int) -> float | None:
+    """The mean value of the last `window` (version, time, value) points; None without any."""
+    tail = [v for _, _, v in points[-window:]]
+    return sum(tail) / len(tail) if tail else None
+
+
+def metrics_text(m: ModelProgress, window: int) -> str:
+    """The workflow's metrics' moving averages, ` tool_call 0.812`, or nothing."""
+    return "".join(f" {name} {moving(points, window):.3f}" for name, points in m.curves.items() if points)
 
 
 async def read_heartbeats(bus: Bus) -> list[Heartbeat]:
@@ -182,7 +205,7 @@ def line(s: Snapshot, window: int) -> str:
         ma = m.moving_reward(window)
         version = m.steps[-1][0] if m.steps else 0
         ma_text = f"{ma:.3f}" if ma is not None else "-"
-        parts.append(f"{name} v{version} reward(ma{window}) {ma_text}")
+        parts.append(f"{name} v{version} reward(ma{window}) {ma_text}{metrics_text(m, window)}")
         if m.last:
             parts.append(
                 f"tok/s {m.last.get('tokens_per_s', 0):.0f} staleness {m.last.get('staleness_mean', 0):.2f}"
@@ -209,7 +232,8 @@ def render(s: Snapshot, window: int, target: float | None):
         top.add_row(
             name,
             str(m.steps[-1][0] if m.steps else 0),
-            f"{ma:.3f}" + (f" / {target}" if target else "") if ma is not None else "-",
+            (f"{ma:.3f}" + (f" / {target}" if target else "") if ma is not None else "-")
+            + metrics_text(m, window),
             f"{s.eval_accuracy:.3f}" if s.eval_accuracy is not None else "-",
             f"{samples_per_s(m):.0f}",
             f"{m.last.get('tokens_per_s', 0):.0f}",

@@ -1,11 +1,12 @@
-"""What a run leaves: `summary.json` and `reward.png` (reward and eval accuracy against step and time)."""
+"""What a run leaves: `summary.json` and `reward.png` (reward, the workflow's metrics such as the tool-call
+rate, and eval accuracy against step and time)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from astraflow.launch.progress import Progress, samples_per_s
+from astraflow.launch.progress import Progress, moving, samples_per_s
 
 
 def summary(progress: Progress, window: int, extra: dict) -> dict:
@@ -21,6 +22,9 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
             "first_step_s": m.steps[0][1] if m.steps else None,
             "last_step_s": m.steps[-1][1] if m.steps else None,
         }
+        for metric, points in m.curves.items():  # e.g. tool_call_first_window, tool_call_last_window
+            models[name][f"{metric}_first_window"] = moving(points[:window], window)
+            models[name][f"{metric}_last_window"] = moving(points, window)
     timing = {"generating_s": round(progress.generating_s, 3)}
     return {"models": models, "evals": progress.evals, **timing, **extra}
 
@@ -53,15 +57,12 @@ def plot(path: Path, progress: Progress, window: int) -> None:
 
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     for name, m in progress.models.items():
-        steps = [s for s, _, _ in m.steps]
-        times = [t for _, t, _ in m.steps]
-        rewards = [r for _, _, r in m.steps]
-        ma = [
-            sum(rewards[max(0, i - window + 1) : i + 1]) / len(rewards[max(0, i - window + 1) : i + 1])
-            for i in range(len(rewards))
-        ]
-        by_step.plot(steps, ma, label=f"{name} reward (ma{window})")
-        by_time.plot(times, ma, label=f"{name} reward (ma{window})")
+        curves = [("reward", m.steps, "-"), *((f"{k} rate", v, "--") for k, v in m.curves.items())]
+        for what, points, style in curves:
+            ma = [moving(points[: i + 1], window) for i in range(len(points))]
+            label = f"{name} {what} (ma{window})"
+            by_step.plot([s for s, _, _ in points], ma, style, label=label)
+            by_time.plot([t for _, t, _ in points], ma, style, label=label)
     if progress.evals:
         label = f"{next(iter(progress.models))} held-out accuracy"
         accuracy = [a for _, _, a in progress.evals]

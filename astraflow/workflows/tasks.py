@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from astraflow.workflows import calculator
+
 
 @dataclass(frozen=True)
 class Task:
@@ -16,6 +18,9 @@ class Task:
     reward: str
     """Name of the registered reward that scores it."""
     max_new_tokens: int
+    demo: Callable[[dict[str, Any], random.Random], list[tuple[str, bool]]] | None = None
+    """A supervised warm start's completion for a row, as (text, trained) segments; None: the answer.
+    Untrained segments are what a tool would append (masked from the loss, as in RL)."""
 
 
 def _addition(rng: random.Random) -> dict[str, Any]:
@@ -28,9 +33,34 @@ def _reverse(rng: random.Random) -> dict[str, Any]:
     return {"prompt": f"{word}>", "answer": word[::-1]}
 
 
+def _multiplication(rng: random.Random) -> dict[str, Any]:
+    a, b = rng.randrange(10, 1000), rng.randrange(10, 100)
+    return {"prompt": f"{a}*{b}=", "answer": str(a * b)}
+
+
+CALC_TOOL_SHARE = 0.25
+"""The share of the calculator warm start's demonstrations that call the tool (the rest answer directly)."""
+
+
+def _calculator_demo(row: dict[str, Any], rng: random.Random) -> list[tuple[str, bool]]:
+    """`123*45=` -> `<123*45>` (the call), `5535|` (the calculator's output), `5535`; or just `5535`."""
+    if rng.random() >= CALC_TOOL_SHARE:
+        return [(row["answer"], True)]
+    answer = row["answer"]
+    return [
+        (calculator.call(row["prompt"].rstrip("=")), True),
+        (calculator.observation(answer), False),
+        (answer, True),
+    ]
+
+
 TASKS: dict[str, Task] = {
     "addition": Task("addition", _addition, reward="exact_match", max_new_tokens=4),
     "reverse": Task("reverse", _reverse, reward="exact_match", max_new_tokens=6),
+    # Two-to-three-digit by two-digit products: beyond a tiny model, easy with the `calculator` tool.
+    "calculator": Task(
+        "calculator", _multiplication, reward="exact_match", max_new_tokens=9, demo=_calculator_demo
+    ),
 }
 
 

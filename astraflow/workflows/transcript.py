@@ -62,7 +62,14 @@ class Transcript:
         self.mask += [0] * n
         self.versions += [-1] * n
 
-    def trajectory(self, model: str, reward: float, finish: str, error: str | None) -> Trajectory:
+    def trajectory(
+        self,
+        model: str,
+        reward: float,
+        finish: str,
+        error: str | None,
+        metrics: dict[str, float] | None = None,
+    ) -> Trajectory:
         return Trajectory(
             model=model,
             token_ids=np.asarray(self.ids, np.int32),
@@ -72,4 +79,5 @@ class Transcript:
             reward=reward,
             finish_reason=finish,
             error=error,
+            metrics=metrics or {},
         )

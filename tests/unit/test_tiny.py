@@ -38,3 +38,27 @@ def test_warm_start_lowers_the_loss(tmp_path):
     first = tiny.warm_start(path, "addition", steps=1, batch=32)
     later = tiny.warm_start(path, "addition", steps=40, batch=32)
     assert later < first * 0.8
+
+
+def test_calculator_warm_start_calls_the_tool_in_a_quarter_of_its_demonstrations():
+    """The mix RL starts from: a call, the tool's reply (not trained on) and the answer, 25% of the time."""
+    import random
+
+    from astraflow import tiny
+    from astraflow.workflows.calculator import CALL, evaluate
+    from astraflow.workflows.tasks import get_task
+
+    task, rng = get_task("calculator"), random.Random(0)
+    rows = [task.sample(rng) for _ in range(2000)]
+    demos = [task.demo(row, rng) for row in rows]
+    assert 0.22 < sum(len(d) == 3 for d in demos) / len(demos) < 0.28
+    for row, demo in zip(rows, demos, strict=True):
+        if len(demo) == 3:
+            (call, c), (reply, r), (answer, a) = demo
+            assert (c, r, a) == (True, False, True) and answer == row["answer"]
+            assert reply == evaluate(CALL.fullmatch(call).group(1)).output + "|"
+        else:
+            assert demo == [(row["answer"], True)]
+    tok = tiny.build_char_tokenizer(tiny.CALC_VOCAB)
+    text = "123*45=<123*45>5535|5535"
+    assert tok.decode(tok.encode(text)) == text and tok.pad_token_id not in tok.encode(text)

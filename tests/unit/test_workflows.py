@@ -150,3 +150,55 @@ def test_gsm8k_reward_compares_the_final_number_with_the_one_after_the_reference
     assert gsm8k("", "The answer is \\boxed{72}.", reference) == 1.0
     assert gsm8k("", "48 + 24 = 71", reference) == 0.0
     assert gsm8k("", "24 clips in May", reference) == 0.0  # a number of the reasoning, not the answer
+
+
+async def test_calculator_call_is_answered_masked_and_counted(tokenizer, rewards):
+    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards, tool="calculator", max_turns=2))
+    engine = Scripted(tokenizer, ["<123*45> ignored", "5535"])
+    sample = {"prompt": "123*45=", "answer": "5535"}
+    [traj] = (await flow.run_episode({"policy": engine}, sample)).trajectories
+    assert tokenizer.decode(engine.prompts[1]) == "123*45=<123*45>5535|"
+    masked_out = [t for t, m in zip(traj.token_ids, traj.loss_mask, strict=True) if m == 0]
+    assert tokenizer.decode(masked_out) == "123*45=5535|"  # the prompt and the tool's reply
+    assert traj.reward == 1.0 and traj.metrics == {"tool_call": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("replies", "reward", "tool_call"),
+    [(["5535"], 1.0, 0.0), (["<123**45>", "5535"], 1.0, 0.0), (["<12*45>", "540"], 0.0, 1.0)],
+)
+async def test_calculator_metric_counts_calls_that_ran(tokenizer, rewards, replies, reward, tool_call):
+    """A direct answer is no call; a malformed one gets `error` back and does not count."""
+    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards, tool="calculator", max_turns=2))
+    engine = Scripted(tokenizer, replies)
+    sample = {"prompt": "123*45=", "answer": "5535"}
+    [traj] = (await flow.run_episode({"policy": engine}, sample)).trajectories
+    assert (traj.reward, traj.metrics["tool_call"]) == (reward, tool_call)
+    if len(replies) > 1 and tool_call == 0.0:
+        assert tokenizer.decode(engine.prompts[1]).endswith("error|")
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("12*34", "408"),
+        (" 2 - 7 * (1+1)", "-12"),
+        ("__import__('os')", None),
+        ("9**9**9", None),
+        ("10**6", None),
+        ("99999999*99999999", None),
+        ("1" * 41, None),
+        ("1.5*2", None),
+    ],
+)
+def test_calculator_evaluates_only_small_integer_arithmetic(expression, value):
+    from astraflow.workflows.calculator import evaluate
+
+    result = evaluate(expression)
+    assert (result.ok, result.output) == ((True, value) if value else (False, "error"))
+
+
+async def test_unknown_tool_is_a_clear_error(tokenizer, rewards):
+    flow = resolve_workflow("multi_turn")(ctx(tokenizer, rewards, tool="abacus"))
+    with pytest.raises(ValueError, match="unknown tool: 'abacus'"):
+        await flow.run_episode({"policy": Scripted(tokenizer, ["1"])}, {"prompt": "1=", "answer": "1"})
