@@ -19,29 +19,43 @@ import dataclasses
 import json
 import shutil
 import time
+from pathlib import Path
 
 import structlog
 import torch
 
-from astraflow.config import Settings
 from astraflow.dataflow.batches import BatchReader, Received
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.trainer import checkpoint, devices, distributed
+from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
 from astraflow.weights.files import buffer_root
 from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
+from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainerSetup:
+    """What the trainer of one policy gets of the run's settings (`launch.build.trainer_setup`)."""
+
+    trainer: TrainerSettings
+    """The policy's effective trainer settings (`Settings.policy(name).trainer`)."""
+    weights: WeightsSettings
+    run_name: str
+    run_path: Path
+    """The run directory: checkpoints go under it unless `trainer.checkpoint_dir` is set."""
+
+
 class TrainerService:
-    def __init__(self, settings: Settings, bus: Bus, model_name: str) -> None:
+    def __init__(self, settings: TrainerSetup, bus: Bus, model_name: str) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.settings, self.bus, self.model_name = settings, bus, model_name
-        t = self.trainer = settings.policy(model_name).trainer
+        t = self.trainer = settings.trainer
         path = t.model
         if not path:
             raise ValueError(f"no starting weights: set run.models.{model_name}.model or trainer.model")
@@ -51,7 +65,7 @@ class TrainerService:
         self.rank, self.size = distributed.world()
         devices.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds the shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
-        self.ckpt_root = t.checkpoint_dir or settings.run.path / "checkpoints" / model_name
+        self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
         self.state = checkpoint.State()
         self.publisher: WeightPublisher | None = None
@@ -117,7 +131,7 @@ class TrainerService:
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
         state = await asyncio.to_thread(self._all, "model_state")
-        root = buffer_root(self.settings.weights, self.settings.run.name, f"trainer-{self.model_name}")
+        root = buffer_root(self.settings.weights, self.settings.run_name, f"trainer-{self.model_name}")
         specs = layout.layout(state, self.settings.weights.dtype)
         self.publisher = WeightPublisher(
             self.bus, self.settings.weights, self.model_name, specs, root, secret

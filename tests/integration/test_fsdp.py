@@ -67,6 +67,7 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
 
     from astraflow.config import to_env
     from astraflow.dataflow.service import Dataflow
+    from astraflow.launch.build import dataflow_setup
     from tests.dataflow_helpers import heartbeat, roll_out
     from tests.integration.test_trainer_crash import published, settings_for
 
@@ -74,7 +75,7 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
     bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10**9})
     await heartbeat(bus, "sim", 8)
     stop = asyncio.Event()
-    df = asyncio.create_task(Dataflow(s, bus, "df", rows=[{"prompt": "1+1="}] * 50).run(stop))
+    df = asyncio.create_task(Dataflow(dataflow_setup(s), bus, "df", rows=[{"prompt": "1+1="}] * 50).run(stop))
     rng = random.Random(0)
     try:
         for target in (3, 5):  # the second run restores the first one's checkpoint on both ranks

@@ -102,11 +102,11 @@ def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_tr
 
 async def test_the_trainer_refuses_a_checkpoint_directory_of_another_run(bus, tiny_model, tmp_path):
     from astraflow.config import load_settings
-    from astraflow.trainer.service import TrainerService
+    from astraflow.launch.build import build_trainer
 
     ckpt = tmp_path / "shared-checkpoints"  # trainer.checkpoint_dir outside the run directory
     save(ckpt, run="0123456789ab")  # left there by an earlier run of the same name
     sets = [f"trainer.model={tiny_model}", f"trainer.checkpoint_dir={ckpt}", f"run.dir={tmp_path / 'run'}"]
-    service = TrainerService(load_settings(None, sets), bus, "policy")
+    service = build_trainer(load_settings(None, sets), bus, "policy")
     with pytest.raises(ForeignCheckpointError, match="belongs to another run"):
         await service.run(asyncio.Event())
