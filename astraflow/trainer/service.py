@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import structlog
-import torch
 
 from astraflow.dataflow.batches import BatchReader, Received
 from astraflow.streams import Bus
@@ -59,7 +58,7 @@ class TrainerService:
         path = t.model
         if not path:
             raise ValueError(f"no starting weights: set run.models.{model_name}.model or trainer.model")
-        device = devices.resolve(t)  # first: a device this machine lacks fails before any loading
+        self.device = device = devices.resolve(t)  # first: a device this machine lacks fails before loading
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
@@ -79,15 +78,18 @@ class TrainerService:
     def _execute(self, cmd: str, arg=None):
         p = self.policy
         if cmd == "restore":
-            state, model_state, optim_state, sched_state = arg if arg is not None else (None, {}, {}, {})
+            state, model_state, optim_state, sched_state, rngs = arg
             distributed.load_full_state(p.model, p.optimizer, model_state, optim_state)
             if sched_state:
                 p.scheduler.load_state_dict(sched_state)
+            checkpoint.restore_rng(rngs, self.rank, self.device)
             return state
         if cmd == "train":
             return p.step(arg)
         if cmd == "model_state":
             return distributed.full_model_state(p.model)
+        if cmd == "rng":
+            return distributed.gather(checkpoint.rng_state(self.device))
         if cmd == "full_state":
             return distributed.full_model_state(p.model), distributed.full_optimizer_state(
                 p.model, p.optimizer
@@ -97,8 +99,8 @@ class TrainerService:
     def _all(self, cmd: str, arg=None):
         """Run a command on every rank (rank 0 only; blocking)."""
         if self.size > 1:
-            # Followers get the batch; of a checkpoint, only the scheduler (rank 0 sends the shards).
-            shared = arg if cmd == "train" else (None, {}, {}, arg[3]) if cmd == "restore" else None
+            # Followers get the batch; of a checkpoint, scheduler and RNG states (rank 0 sends the shards).
+            shared = arg if cmd == "train" else (None, {}, {}, *arg[3:]) if cmd == "restore" else None
             distributed.broadcast((cmd, shared))
         return self._execute(cmd, arg)
 
@@ -204,7 +206,8 @@ class TrainerService:
         model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
         state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
         entries, self._unacked = self._unacked, []
-        rest = (self.policy.scheduler.state_dict(), torch.get_rng_state())
+        rngs = await asyncio.to_thread(self._all, "rng")
+        rest = (self.policy.scheduler.state_dict(), rngs)
         self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
 
     async def _persist(self, state, model_state, optim_state, rest, entries: list[Received]) -> None:
