@@ -10,15 +10,17 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from astraflow.config import Settings
 from astraflow.dataflow.curators import make_curator
 from astraflow.dataflow.store import Store, SubmitItem
 from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
+
+if TYPE_CHECKING:
+    from astraflow.dataflow.service import DataflowSetup
 
 log = structlog.get_logger(__name__)
 STEP_POSITIONS = 32
@@ -26,7 +28,7 @@ STEP_POSITIONS = 32
 
 
 class Feeder:
-    def __init__(self, settings: Settings, store: Store, rows: list[dict[str, Any]]) -> None:
+    def __init__(self, settings: DataflowSetup, store: Store, rows: list[dict[str, Any]]) -> None:
         if not rows:
             raise ValueError("the dataset is empty: nothing to feed")
         self.settings, self.store, self.rows = settings, store, rows
@@ -40,7 +42,7 @@ class Feeder:
         epoch, offset = divmod(position, len(self.rows))
         if self._perm is None or self._perm[0] != epoch:
             perm = list(range(len(self.rows)))
-            random.Random(f"{self.settings.run.seed}:{epoch}").shuffle(perm)
+            random.Random(f"{self.settings.seed}:{epoch}").shuffle(perm)
             self._perm = (epoch, perm)
         return self._perm[1][offset]
 
@@ -87,7 +89,7 @@ class Feeder:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
         state = await self.store.state()
         cursor, version = int(state.get("cursor", 0)), max(int(state.get("notice", 0)), 0)
-        sync = self.settings.trainer.mode == "sync"
+        sync = self.settings.sync
         if sync and self._batch_formed(state, version):
             return "full", 0  # lockstep: this version's batch is formed; wait for the next version
         backlog_limit, ready_limit = await self.limits()
@@ -98,7 +100,7 @@ class Feeder:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
-        randoms = [random.Random(f"{self.settings.run.seed}:curate:{p}").random() for p in positions]
+        randoms = [random.Random(f"{self.settings.seed}:curate:{p}").random() for p in positions]
         decisions = await self.curator.decide(rows, randoms)
         items = []
         for p, row, submit in zip(positions, rows, decisions, strict=True):
@@ -114,7 +116,7 @@ class Feeder:
         return PromptGroup(
             uid=uid,
             workflow=self.feeder.workflow,
-            models=list(self.settings.run.models),
+            models=list(self.settings.models),
             n_samples=self.feeder.n_samples,
             version=version,
             sample=self.rows[row],

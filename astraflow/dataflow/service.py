@@ -8,16 +8,17 @@ restart under the same name, or by any other replica once the lease lapses.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
-from astraflow.config import Settings
 from astraflow.dataflow.barrier import Barrier
 from astraflow.dataflow.collector import Collector
 from astraflow.dataflow.feeder import Feeder
+from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.store import Store
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
@@ -27,6 +28,23 @@ from astraflow.workflows.datasets import load_rows
 log = structlog.get_logger(__name__)
 IDLE_S = 0.02
 """Pause of the batch former when it has nothing to do (woken early by this replica's collector)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataflowSetup:
+    """What a dataflow replica gets of the run's settings (assembled by `launch.build.dataflow_setup`)."""
+
+    dataflow: DataflowSettings
+    models: tuple[str, ...]
+    """Every policy of the run (a prompt group names them all)."""
+    trained: tuple[str, ...]
+    """The policies trained in this run: each has a ready set, batches and a part of the ledger."""
+    seed: int
+    """The run's seed: the dataset's shuffle and the curators' draws."""
+    sync: bool
+    """Lockstep (`trainer.mode: sync`): every group from the current weights."""
+    named_code: frozenset[str]
+    """The `module:Name` code the recipe names, the only code a dataset row may pick by name."""
 
 
 class BatchFormer:
@@ -47,15 +65,17 @@ class BatchFormer:
 
 
 class Dataflow:
-    def __init__(self, settings: Settings, bus: Bus, name: str, rows: list[dict[str, Any]] | None = None):
+    def __init__(
+        self, settings: DataflowSetup, bus: Bus, name: str, rows: list[dict[str, Any]] | None = None
+    ) -> None:
         self.settings, self.bus, self.name = settings, bus, name
         self.store = Store(bus, settings.dataflow, settings.trained)
         if rows is None:
-            rows = load_rows(settings.dataflow.dataset, settings.run.seed)
+            rows = load_rows(settings.dataflow.dataset, settings.seed)
         check_row_rewards(rows, settings.named_code)
         self.feeder = Feeder(settings, self.store, rows)
-        self.collector = Collector(self.store, name, set(settings.run.models) - set(settings.trained))
-        self.barrier = Barrier(self.store, name, synchronous=settings.trainer.mode == "sync")
+        self.collector = Collector(self.store, name, set(settings.models) - set(settings.trained))
+        self.barrier = Barrier(self.store, name, synchronous=settings.sync)
         self.former = BatchFormer(self.store)
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
         self._freed = asyncio.Event()  # ... and the feeder may have room

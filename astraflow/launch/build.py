@@ -1,7 +1,9 @@
 """The one place that assembles services from settings: what `astraflow` and `python -m workers.*` run.
 
-Each `build_*` takes the run's settings and constructs one service with what it needs; the process
-around it (signals, the consumer name it holds, the bus it closes) is `launch.services`.
+Each `build_*` takes the run's settings and constructs one service from only what it uses: its own
+sections and the few resolved run facts it needs, gathered by the matching `*_setup` (no service sees the
+root `Settings`). The process around it (signals, the consumer name it holds, the bus it closes) is
+`launch.services`.
 """
 
 from __future__ import annotations
@@ -13,25 +15,59 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from astraflow.config import Settings
-from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.service import Dataflow, DataflowSetup
 from astraflow.policies import PolicySettings
 from astraflow.streams import Bus
 
 if TYPE_CHECKING:
-    from astraflow.raas.worker import RaasWorker
-    from astraflow.trainer.service import TrainerService
+    from astraflow.raas.worker import RaasSetup, RaasWorker
+    from astraflow.trainer.service import TrainerService, TrainerSetup
+
+
+def dataflow_setup(settings: Settings) -> DataflowSetup:
+    """What a dataflow replica gets of `settings`."""
+    return DataflowSetup(
+        dataflow=settings.dataflow,
+        models=tuple(settings.run.models),
+        trained=tuple(settings.trained),
+        seed=settings.run.seed,
+        sync=settings.trainer.mode == "sync",
+        named_code=settings.named_code,
+    )
 
 
 def build_dataflow(settings: Settings, bus: Bus, name: str) -> Dataflow:
     """A dataflow replica named `name` (its consumer name) for the run's trained policies."""
-    return Dataflow(settings, bus, name)
+    return Dataflow(dataflow_setup(settings), bus, name)
+
+
+def trainer_setup(settings: Settings, model: str) -> TrainerSetup:
+    """What the trainer of policy `model` gets of `settings`: that policy's effective trainer settings
+    (`Settings.policy`), the weights section, the run's name and directory."""
+    from astraflow.trainer.service import TrainerSetup
+
+    trainer = settings.policy(model).trainer
+    return TrainerSetup(trainer, settings.weights, settings.run.name, settings.run.path)
 
 
 def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:
     """The trainer of policy `model`, from that policy's effective trainer settings (`Settings.policy`)."""
     from astraflow.trainer.service import TrainerService
 
-    return TrainerService(settings, bus, model)
+    return TrainerService(trainer_setup(settings, model), bus, model)
+
+
+def raas_setup(settings: Settings) -> RaasSetup:
+    """What a RaaS worker gets of `settings`: the raas section and every policy's effective settings."""
+    from astraflow.raas.worker import RaasSetup
+
+    return RaasSetup(
+        raas=settings.raas,
+        policies={m: settings.policy(m) for m in settings.run.models},
+        trained=frozenset(settings.trained),
+        sync=settings.trainer.mode == "sync",
+        named_code=settings.named_code,
+    )
 
 
 def model_dir(policy: PolicySettings) -> Path | None:
@@ -80,7 +116,7 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
     try:
         for engine in engines.values():
             await engine.start()
-        yield RaasWorker(settings, bus, engines, wid, tokenizers, receivers)
+        yield RaasWorker(raas_setup(settings), bus, engines, wid, tokenizers, receivers)
     finally:
         for engine in engines.values():
             await engine.close()

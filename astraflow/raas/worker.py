@@ -17,7 +17,6 @@ from pathlib import Path
 
 import structlog
 
-from astraflow.config import Settings
 from astraflow.engines import Engine, SamplingParams, resolve_type
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import (
@@ -29,7 +28,9 @@ from astraflow.messages import (
     decode,
     encode,
 )
+from astraflow.policies import PolicySettings
 from astraflow.raas.metrics import BusyClock, Metrics
+from astraflow.raas.settings import RaasSettings
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.entries import OK
@@ -49,10 +50,25 @@ from astraflow.workflows.rewards import RewardRunner
 log = structlog.get_logger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class RaasSetup:
+    """What a RaaS worker gets of the run's settings (assembled by `launch.build.raas_setup`)."""
+
+    raas: RaasSettings
+    policies: Mapping[str, PolicySettings]
+    """Every policy of the run by name, with its effective engine settings (`Settings.policy`)."""
+    trained: frozenset[str]
+    """The policies trained in this run: the ones whose weights follow the notices."""
+    sync: bool
+    """Lockstep (`trainer.mode: sync`): a group runs on the weights of its version, no older."""
+    named_code: frozenset[str]
+    """The `module:Name` code the recipe names, the only code a prompt group may pick by name."""
+
+
 class RaasWorker:
     def __init__(
         self,
-        settings: Settings,
+        settings: RaasSetup,
         bus: Bus,
         engines: Mapping[str, Engine],
         worker_id: str,
@@ -61,8 +77,8 @@ class RaasWorker:
     ) -> None:
         self.settings, self.bus, self.engines, self.id = settings, bus, engines, worker_id
         self.receivers = dict(receivers or {})
-        self.policies = [settings.policy(m) for m in engines]
-        self.trained = frozenset(settings.trained)
+        self.policies = [settings.policies[m] for m in engines]
+        self.trained = settings.trained
         r = settings.raas
         s = r.sampling
         self.allowed = settings.named_code
@@ -105,7 +121,7 @@ class RaasWorker:
         flow = await self._workflow(group.workflow)  # both refused (dead-lettered) unless known or pushed
         resolve_reward(reward_name(group.sample, self.ctx.options), self.allowed)
         await self._synced.wait()
-        if self.settings.trainer.mode == "sync":  # lockstep: the weights of the group's version, no older
+        if self.settings.sync:  # lockstep: the weights of the group's version, no older
             async with self._loaded:
                 await self._loaded.wait_for(
                     lambda: all(

@@ -1,5 +1,8 @@
 """Checkpoints that a restart can trust: model, optimizer, scheduler, RNG, version, consumed batches.
 
+The RNG states are every rank's: its CPU generator's and, on CUDA, its device's (`rng.pt`: `ranks`, one
+entry per rank; `torch` is rank 0's CPU state, all that checkpoints before per-rank states held).
+
 A checkpoint is written into a temporary directory, every file fsynced, `meta.json` last, then renamed
 into place and the parent directory fsynced: a directory named `v<version>` is complete and durable. The
 trainer acknowledges a batch and publishes a version only after the checkpoint holding it is durable.
@@ -50,6 +53,25 @@ def entry_order(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's RNG states: the CPU generator's and, when it computes on CUDA, `device`'s."""
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(ranks: list[dict[str, torch.Tensor]], rank: int, device: torch.device) -> None:
+    """Set this rank's RNG states from a checkpoint's `ranks`. A rank the checkpoint has no state of
+    (it was written by fewer ranks) keeps its own; a CUDA state is set only on CUDA."""
+    if rank >= len(ranks):
+        return
+    state = ranks[rank]
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -64,9 +86,11 @@ def save(
     model_state: dict,
     optim_state: dict,
     scheduler_state: dict,
-    rng_state: torch.Tensor,
+    rng_states: list[dict[str, torch.Tensor]],
     keep: int,
 ) -> Path:
+    """Write a durable checkpoint `v<version>` under `root` (keeping the newest `keep`); `rng_states` are
+    every rank's (`rng_state`), rank 0's first."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"v{state.version:08d}"
     tmp = root / f".tmp-v{state.version:08d}"
@@ -74,7 +98,7 @@ def save(
     tmp.mkdir()
     torch.save(model_state, tmp / "model.pt")
     torch.save({"optimizer": optim_state, "scheduler": scheduler_state}, tmp / "optim.pt")
-    torch.save({"torch": rng_state}, tmp / "rng.pt")
+    torch.save({"torch": rng_states[0]["torch"], "ranks": rng_states}, tmp / "rng.pt")
     meta = {
         "version": state.version,
         "step": state.step,
@@ -98,8 +122,9 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path, run: str) -> tuple[State, dict, dict, dict]:
-    """(state, model state dict, optimizer state dict, scheduler state dict); restores the RNG.
+def load(path: Path, run: str) -> tuple[State, dict, dict, dict, list[dict[str, torch.Tensor]]]:
+    """(state, model state dict, optimizer state dict, scheduler state dict, every rank's RNG states for
+    `restore_rng`; a checkpoint from before per-rank states has rank 0's CPU state only).
     Raises ForeignCheckpointError, before loading anything, for a checkpoint of a run other than `run`
     (a nonce). A checkpoint written before runs had a nonce has none: it is taken as this run's (a run
     resumed across the upgrade), and its next checkpoint carries the nonce."""
@@ -113,7 +138,7 @@ def load(path: Path, run: str) -> tuple[State, dict, dict, dict]:
     # weights_only everywhere: a checkpoint file is data (tensors, numbers, strings, containers - what
     # optimizer, LambdaLR and RNG states are made of), never code that unpickling would run.
     optim = torch.load(path / "optim.pt", weights_only=True)
-    torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
+    rng = torch.load(path / "rng.pt", weights_only=True)
     last_batch = meta.get("last_batch", "0-0")
     state = State(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch)
-    return state, model_state, optim["optimizer"], optim["scheduler"]
+    return state, model_state, optim["optimizer"], optim["scheduler"], rng.get("ranks", [rng])

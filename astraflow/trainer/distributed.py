@@ -75,6 +75,16 @@ def broadcast(obj=None):
     return box[0]
 
 
+def gather(obj) -> list | None:
+    """Every rank's `obj` on rank 0, in rank order (None on the others); `[obj]` in one process. Collective,
+    over host memory (tensors in `obj` live on the CPU)."""
+    if world()[1] == 1:
+        return [obj]
+    out = [None] * world()[1] if world()[0] == 0 else None
+    dist.gather_object(obj, out, dst=0, group=_host_group)
+    return out
+
+
 def sync_max(n: int) -> int:
     """The largest `n` over the ranks. Collective."""
     if world()[1] == 1:

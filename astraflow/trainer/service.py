@@ -19,39 +19,52 @@ import dataclasses
 import json
 import shutil
 import time
+from pathlib import Path
 
 import structlog
-import torch
 
-from astraflow.config import Settings
 from astraflow.dataflow.batches import BatchReader, Received
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.trainer import checkpoint, devices, distributed
+from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import address, layout
 from astraflow.weights.files import buffer_root
 from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
+from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainerSetup:
+    """What the trainer of one policy gets of the run's settings (`launch.build.trainer_setup`)."""
+
+    trainer: TrainerSettings
+    """The policy's effective trainer settings (`Settings.policy(name).trainer`)."""
+    weights: WeightsSettings
+    run_name: str
+    run_path: Path
+    """The run directory: checkpoints go under it unless `trainer.checkpoint_dir` is set."""
+
+
 class TrainerService:
-    def __init__(self, settings: Settings, bus: Bus, model_name: str) -> None:
+    def __init__(self, settings: TrainerSetup, bus: Bus, model_name: str) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.settings, self.bus, self.model_name = settings, bus, model_name
-        t = self.trainer = settings.policy(model_name).trainer
+        t = self.trainer = settings.trainer
         path = t.model
         if not path:
             raise ValueError(f"no starting weights: set run.models.{model_name}.model or trainer.model")
-        device = devices.resolve(t)  # first: a device this machine lacks fails before any loading
+        self.device = device = devices.resolve(t)  # first: a device this machine lacks fails before loading
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
         devices.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds the shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
-        self.ckpt_root = t.checkpoint_dir or settings.run.path / "checkpoints" / model_name
+        self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
         self.state = checkpoint.State()
         self.publisher: WeightPublisher | None = None
@@ -65,15 +78,18 @@ class TrainerService:
     def _execute(self, cmd: str, arg=None):
         p = self.policy
         if cmd == "restore":
-            state, model_state, optim_state, sched_state = arg if arg is not None else (None, {}, {}, {})
+            state, model_state, optim_state, sched_state, rngs = arg
             distributed.load_full_state(p.model, p.optimizer, model_state, optim_state)
             if sched_state:
                 p.scheduler.load_state_dict(sched_state)
+            checkpoint.restore_rng(rngs, self.rank, self.device)
             return state
         if cmd == "train":
             return p.step(arg)
         if cmd == "model_state":
             return distributed.full_model_state(p.model)
+        if cmd == "rng":
+            return distributed.gather(checkpoint.rng_state(self.device))
         if cmd == "full_state":
             return distributed.full_model_state(p.model), distributed.full_optimizer_state(
                 p.model, p.optimizer
@@ -83,8 +99,8 @@ class TrainerService:
     def _all(self, cmd: str, arg=None):
         """Run a command on every rank (rank 0 only; blocking)."""
         if self.size > 1:
-            # Followers get the batch; of a checkpoint, only the scheduler (rank 0 sends the shards).
-            shared = arg if cmd == "train" else (None, {}, {}, arg[3]) if cmd == "restore" else None
+            # Followers get the batch; of a checkpoint, scheduler and RNG states (rank 0 sends the shards).
+            shared = arg if cmd == "train" else (None, {}, {}, *arg[3:]) if cmd == "restore" else None
             distributed.broadcast((cmd, shared))
         return self._execute(cmd, arg)
 
@@ -117,7 +133,7 @@ class TrainerService:
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
         state = await asyncio.to_thread(self._all, "model_state")
-        root = buffer_root(self.settings.weights, self.settings.run.name, f"trainer-{self.model_name}")
+        root = buffer_root(self.settings.weights, self.settings.run_name, f"trainer-{self.model_name}")
         specs = layout.layout(state, self.settings.weights.dtype)
         weights = address.resolved(self.settings.weights, self.settings.redis.url)
         self.publisher = WeightPublisher(self.bus, weights, self.model_name, specs, root, secret)
@@ -189,7 +205,8 @@ class TrainerService:
         model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
         state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
         entries, self._unacked = self._unacked, []
-        rest = (self.policy.scheduler.state_dict(), torch.get_rng_state())
+        rngs = await asyncio.to_thread(self._all, "rng")
+        rest = (self.policy.scheduler.state_dict(), rngs)
         self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
 
     async def _persist(self, state, model_state, optim_state, rest, entries: list[Received]) -> None:

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from astraflow import redis_server
 from astraflow.config import load_settings
 from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
 from astraflow.messages import RolloutGroup, Trajectory, encode
 from astraflow.streams import Bus, Keys
 from astraflow.streams.connection import cancel_and_wait
@@ -101,7 +102,7 @@ async def raw_worker(url: str, run: str, name: str, n: int) -> None:
 async def dataflow_worker(url: str, run: str, name: str, n: int) -> None:
     s = settings(url, run)
     bus = Bus.connect(url, run, s.redis, s.streams)
-    df = Dataflow(s, bus, name, rows=[{"prompt": "unused"}])
+    df = Dataflow(dataflow_setup(s), bus, name, rows=[{"prompt": "unused"}])
     await gate(url, run)
     tasks = [asyncio.create_task(df._forever(loop)) for loop in (df._collect, df._form)]
     while int(await bus.redis.hget(bus.keys.ledger, f"{MODEL}:trained") or 0) < n:

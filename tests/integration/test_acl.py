@@ -22,6 +22,7 @@ from astraflow.config import Settings, to_env
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.errors import BusError, ConfigError, RunExistsError
+from astraflow.launch.build import dataflow_setup
 from astraflow.launch.progress import Progress
 from astraflow.streams import Bus, Out, acl
 from astraflow.streams.inspect import inspect_run, report
@@ -125,7 +126,9 @@ async def test_each_role_works_under_its_own_user_and_no_further(admin, server, 
     df_bus = connect(url, roles["dataflow"])
     stop_df = asyncio.Event()
     dataflow = asyncio.create_task(
-        Dataflow(roles["dataflow"], df_bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}] * 20).run(stop_df)
+        Dataflow(
+            dataflow_setup(roles["dataflow"]), df_bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}] * 20
+        ).run(stop_df)
     )
     raas = spawn_raas(roles["raas"])
     trainer = spawn_trainer(roles["trainer"])

@@ -8,6 +8,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.errors import BusConnectionError, BusError
+from astraflow.launch.build import dataflow_setup
 from astraflow.streams.keys import GROUP_DATAFLOW
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out
 
@@ -17,7 +18,7 @@ STEPS = 20
 
 def single_replica(bus) -> Dataflow:
     settings = load_settings(None, ["run.name=it", "dataflow.feeder.n_samples=4", "dataflow.batch.size=8"])
-    return Dataflow(settings, bus, "df-only")
+    return Dataflow(dataflow_setup(settings), bus, "df-only")
 
 
 def fail_once(obj, name: str, error: Exception) -> list:

@@ -67,6 +67,8 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
 
     from astraflow.config import to_env
     from astraflow.dataflow.service import Dataflow
+    from astraflow.launch.build import dataflow_setup
+    from astraflow.trainer import checkpoint
     from tests.dataflow_helpers import heartbeat, roll_out
     from tests.integration.test_trainer_crash import published, settings_for
 
@@ -74,7 +76,7 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
     bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10**9})
     await heartbeat(bus, "sim", 8)
     stop = asyncio.Event()
-    df = asyncio.create_task(Dataflow(s, bus, "df", rows=[{"prompt": "1+1="}] * 50).run(stop))
+    df = asyncio.create_task(Dataflow(dataflow_setup(s), bus, "df", rows=[{"prompt": "1+1="}] * 50).run(stop))
     rng = random.Random(0)
     try:
         for target in (3, 5):  # the second run restores the first one's checkpoint on both ranks
@@ -99,6 +101,8 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
                 await asyncio.sleep(0.1)
             assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
             assert [v.version for v in await published(bus)] == list(range(target + 1))
+            saved = checkpoint.latest(tmp_path / "checkpoints" / "policy")
+            assert len(torch.load(saved / "rng.pt", weights_only=True)["ranks"]) == 2  # each rank's RNG
     finally:
         stop.set()
         await df

@@ -20,6 +20,7 @@ import pytest
 
 from astraflow.config import Settings, to_env
 from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
 from astraflow.messages import VersionPublished, decode
 from astraflow.streams.keys import GROUP_TRAINER
 from astraflow.trainer import checkpoint
@@ -70,7 +71,7 @@ async def test_trainer_survives_kill_9_between_publish_and_checkpoint(
     s = settings_for(redis_url, tiny_model, tmp_path, every)
     bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10**9})  # keep `versions` to check
     await heartbeat(bus, "sim", 8)
-    dataflow = Dataflow(s, bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}] * 50)
+    dataflow = Dataflow(dataflow_setup(s), bus, "df", rows=[{"prompt": "1+1=", "answer": "2"}] * 50)
     stop = asyncio.Event()
     df_task = asyncio.create_task(dataflow.run(stop))
     rng = random.Random(0)

@@ -15,6 +15,7 @@ import pytest
 from astraflow import processes
 from astraflow.config import Settings
 from astraflow.errors import WeightIntegrityError
+from astraflow.launch.build import raas_setup
 from astraflow.messages import VersionNotice
 from astraflow.raas.worker import RaasWorker
 from astraflow.weights.files import buffer_root
@@ -82,7 +83,7 @@ async def test_a_checkpoint_that_differs_from_its_manifest_is_refused(bus, tmp_p
     settings = WeightsSettings(full_every=100)
     pub, state, _ = await trainer(bus, settings, tmp_path / "t")
     engine = FakeEngine()
-    worker = RaasWorker(Settings(), bus, {MODEL: engine}, "raas-x", {})
+    worker = RaasWorker(raas_setup(Settings()), bus, {MODEL: engine}, "raas-x", {})
     try:
         key = await publish(pub, state, 1)
         good, bad = tmp_path / "good", tmp_path / "bad"

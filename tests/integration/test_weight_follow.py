@@ -14,6 +14,7 @@ import torch
 from astraflow.config import Settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.engines import make_engine
+from astraflow.launch.build import dataflow_setup, raas_setup
 from astraflow.messages import VersionNotice, encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.weights import layout
@@ -40,7 +41,12 @@ class Follower:
         self.engine = make_engine(s.engine)
         tokenizer = AutoTokenizer.from_pretrained(tiny_model)
         self.worker = RaasWorker(
-            s, bus, {"policy": self.engine}, "raas-x", {"policy": tokenizer}, {"policy": self.receiver}
+            raas_setup(s),
+            bus,
+            {"policy": self.engine},
+            "raas-x",
+            {"policy": tokenizer},
+            {"policy": self.receiver},
         )
         self.rows = [{"prompt": "1+1=", "answer": "2"}]
 
@@ -49,7 +55,9 @@ class Follower:
         self.stop, self.df_stop = asyncio.Event(), asyncio.Event()
         self.tasks = [
             asyncio.create_task(self.worker.run(self.stop)),
-            asyncio.create_task(Dataflow(self.settings, self.bus, "df", self.rows).run(self.df_stop)),
+            asyncio.create_task(
+                Dataflow(dataflow_setup(self.settings), self.bus, "df", self.rows).run(self.df_stop)
+            ),
         ]
 
     async def close(self) -> None:
@@ -107,7 +115,7 @@ async def test_engine_weights_follow_the_trainer_bit_for_bit(bus, redis_url, tin
         await pub.close()
         df_stop = asyncio.Event()
         f.df_stop = df_stop
-        tasks[1] = asyncio.create_task(Dataflow(s, bus, "df", rows).run(df_stop))
+        tasks[1] = asyncio.create_task(Dataflow(dataflow_setup(s), bus, "df", rows).run(df_stop))
         await wait_for(
             lambda: _true(receiver.stats["transfer_errors"] >= 1), 30, "the load of version 4 failed"
         )

@@ -1,6 +1,7 @@
-"""Trainer checkpoints: they round-trip (model, optimizer, scheduler, RNG, run, trained batches) with
-every file loaded `weights_only`; a pickle payload in one is refused unrun; a checkpoint of another run
-is refused; a batch uid handed out again after Redis lost its last writes is not taken as trained."""
+"""Trainer checkpoints: they round-trip (model, optimizer, scheduler, every rank's CPU and CUDA RNG, run,
+trained batches) with every file loaded `weights_only`; one written before per-rank RNG states loads; a
+pickle payload in one is refused unrun; a checkpoint of another run is refused; a batch uid handed out
+again after Redis lost its last writes is not taken as trained."""
 
 import asyncio
 import pickle
@@ -13,6 +14,7 @@ from astraflow.trainer import checkpoint
 from astraflow.trainer.checkpoint import State
 
 pytestmark = pytest.mark.timeout(60)
+CPU = torch.device("cpu")
 
 
 def trained_model():
@@ -32,15 +34,15 @@ def save(root, run: str = "n1"):
     state = State(version=2, step=2, run=run)
     state.add("policy:n1:1", "5-0")
     state.add("policy:n1:2", "9-1")
-    rng = torch.get_rng_state()
-    path = checkpoint.save(root, state, model.state_dict(), optim.state_dict(), sched.state_dict(), rng, 3)
+    rng = checkpoint.rng_state(CPU)
+    path = checkpoint.save(root, state, model.state_dict(), optim.state_dict(), sched.state_dict(), [rng], 3)
     return path, model, optim, sched, rng
 
 
 def test_a_checkpoint_round_trips(tmp_path):
     path, model, optim, sched, rng = save(tmp_path)
-    torch.rand(5)  # moves the RNG on: loading restores it
-    state, model_state, optim_state, sched_state = checkpoint.load(path, "n1")
+    expected = torch.rand(5)  # what a trainer resumed from the checkpoint draws next
+    state, model_state, optim_state, sched_state, rngs = checkpoint.load(path, "n1")
     assert (state.version, state.step, state.run, state.last_batch) == (2, 2, "n1", "9-1")
     assert state.consumed == ["policy:n1:1", "policy:n1:2"]
     assert all(torch.equal(model_state[k], v) for k, v in model.state_dict().items())
@@ -49,7 +51,55 @@ def test_a_checkpoint_round_trips(tmp_path):
     for k, v in optim.state_dict()["state"][0].items():
         assert torch.equal(fresh.state_dict()["state"][0][k], v)
     assert sched_state == sched.state_dict()
-    assert torch.equal(torch.get_rng_state(), rng)
+    checkpoint.restore_rng(rngs, 0, CPU)
+    assert torch.equal(torch.get_rng_state(), rng["torch"])
+    assert torch.equal(torch.rand(5), expected)
+    written = torch.load(path / "rng.pt", weights_only=True)
+    assert torch.equal(written["torch"], rng["torch"])  # rank 0's CPU state where older versions read it
+
+
+def test_each_rank_gets_its_own_rng_state_back(tmp_path):
+    model, optim, sched = trained_model()
+    ranks = []
+    for seed in (1, 2):  # two ranks whose generators went different ways
+        torch.manual_seed(seed)
+        ranks.append(checkpoint.rng_state(CPU))
+    args = (model.state_dict(), optim.state_dict(), sched.state_dict(), ranks, 3)
+    rngs = checkpoint.load(checkpoint.save(tmp_path, State(version=1, run="n1"), *args), "n1")[4]
+    checkpoint.restore_rng(rngs, 1, CPU)
+    assert torch.equal(torch.get_rng_state(), ranks[1]["torch"])
+    mine = torch.get_rng_state()
+    checkpoint.restore_rng(rngs, 2, CPU)  # a rank the checkpoint has none of (resumed on more ranks)
+    assert torch.equal(torch.get_rng_state(), mine)
+
+
+def test_a_checkpoint_from_before_per_rank_rng_states_loads_and_restores_rank_0(tmp_path):
+    path, *_ = save(tmp_path)
+    torch.manual_seed(7)
+    old = torch.get_rng_state()
+    torch.save({"torch": old}, path / "rng.pt")  # the file as checkpoints before held it
+    expected = torch.rand(3)
+    rngs = checkpoint.load(path, "n1")[4]
+    checkpoint.restore_rng(rngs, 0, CPU)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_rng_state_round_trips(tmp_path):
+    device = torch.device("cuda", 0)
+    torch.cuda.manual_seed(3)
+    model, optim, sched = trained_model()
+    rng = checkpoint.rng_state(device)
+    assert "cuda" in rng
+    args = (model.state_dict(), optim.state_dict(), sched.state_dict(), [rng], 3)
+    path = checkpoint.save(tmp_path, State(version=1, run="n1"), *args)
+    expected = torch.rand(4, device=device)  # what a trainer resumed from the checkpoint draws next
+    torch.rand(100, device=device)
+    checkpoint.restore_rng(checkpoint.load(path, "n1")[4], 0, device)
+    assert torch.equal(torch.cuda.get_rng_state(device), rng["cuda"])
+    assert torch.equal(torch.rand(4, device=device), expected)
+    checkpoint.restore_rng([rng], 0, CPU)  # a CUDA checkpoint resumed on the CPU: the CPU state only
 
 
 class Payload:
@@ -102,11 +152,11 @@ def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_tr
 
 async def test_the_trainer_refuses_a_checkpoint_directory_of_another_run(bus, tiny_model, tmp_path):
     from astraflow.config import load_settings
-    from astraflow.trainer.service import TrainerService
+    from astraflow.launch.build import build_trainer
 
     ckpt = tmp_path / "shared-checkpoints"  # trainer.checkpoint_dir outside the run directory
     save(ckpt, run="0123456789ab")  # left there by an earlier run of the same name
     sets = [f"trainer.model={tiny_model}", f"trainer.checkpoint_dir={ckpt}", f"run.dir={tmp_path / 'run'}"]
-    service = TrainerService(load_settings(None, sets), bus, "policy")
+    service = build_trainer(load_settings(None, sets), bus, "policy")
     with pytest.raises(ForeignCheckpointError, match="belongs to another run"):
         await service.run(asyncio.Event())

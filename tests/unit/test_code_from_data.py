@@ -8,6 +8,7 @@ import pytest
 
 from astraflow.config import Settings
 from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup, raas_setup
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Out
@@ -36,7 +37,7 @@ async def run_groups(bus, groups, **raas) -> tuple[list[RolloutGroup], list[dict
     settings = Settings()
     for k, v in raas.items():
         setattr(settings.raas, k, v)
-    worker = RaasWorker(settings, bus, {"policy": Idle()}, "raas-t", {})
+    worker = RaasWorker(raas_setup(settings), bus, {"policy": Idle()}, "raas-t", {})
     await bus.publish_many([Out(bus.keys.prompts, encode(g), f"prompt:{g.uid}") for g in groups])
     stop = asyncio.Event()
     task = asyncio.create_task(worker.runner.run(stop))
@@ -111,7 +112,12 @@ async def test_dataset_row_naming_unnamed_code_is_a_load_error_not_a_dead_letter
     with pytest.raises(
         ValueError, match=r"row 1: reward 'os:system' is not registered or named in the recipe"
     ):
-        Dataflow(Settings(), bus, "df", rows)
+        Dataflow(dataflow_setup(Settings()), bus, "df", rows)
     settings = Settings()
     settings.raas.allowed_code = [SLOW]
-    Dataflow(settings, bus, "df", [{"prompt": "1+1=", "reward": SLOW}, {"prompt": "2+2=", "reward": 0.5}])
+    Dataflow(
+        dataflow_setup(settings),
+        bus,
+        "df",
+        [{"prompt": "1+1=", "reward": SLOW}, {"prompt": "2+2=", "reward": 0.5}],
+    )

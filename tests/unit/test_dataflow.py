@@ -10,6 +10,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger, read_trace, render_trace
 from astraflow.dataflow.policies import advantages
 from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
 from astraflow.messages import RolloutGroup, VersionNotice, decode, encode
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS
@@ -23,7 +24,7 @@ def make(*overrides: str, models=("policy",)) -> tuple[Bus, Dataflow]:
     server = fakeredis.FakeServer(version=(7, 0))
     client = fakeredis.FakeAsyncRedis(server=server, protocol=2)
     bus = Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
-    return bus, Dataflow(settings, bus, "df")
+    return bus, Dataflow(dataflow_setup(settings), bus, "df")
 
 
 async def cycle(bus: Bus, df: Dataflow, reward=lambda g, i: float(i % 2), version=0, feed=True) -> list:
@@ -33,14 +34,14 @@ async def cycle(bus: Bus, df: Dataflow, reward=lambda g, i: float(i % 2), versio
     await roll_out(bus, 100, reward, version)
     while await df.collector.step(1):
         pass
-    for m in df.settings.run.models:
+    for m in df.settings.models:
         while await df.former.step(m) == "ok":
             pass
-    return [b for m in df.settings.run.models for _, b in await train(bus, m)]
+    return [b for m in df.settings.models for _, b in await train(bus, m)]
 
 
 async def ledger_of(bus: Bus, df: Dataflow):
-    ledger = await read_ledger(bus, df.settings.run.models)
+    ledger = await read_ledger(bus, df.settings.models)
     assert not ledger.problems(), ledger.render()
     return ledger
 

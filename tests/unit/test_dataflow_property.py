@@ -21,6 +21,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow.batches import fetch_batch
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
 from astraflow.streams import Bus, Keys
 from tests.dataflow_helpers import publish_version, roll_out, train
 
@@ -132,7 +133,7 @@ class World:
 
     def _dataflow(self, name: str) -> Dataflow:
         bus = self._bus(crashing_client(self.server, self.fuse), crashing_client(self.server, self.fuse))
-        return Dataflow(self.settings, bus, name)
+        return Dataflow(dataflow_setup(self.settings), bus, name)
 
     def restart(self, same_name: bool) -> None:
         self.restarts += 1

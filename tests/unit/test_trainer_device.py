@@ -50,12 +50,12 @@ def test_the_device_is_the_ranks_own_gpu_or_the_cpu(monkeypatch):
 
 def test_cuda_requested_without_cuda_fails_at_start_with_the_reason(monkeypatch, bus):
     from astraflow.config import load_settings
-    from astraflow.trainer.service import TrainerService
+    from astraflow.launch.build import build_trainer
 
     gpus(monkeypatch, 0)
     settings = load_settings(None, ["trainer.model=nowhere", "trainer.device=cuda"])
     with pytest.raises(ConfigError, match=r"trainer.device is 'cuda'.*0 CUDA device"):
-        TrainerService(settings, bus, "policy")  # before it loads any weights
+        build_trainer(settings, bus, "policy")  # before it loads any weights
 
 
 def test_a_bf16_step_on_the_cpu_computes_in_bf16_keeps_float32_weights_and_lowers_the_loss(model):
