@@ -43,11 +43,14 @@ def build_dataflow(settings: Settings, bus: Bus, name: str) -> Dataflow:
 
 def trainer_setup(settings: Settings, model: str) -> TrainerSetup:
     """What the trainer of policy `model` gets of `settings`: that policy's effective trainer settings
-    (`Settings.policy`), the weights section, the run's name and directory."""
+    (`Settings.policy`), the weights section (with the address its server advertises), the run's name
+    and directory."""
     from astraflow.trainer.service import TrainerSetup
+    from astraflow.weights import address
 
     trainer = settings.policy(model).trainer
-    return TrainerSetup(trainer, settings.weights, settings.run.name, settings.run.path)
+    weights = address.resolved(settings.weights, settings.redis.url)
+    return TrainerSetup(trainer, weights, settings.run.name, settings.run.path)
 
 
 def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:

@@ -29,7 +29,7 @@ from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.trainer import checkpoint, devices, distributed
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
-from astraflow.weights import address, layout
+from astraflow.weights import layout
 from astraflow.weights.files import buffer_root
 from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
 from astraflow.weights.settings import WeightsSettings
@@ -133,9 +133,9 @@ class TrainerService:
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
         state = await asyncio.to_thread(self._all, "model_state")
-        root = buffer_root(self.settings.weights, self.settings.run_name, f"trainer-{self.model_name}")
-        specs = layout.layout(state, self.settings.weights.dtype)
-        weights = address.resolved(self.settings.weights, self.settings.redis.url)
+        weights = self.settings.weights
+        root = buffer_root(weights, self.settings.run_name, f"trainer-{self.model_name}")
+        specs = layout.layout(state, weights.dtype)
         self.publisher = WeightPublisher(self.bus, weights, self.model_name, specs, root, secret)
         # Serve the restored (or initial) version. A durable version is announced at most once (dedup key),
         # so after a crash it is announced again only if the crash came before that - or if the dead

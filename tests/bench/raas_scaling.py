@@ -69,6 +69,7 @@ def worker_main(token_ms: float) -> None:
     engine."""
     from transformers import AutoTokenizer
 
+    from astraflow.launch.build import raas_setup
     from astraflow.launch.process import run_until_signalled
     from astraflow.raas.worker import RaasWorker
 
@@ -78,7 +79,7 @@ def worker_main(token_ms: float) -> None:
 
     async def body(bus, stop) -> None:
         engines = {"policy": FakeEngine(token_ms, token)}
-        await RaasWorker(s, bus, engines, s.raas.id, {"policy": tokenizer}).run(stop)
+        await RaasWorker(raas_setup(s), bus, engines, s.raas.id, {"policy": tokenizer}).run(stop)
 
     asyncio.run(run_until_signalled(s, s.redis.url or "", s.raas.id, body, "raas.id"))
 

@@ -15,6 +15,7 @@ from astraflow import redis_server
 from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from tests.dataflow_helpers import heartbeat, roll_out
@@ -87,7 +88,7 @@ async def test_acknowledged_handoffs_survive_a_failover(cluster):
         direct.close()
         identity = await bus.read_only(lambda c: c.hgetall(bus.keys.identity), fresh=bool)
         assert identity and bus.reader.stats == {"replica": 1}  # off a replica Sentinel named
-        df = Dataflow(settings, bus, "df")
+        df = Dataflow(dataflow_setup(settings), bus, "df")
         await heartbeat(bus, "sim", 8)
         await df.feeder.step()
         assert await roll_out(bus, 4, lambda g, i: float(i % 2), statuses=statuses)
