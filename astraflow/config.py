@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from astraflow.dataflow.evaluation import EvalSettings
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
@@ -85,8 +86,6 @@ class RunSettings(BaseModel):
     """`astraflow run` stops after this many versions of every model."""
     max_time_s: float | None = Field(None, gt=0)
     """`astraflow run` stops after this long."""
-    eval_every_s: float = Field(30.0, gt=0)
-    """How often the launcher measures held-out greedy accuracy (built-in tasks)."""
     max_restarts: int = Field(5, ge=0)
     """`astraflow run` restarts a worker that dies at most this many times within `restart_window_s`;
     one more death in that window stops the run (with its report)."""
@@ -95,6 +94,13 @@ class RunSettings(BaseModel):
     restarted each time."""
     tiny: TinyModelSettings | None = None
     """Build this tiny model (cached): the starting weights of every policy that names none."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_eval_every_s(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "eval_every_s" in value:
+            raise ValueError("run.eval_every_s is gone: set eval.every (versions) and eval.datasets")
+        return value
 
     @field_validator("models", mode="before")
     @classmethod
@@ -153,6 +159,8 @@ class Settings(BaseSettings):
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     demo: DemoSettings = Field(default_factory=DemoSettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    """Evaluation as a service: datasets scored at every `eval.every`-th version, for every policy."""
 
     @model_validator(mode="after")
     def _rules(self) -> Settings:

@@ -46,6 +46,12 @@ class PromptGroup(Message):
     sample: dict[str, Any] = field(default_factory=dict)
     """The dataset row: prompt, answer and whatever else the workflow and reward read."""
     submitted_at: float = 0.0
+    eval_version: int = -1
+    """An eval group (>= 0): run on exactly this weight version, scored, never trained on."""
+    eval_dataset: str = ""
+    """The eval dataset the row comes from (eval groups only)."""
+    sampling: dict[str, float] = field(default_factory=dict)
+    """Overrides of the RaaS's sampling for this group (eval: `temperature` 0, `max_new_tokens`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,6 +105,9 @@ class RolloutGroup(Message):
     """Why the whole group failed; None when it did not."""
     models: list[str] = field(default_factory=list)
     """The policies the prompt group trains (a failed group has no trajectories to tell)."""
+    eval_version: int = -1
+    """The prompt group's `eval_version` (>= 0: an eval group, scored and never trained on)."""
+    eval_dataset: str = ""
 
     def _check(self) -> None:
         for traj in self.trajectories:

@@ -69,6 +69,8 @@ async def roll_out(
             version=group.version,
             trajectories=trajs,
             models=list(group.models),
+            eval_version=group.eval_version,
+            eval_dataset=group.eval_dataset,
         )
         items.append((e, [Out(bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]))
         uids.append(group.uid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -19,16 +20,23 @@ from astraflow.messages import VersionNotice, VersionPublished, decode, encode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.keys import GROUP_DATAFLOW
 
+if TYPE_CHECKING:
+    from astraflow.dataflow.evaluation import Evals
+
 log = structlog.get_logger(__name__)
 KEEP_VERSIONS = 64
 """Versions whose manifest keys are remembered (older ones are forgotten as new ones are announced)."""
-VERSIONED = re.compile(r"(?:eval|manifest:.+|checkpoint:.+):(\d+)")
+VERSIONED = re.compile(r"(?:eval|eval_submitted|eval_pending|manifest:.+|checkpoint:.+):(\d+)")
 
 
 class Barrier:
-    def __init__(self, store: Store, name: str, synchronous: bool = False) -> None:
-        self.store, self.synchronous = store, synchronous
-        """Every notice synchronous (sync mode): a RaaS loads it before generating anything else."""
+    def __init__(
+        self, store: Store, name: str, synchronous: bool = False, evals: Evals | None = None
+    ) -> None:
+        self.store, self.synchronous, self.evals = store, synchronous, evals
+        """`synchronous`: every notice synchronous (sync mode): a RaaS loads it before generating anything
+        else. `evals`: an announced eval version's groups are submitted, and hold later notices back
+        until they are collected (or time out), so every RaaS runs them on exactly that version."""
         self.consumer = Consumer(store.bus, store.keys.versions, GROUP_DATAFLOW, name)
 
     async def step(self, block_ms: int | None) -> int:
@@ -67,6 +75,9 @@ class Barrier:
             last, ready, rollback = int(state.get("notice", -1)), min(versions), "rollback" in state
             if ready <= last and not rollback:
                 return sent
+            if not rollback and self.evals is not None and self.evals.holds(state, last):
+                log.debug("notices_held_for_eval", version=last)
+                return sent
             # Every eval version in between is announced (they are synchronous); other ones only matter
             # as the newest, which a RaaS loads anyway. A rollback goes straight to the older version.
             due = [] if rollback else [v for v in range(last + 1, ready) if f"eval:{v}" in state]
@@ -76,6 +87,8 @@ class Barrier:
             if status == "ok":
                 sent += 1
                 log.info("version_announced", version=version, eval=f"eval:{version}" in state)
+                if self.evals is not None and f"eval:{version}" in state:
+                    await self.evals.submit(self.store, version)
 
     def _notice(self, state: dict[str, str], version: int) -> dict[str, bytes]:
         """The notice of `version`. An eval (or sync-mode) notice loads `version` itself; otherwise each

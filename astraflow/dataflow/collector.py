@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import structlog
 
+from astraflow.dataflow.evaluation import score
 from astraflow.dataflow.policies import Judge
-from astraflow.dataflow.store import Collected, Store
+from astraflow.dataflow.store import Collected, EvalRow, Store
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
@@ -22,10 +23,13 @@ UID = re.compile(r"[^\s]{1,200}")
 
 
 class Collector:
-    def __init__(self, store: Store, name: str, untrained: Collection[str] = ()) -> None:
+    def __init__(
+        self, store: Store, name: str, untrained: Collection[str] = (), eval_metrics: Sequence[str] = ()
+    ) -> None:
         """`untrained`: policies that serve but are not trained (`train: false`); their trajectories
-        go into no batch."""
+        go into no batch. `eval_metrics`: what an eval row is scored by (`eval.metrics`)."""
         self.store, self.settings, self.untrained = store, store.settings.collector, frozenset(untrained)
+        self.eval_metrics = list(eval_metrics)
         self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
         self.judge = Judge(self.settings, store.models)
 
@@ -66,6 +70,7 @@ class Collector:
             if status == "ok":
                 settled.append(item)
         await self._metrics(settled)
+        await self._eval_metrics(settled)
 
     async def _metrics(self, items: list[Collected]) -> None:
         """Per model, the on-policy reward of what was collected (before any filter), and the sums of
@@ -80,9 +85,7 @@ class Collector:
                 for name, (total, n) in sums.items():
                     acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
                     acc[0], acc[1] = acc[0] + total, acc[1] + n
-        if not totals:
-            return
-        bus, now = self.store.bus, f"{time.time():.3f}"
+        now = f"{time.time():.3f}"
         entries = [
             {
                 "kind": "rollouts",
@@ -95,6 +98,33 @@ class Collector:
             }
             for m, (r, n, g) in totals.items()
         ]
+        await self._add_metrics(entries)
+
+    async def _eval_metrics(self, items: list[Collected]) -> None:
+        """Per eval version, dataset and policy, the sums of the eval metrics over the rows scored here
+        (`kind=eval`: `rows`, `sums` JSON {metric: sum}); readers add up the entries of a version."""
+        sums: dict[tuple[int, str, str], tuple[int, dict[str, float]]] = {}
+        for it in items:
+            if it.eval is None or it.eval.reason:
+                continue
+            for model, values in it.eval.scores.items():
+                key = (it.eval.version, it.eval.dataset, model)
+                rows, acc = sums.get(key, (0, {}))
+                for name, value in values.items():
+                    acc[name] = acc.get(name, 0.0) + value
+                sums[key] = (rows + 1, acc)
+        now = f"{time.time():.3f}"
+        entries = [
+            {"kind": "eval", "model": m, "dataset": d, "version": str(v), "rows": str(n)}
+            | {"sums": json.dumps(acc), "time": now}
+            for (v, d, m), (n, acc) in sums.items()
+        ]
+        await self._add_metrics(entries)
+
+    async def _add_metrics(self, entries: list[dict[str, str]]) -> None:
+        if not entries:
+            return
+        bus = self.store.bus
 
         async def add() -> None:  # one round trip for every model
             async with bus.redis.pipeline(transaction=False) as pipe:
@@ -103,6 +133,22 @@ class Collector:
                 await pipe.execute()
 
         await bus.call(add)
+
+    def _eval(self, entry_id: str, group: RolloutGroup) -> Collected:
+        """An eval row: scored, never put into a ready set (no parts); dropped (counted, logged) when it
+        failed or its tokens are not all of its eval version."""
+        scores, reason = score(group, self.store.models, self.eval_metrics)
+        if reason:
+            log.warning("eval_row_dropped", uid=group.uid, version=group.eval_version, reason=reason)
+        return Collected(
+            entry_id=entry_id,
+            uid=group.uid,
+            parts=[],
+            rewards={},
+            zero_variance=False,
+            trace={"raas": group.raas, "eval": f"dropped: {reason}" if reason else "scored"},
+            eval=EvalRow(group.eval_version, group.eval_dataset, scores, reason),
+        )
 
     async def _judge(self, entry: Entry) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released (or settling that
@@ -123,6 +169,8 @@ class Collector:
             unknown = {t.model for t in group.trajectories} - set(self.store.models) - self.untrained
             if unknown:
                 raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
+            if group.eval_version >= 0:
+                return self._eval(entry.id, group)
             return self.judge(entry.id, group, entry.fields["data"])
         except DecodeError as e:
             log.error("rollout_dead_lettered", id=entry.id, error=str(e))

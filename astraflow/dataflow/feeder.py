@@ -20,6 +20,7 @@ from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
 
 if TYPE_CHECKING:
+    from astraflow.dataflow.evaluation import Evals
     from astraflow.dataflow.service import DataflowSetup
 
 log = structlog.get_logger(__name__)
@@ -28,10 +29,13 @@ STEP_POSITIONS = 32
 
 
 class Feeder:
-    def __init__(self, settings: DataflowSetup, store: Store, rows: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, settings: DataflowSetup, store: Store, rows: list[dict[str, Any]], evals: Evals | None = None
+    ) -> None:
+        """`evals`: submits an announced eval version's groups (before any other work)."""
         if not rows:
             raise ValueError("the dataset is empty: nothing to feed")
-        self.settings, self.store, self.rows = settings, store, rows
+        self.settings, self.store, self.rows, self.evals = settings, store, rows, evals
         self.bus = store.bus
         self.feeder = settings.dataflow.feeder
         self.curator = make_curator(self.bus, self.feeder)
@@ -88,6 +92,8 @@ class Feeder:
     async def step(self) -> tuple[str, int]:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
         state = await self.store.state()
+        if self.evals is not None and (due := self.evals.due(state)) is not None:
+            await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
         cursor, version = int(state.get("cursor", 0)), max(int(state.get("notice", 0)), 0)
         sync = self.settings.sync
         if sync and self._batch_formed(state, version):

@@ -3,7 +3,8 @@
 Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
     collected[m] == ready[m] + trained[m] + sum(dropped[m][reason])  (each model's part of a group)
-With one model these are `submitted == in_flight + ready + trained + dropped + dead`. `ready[m]` must also
+With one model these are `submitted == in_flight + ready + trained + dropped + dead + eval` (eval groups
+are collected with no model parts: `eval` counts them). `ready[m]` must also
 equal the size of the ready set, and `replayed` counts replay on purpose, outside the identity.
 
 After a failover the counters are those the promoted replica had: a consistent, earlier state of the run
@@ -48,6 +49,10 @@ class Ledger:
     skipped: int
     unknown: int
     models: dict[str, ModelLedger]
+    eval: int = 0
+    """Eval groups among `collected` (they have no model parts: never trained on)."""
+    eval_dropped: dict[str, int] = field(default_factory=dict)
+    """Eval groups collected but not scored, by reason (`wrong_version`, `failed`)."""
     failover_offset: int | None = None
     """Replication offset at which this Redis was promoted from a replica (None: no failover known)."""
 
@@ -73,6 +78,8 @@ class Ledger:
             "collected": self.collected,
             "skipped": self.skipped,
             "unknown": self.unknown,
+            "eval": self.eval,
+            "eval_dropped": self.eval_dropped,
             "models": {n: {**vars(m), "dropped_total": m.dropped_total} for n, m in self.models.items()},
             "balanced": not self.problems(),
             "problems": self.problems(),
@@ -86,6 +93,11 @@ class Ledger:
             f"dead        {self.dead:>8}",
             f"collected   {self.collected:>8}" + (f"   (duplicates: {self.unknown})" if self.unknown else ""),
         ]
+        if self.eval:
+            reasons = ", ".join(f"{r} {n}" for r, n in sorted(self.eval_dropped.items()))
+            lines.append(
+                f"  eval: {self.eval} (scored, never trained)" + (f", dropped: {reasons}" if reasons else "")
+            )
         for name, m in self.models.items():
             reasons = ", ".join(f"{r} {n}" for r, n in sorted(m.dropped.items()))
             lines.append(
@@ -98,6 +110,7 @@ class Ledger:
             lines.append(
                 f"identity: submitted {self.submitted} = in_flight {self.in_flight} + ready {m.ready}"
                 f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead}"
+                + (f" + eval {self.eval}" if self.eval else "")
             )
         problems = self.problems()
         if self.failover_offset is not None:
@@ -139,6 +152,10 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
         collected=counts.get("collected", 0),
         skipped=counts.get("skipped", 0),
         unknown=counts.get("unknown", 0),
+        eval=counts.get("eval", 0),
+        eval_dropped={
+            n.removeprefix("eval_dropped:"): c for n, c in counts.items() if n.startswith("eval_dropped:")
+        },
         models=per_model,
         failover_offset=await failover_offset(bus),
     )

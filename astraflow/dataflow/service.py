@@ -17,6 +17,7 @@ import structlog
 
 from astraflow.dataflow.barrier import Barrier
 from astraflow.dataflow.collector import Collector
+from astraflow.dataflow.evaluation import Evals, EvalSettings
 from astraflow.dataflow.feeder import Feeder
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.store import Store
@@ -45,6 +46,8 @@ class DataflowSetup:
     """Lockstep (`trainer.mode: sync`): every group from the current weights."""
     named_code: frozenset[str]
     """The `module:Name` code the recipe names, the only code a dataset row may pick by name."""
+    eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
+    """What is evaluated at eval versions (none when `eval.every` is 0)."""
 
 
 class BatchFormer:
@@ -73,9 +76,12 @@ class Dataflow:
         if rows is None:
             rows = load_rows(settings.dataflow.dataset, settings.seed)
         check_row_rewards(rows, settings.named_code)
-        self.feeder = Feeder(settings, self.store, rows)
-        self.collector = Collector(self.store, name, set(settings.models) - set(settings.trained))
-        self.barrier = Barrier(self.store, name, synchronous=settings.sync)
+        e = settings.eval
+        evals = Evals(e, settings.dataflow.feeder.workflow, settings.models) if e.every else None
+        self.feeder = Feeder(settings, self.store, rows, evals)
+        untrained = set(settings.models) - set(settings.trained)
+        self.collector = Collector(self.store, name, untrained, e.metrics)
+        self.barrier = Barrier(self.store, name, synchronous=settings.sync, evals=evals)
         self.former = BatchFormer(self.store)
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
         self._freed = asyncio.Event()  # ... and the feeder may have room

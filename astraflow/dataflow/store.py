@@ -16,7 +16,7 @@ from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
 
-SCRIPTS = ("submit", "room", "collect", "form", "version", "announce")
+SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,16 @@ class Part:
 
 
 @dataclass(frozen=True)
+class EvalRow:
+    """One collected eval row: per policy its metrics, or why it was dropped (`reason`)."""
+
+    version: int
+    dataset: str
+    scores: Mapping[str, Mapping[str, float]]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Collected:
     """A decoded rollout entry and what the collector decided for it."""
 
@@ -55,6 +65,9 @@ class Collected:
     metrics: Mapping[str, Mapping[str, tuple[float, int]]] = field(default_factory=dict)
     """Per model and workflow metric: (sum, trajectories reporting it) over the trajectories that did not
     fail."""
+
+    eval: EvalRow | None = None
+    """An eval group's scores (it has no parts: nothing of it is ever trained on)."""
 
     @property
     def mean_reward(self) -> float | None:
@@ -110,6 +123,16 @@ class Store:
                 args += [name, value]
         status, new_cursor, submitted = await self._run("submit", keys, args)
         return status.decode(), int(new_cursor), int(submitted)
+
+    async def submit_eval(self, version: int, groups: Sequence[Mapping[str, bytes]]) -> int:
+        """Submit the eval groups of `version` (PromptGroup entries) unless they were; returns how many."""
+        k = self.keys
+        args: list = [version, f"{time.time():.3f}", len(groups)]
+        for fields in groups:
+            args += [fields["uid"], len(fields)]
+            for name, value in fields.items():
+                args += [name, value]
+        return int(await self._run("submit_eval", [k.prompts, k.state, k.in_flight, k.ledger], args))
 
     async def room(self, backlog_limit: int, ready_limit: int) -> int:
         """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""

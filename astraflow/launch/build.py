@@ -33,6 +33,7 @@ def dataflow_setup(settings: Settings) -> DataflowSetup:
         seed=settings.run.seed,
         sync=settings.trainer.mode == "sync",
         named_code=settings.named_code,
+        eval=settings.eval,
     )
 
 
@@ -50,7 +51,7 @@ def trainer_setup(settings: Settings, model: str) -> TrainerSetup:
 
     trainer = settings.policy(model).trainer
     weights = address.resolved(settings.weights, settings.redis.url)
-    return TrainerSetup(trainer, weights, settings.run.name, settings.run.path)
+    return TrainerSetup(trainer, weights, settings.run.name, settings.run.path, settings.eval.every)
 
 
 def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:

@@ -21,7 +21,6 @@ from pathlib import Path
 from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.launch import report
-from astraflow.launch.evaluate import PeriodicEval
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
@@ -158,7 +157,6 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     if resume:  # metrics.jsonl already holds what came before
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")
-    evaluator = PeriodicEval(settings, progress)
     reason, last_line = None, 0.0
     try:
         while reason is None:
@@ -179,7 +177,6 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             except Exception as e:  # a view that failed this second must not end the run
                 print(f"progress unavailable: {e!r}", flush=True)
                 continue
-            evaluator.maybe_start()
             if live is not None:
                 live.update(render(snap, r.reward_window, r.target_reward))
             elif time.monotonic() - last_line >= 5:
@@ -195,7 +192,6 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     if redis_pid is not None:
         cpu["redis"] = cpu_seconds(redis_pid)
     supervisor.stop()
-    evaluator.final()
     progress.detail_every_s = 0.0  # the report's ledger and generating time as they are now
     extra = {
         "stopped": reason,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from astraflow.dataflow.ledger import Ledger, read_ledger
 from astraflow.errors import DecodeError
+from astraflow.launch.evals import EvalResults
 from astraflow.messages import Heartbeat, decode
 from astraflow.streams import Bus
 from astraflow.streams.inspect import inspect_run
@@ -63,7 +64,8 @@ class Snapshot:
     ledger: Ledger | None
     raas: list[Heartbeat]
     streams: list
-    eval_accuracy: float | None = None
+    evals: dict[str, str] = field(default_factory=dict)
+    """Per policy, its newest eval result (`EvalResults.latest`)."""
 
 
 class Progress:
@@ -83,8 +85,8 @@ class Progress:
         self.models = {m: ModelProgress() for m in models}
         self.started = time.time()
         self._cursor = "0-0"
-        self.evals: list[tuple[int, float, float]] = []
-        """(trainer version, wall seconds, greedy accuracy)."""
+        self.evals = EvalResults()
+        """The eval results (`kind=eval` entries), every policy's."""
         self._generating: dict[tuple[str, float], float] = {}
         """(RaaS id, started at) -> its generating seconds, as last seen in its heartbeat."""
 
@@ -102,8 +104,8 @@ class Progress:
         if self._detail is None or time.monotonic() - self._detail[0] >= self.detail_every_s:
             self._detail = (time.monotonic(), await self._read_detail())
         ledger, raas, streams = self._detail[1]
-        accuracy = self.evals[-1][2] if self.evals else None
-        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, accuracy)
+        evals = self.evals.latest()
+        return Snapshot(time.time() - self.started, self.models, ledger, raas, streams, evals)
 
     async def _read_detail(self) -> tuple:
         ledger = await read_ledger(self.bus, list(self.models))
@@ -120,6 +122,9 @@ class Progress:
             for entry_id, fields in entries:
                 self._cursor = entry_id.decode()
                 f = {k.decode(): v.decode() for k, v in fields.items()}
+                if f.get("kind") == "eval":  # any policy's, trained or not
+                    self.evals.add(f, float(f["time"]) - self.started)
+                    continue
                 if f.get("model") not in self.models:
                     continue
                 m = self.models[f["model"]]
@@ -210,8 +215,7 @@ def line(s: Snapshot, window: int) -> str:
             parts.append(
                 f"tok/s {m.last.get('tokens_per_s', 0):.0f} staleness {m.last.get('staleness_mean', 0):.2f}"
             )
-    if s.eval_accuracy is not None:
-        parts.append(f"eval {s.eval_accuracy:.3f}")
+    parts += [f"eval {name} {text}" for name, text in s.evals.items()]
     if s.ledger is not None:
         parts.append(f"ledger sub {s.ledger.submitted} fly {s.ledger.in_flight} dead {s.ledger.dead}")
     return "  ".join(parts)
@@ -223,7 +227,7 @@ def render(s: Snapshot, window: int, target: float | None):
     from rich.table import Table
 
     top = Table(title=f"astraflow  {s.elapsed_s:.0f}s", expand=True)
-    cols = ("model", "version", f"reward ma{window}", "eval acc", "samples/s", "tokens/s", "staleness", "ETA")
+    cols = ("model", "version", f"reward ma{window}", "eval", "samples/s", "tokens/s", "staleness", "ETA")
     for col in cols:
         top.add_column(col)
     for name, m in s.models.items():
@@ -234,7 +238,7 @@ def render(s: Snapshot, window: int, target: float | None):
             str(m.steps[-1][0] if m.steps else 0),
             (f"{ma:.3f}" + (f" / {target}" if target else "") if ma is not None else "-")
             + metrics_text(m, window),
-            f"{s.eval_accuracy:.3f}" if s.eval_accuracy is not None else "-",
+            s.evals.get(name, "-"),
             f"{samples_per_s(m):.0f}",
             f"{m.last.get('tokens_per_s', 0):.0f}",
             staleness(m.last),

@@ -1,5 +1,5 @@
 """What a run leaves: `summary.json` and `reward.png` (reward, the workflow's metrics such as the tool-call
-rate, and eval accuracy against step and time)."""
+rate, and each policy's eval results against step and time)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
             models[name][f"{metric}_first_window"] = moving(points[:window], window)
             models[name][f"{metric}_last_window"] = moving(points, window)
     timing = {"generating_s": round(progress.generating_s, 3)}
-    return {"models": models, "evals": progress.evals, **timing, **extra}
+    return {"models": models, "evals": progress.evals.as_list(), **timing, **extra}
 
 
 def busy_line(data: dict) -> str:
@@ -63,11 +63,10 @@ def plot(path: Path, progress: Progress, window: int) -> None:
             label = f"{name} {what} (ma{window})"
             by_step.plot([s for s, _, _ in points], ma, style, label=label)
             by_time.plot([t for _, t, _ in points], ma, style, label=label)
-    if progress.evals:
-        label = f"{next(iter(progress.models))} held-out accuracy"
-        accuracy = [a for _, _, a in progress.evals]
-        by_step.plot([v for v, _, _ in progress.evals], accuracy, "o-", label=label)
-        by_time.plot([t for _, t, _ in progress.evals], accuracy, "o-", label=label)
+    for (name, dataset, metric), points in progress.evals.curves().items():  # every policy's
+        label = f"{name} eval {dataset} {metric}"
+        by_step.plot([v for v, _, _ in points], [x for _, _, x in points], "o-", label=label)
+        by_time.plot([t for _, t, _ in points], [x for _, _, x in points], "o-", label=label)
     by_step.set_xlabel("trainer step (version)")
     by_time.set_xlabel("wall time (s)")
     for ax in (by_step, by_time):

@@ -91,7 +91,7 @@ class RaasWorker:
         self.metrics = Metrics(r.metrics_port)
         self.busy = BusyClock()
         self.started_at = time.time()
-        self._workflows: dict[str, RolloutWorkflow] = {}
+        self._workflows: dict[tuple, RolloutWorkflow] = {}
         self._pushed = PushedWorkflows(bus, r)
         self._incarnations: dict[str, str] = {}
         """Model -> trainer incarnation of the loaded weights (from the notices)."""
@@ -118,15 +118,18 @@ class RaasWorker:
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
-        flow = await self._workflow(group.workflow)  # both refused (dead-lettered) unless known or pushed
+        flow = await self._workflow(group.workflow, group.sampling)  # refused unless known or pushed
         resolve_reward(reward_name(group.sample, self.ctx.options), self.allowed)
         await self._synced.wait()
-        if self.settings.sync:  # lockstep: the weights of the group's version, no older
+        # An eval group runs on exactly its version (the barrier holds later notices until it is scored);
+        # lockstep: the weights of the group's version, no older.
+        floor = (
+            group.eval_version if group.eval_version >= 0 else group.version if self.settings.sync else None
+        )
+        if floor is not None:
             async with self._loaded:
                 await self._loaded.wait_for(
-                    lambda: all(
-                        self.engines[m].version >= group.version for m in group.models if m in self.trained
-                    )
+                    lambda: all(self.engines[m].version >= floor for m in group.models if m in self.trained)
                 )
         engines = {m: self.engines[m] for m in group.models}
         started = time.perf_counter()
@@ -153,13 +156,21 @@ class RaasWorker:
             timings={"episodes_s": time.perf_counter() - started},
             error=None if trajectories else "no episode produced a trajectory",
             models=list(group.models),
+            eval_version=group.eval_version,
+            eval_dataset=group.eval_dataset,
         )
         return [Out(self.bus.keys.rollouts, encode(rollout), f"rollout:{group.uid}")]
 
-    async def _workflow(self, name: str) -> RolloutWorkflow:
-        if name not in self._workflows:  # registered, the recipe's, else pushed to the run (if accepted)
-            self._workflows[name] = (await self._pushed.resolve(name, self.allowed))(self.ctx)
-        return self._workflows[name]
+    async def _workflow(self, name: str, sampling: Mapping[str, float]) -> RolloutWorkflow:
+        """The workflow `name` (registered, the recipe's, else pushed to the run if accepted), with the
+        group's `sampling` over the RaaS's (an unknown field raises: the entry is dead-lettered)."""
+        key = (name, tuple(sorted(sampling.items())))
+        if key not in self._workflows:
+            s = self.ctx.sampling
+            params = dataclasses.replace(s, **{k: type(getattr(s, k))(v) for k, v in sampling.items()})
+            ctx = dataclasses.replace(self.ctx, sampling=params)
+            self._workflows[key] = (await self._pushed.resolve(name, self.allowed))(ctx)
+        return self._workflows[key]
 
     async def _heartbeat_loop(self) -> None:
         key, period = self.bus.keys.raas(self.id), self.settings.raas.heartbeat_ms

@@ -47,6 +47,8 @@ class TrainerSetup:
     run_name: str
     run_path: Path
     """The run directory: checkpoints go under it unless `trainer.checkpoint_dir` is set."""
+    eval_every: int = 0
+    """Every this many versions (and version 0) is published as an eval version (`eval.every`; 0 none)."""
 
 
 class TrainerService:
@@ -144,7 +146,8 @@ class TrainerService:
         rollback = await self._announced(self.model_name) > self.state.version
         if rollback:
             log.warning("trainer_rollback", model=self.model_name, version=self.state.version)
-        await self.publisher.publish(state, self.state.version, self.state.step, once=not rollback)
+        v = self.state.version
+        await self.publisher.publish(state, v, self.state.step, eval_=self._eval(v), once=not rollback)
         renew = asyncio.create_task(self._renew_loop())
         try:
             while not stop.is_set() and not self._done():
@@ -165,6 +168,10 @@ class TrainerService:
         """The newest version of `model` published (-1 = none)."""
         newest = (await newest_published(self.bus, [model])).get(model)
         return newest.version if newest is not None else -1
+
+    def _eval(self, version: int) -> bool:
+        every = self.settings.eval_every
+        return every > 0 and version % every == 0
 
     def _done(self) -> bool:
         limit = self.trainer.max_steps
@@ -195,7 +202,8 @@ class TrainerService:
             await self._commit()
         else:  # served and announced now; a restart from an older checkpoint rolls it back (see run)
             model_state = await asyncio.to_thread(self._all, "model_state")
-            await self.publisher.publish(model_state, self.state.version, self.state.step, once=False)
+            v = self.state.version
+            await self.publisher.publish(model_state, v, self.state.step, eval_=self._eval(v), once=False)
 
     async def _commit(self) -> None:
         """Snapshot the state; then, while the next batch trains, write it as a durable checkpoint (the
@@ -216,7 +224,8 @@ class TrainerService:
             asyncio.to_thread(checkpoint.save, self.ckpt_root, state, model_state, optim_state, *rest, keep)
         )
         try:  # the weights go to the buffer meanwhile; served and announced once the checkpoint is durable
-            await self.publisher.publish(model_state, state.version, state.step, durable=saved)
+            v = state.version
+            await self.publisher.publish(model_state, v, state.step, eval_=self._eval(v), durable=saved)
         finally:
             await saved
         await self._ack(entries)

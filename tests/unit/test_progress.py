@@ -42,7 +42,9 @@ def test_live_view_and_line_show_what_a_run_is_doing():
         engine="hf:tiny",
         generating_s=24.0,
     )
-    snap = Snapshot(60.0, {"policy": rising(60, 0.005)}, None, [beat], [], eval_accuracy=0.5)
+    snap = Snapshot(
+        60.0, {"policy": rising(60, 0.005)}, None, [beat], [], evals={"policy": "v50 add pass@1 0.500"}
+    )
     console = Console(record=True, width=200)
     console.print(render(snap, 10, 0.8))
     text = console.export_text()
@@ -51,6 +53,7 @@ def test_live_view_and_line_show_what_a_run_is_doing():
     eta = rising(60, 0.005).eta_s(10, 0.8)
     assert f"{eta:.0f}s" in text
     assert "policy v60 reward(ma10)" in line(snap, 10)
+    assert "eval policy v50 add pass@1 0.500" in line(snap, 10)
 
 
 def test_the_target_counts_when_the_average_crossed_it_between_two_checks():

@@ -12,6 +12,8 @@
 --   curator ('' = none reads the state, 'filter_solved', 'greso'), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
 --   ready_index, reason ('' = accept), min_version, n_samples
+-- An eval group (uid `eval:<v>:...`) has no parts: it counts as `eval` (and `eval_dropped:<reason>` when
+-- its trace says `eval` = `dropped: <reason>`) and lowers `eval_pending:<v>` in the state.
 -- Returns per item: {status, outcome per part...}; status 'ok', 'dup' (already settled), 'lost' (another
 -- consumer owns the entry) or 'unknown' (its uid was not in flight: a duplicate rollout, only acked).
 local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -88,6 +90,15 @@ for i = 1, n_items do
           trace_pairs[#trace_pairs + 1] = model
           trace_pairs[#trace_pairs + 1] = 'dropped: ' .. reason
           reply[#reply + 1] = reason
+        end
+      end
+      local eval_version = string.match(uid, '^eval:(%d+):')
+      if eval_version then  -- an eval group: no parts; its scores go to the metrics stream
+        count('eval', 1)
+        redis.call('HINCRBY', state, 'eval_pending:' .. eval_version, -1)
+        for t = 1, #trace_pairs - 1, 2 do
+          local reason = trace_pairs[t] == 'eval' and string.match(trace_pairs[t + 1], '^dropped: (.+)$')
+          if reason then count('eval_dropped:' .. reason, 1) end
         end
       end
       if curator ~= '' then update_curator(uid, mean, zero_var) end

@@ -1,0 +1,66 @@
+"""Eval results as the launcher and `astraflow top` see them: the metrics stream's `kind=eval` entries
+(written by the dataflow's collector as it scores eval rows), added up per policy, dataset and version."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EvalResult:
+    model: str
+    dataset: str
+    version: int
+    """The weight version every row was sampled at."""
+    rows: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    """When the last of its rows was scored (seconds since the run started)."""
+
+    def values(self) -> dict[str, float]:
+        return {name: total / self.rows for name, total in self.sums.items()}
+
+    def as_dict(self) -> dict:
+        keys = {"model": self.model, "dataset": self.dataset, "version": self.version, "rows": self.rows}
+        return {**keys, "wall_s": round(self.wall_s, 3), **self.values()}
+
+
+class EvalResults:
+    def __init__(self) -> None:
+        self.results: dict[tuple[str, str, int], EvalResult] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.results)
+
+    def add(self, fields: dict[str, str], wall_s: float) -> None:
+        """Add one `kind=eval` entry (rows of one policy, dataset and version scored together)."""
+        key = (fields["model"], fields["dataset"], int(fields["version"]))
+        result = self.results.setdefault(key, EvalResult(*key))
+        result.rows += int(fields["rows"])
+        for name, total in json.loads(fields["sums"]).items():
+            result.sums[name] = result.sums.get(name, 0.0) + total
+        result.wall_s = wall_s
+
+    def as_list(self) -> list[dict]:
+        """Every result, by version, for `summary.json`."""
+        return [r.as_dict() for _, r in sorted(self.results.items(), key=lambda kv: (kv[0][2], kv[0][:2]))]
+
+    def curves(self) -> dict[tuple[str, str, str], list[tuple[int, float, float]]]:
+        """(model, dataset, first metric) -> (version, wall seconds, value) by version: the plot's points."""
+        out: dict[tuple[str, str, str], list[tuple[int, float, float]]] = {}
+        for (model, dataset, version), r in sorted(self.results.items(), key=lambda kv: kv[0][2]):
+            values = r.values()
+            if values:
+                metric, value = next(iter(values.items()))
+                out.setdefault((model, dataset, metric), []).append((version, r.wall_s, value))
+        return out
+
+    def latest(self) -> dict[str, str]:
+        """Per policy, its newest result on the first dataset: `v4 add pass@1 0.750` (the live view)."""
+        out = {}
+        for (model, dataset, metric), points in self.curves().items():
+            if model not in out:
+                version, _, value = points[-1]
+                out[model] = f"v{version} {dataset} {metric} {value:.3f}"
+        return out

@@ -1,0 +1,137 @@
+"""Evaluation as a service, on fakeredis: eval versions bring flagged prompt groups, scored into the
+metrics stream and never batched; the barrier holds later versions back until they are collected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from astraflow.config import ConfigError, load_settings
+from astraflow.dataflow.ledger import read_ledger
+from astraflow.messages import PromptGroup, VersionNotice, decode
+from tests.dataflow_helpers import publish_version, roll_out, train
+from tests.unit.test_dataflow import make
+
+EVAL = [
+    "eval.every=2",
+    "eval.datasets=[{name: add, dataset: {type: task, task: addition}, n: 3}]",
+    "eval.max_new_tokens=5",
+    "dataflow.feeder.min_backlog=2",
+]
+
+
+async def notices(bus) -> list[VersionNotice]:
+    return [decode(f, VersionNotice) for _, f in await bus.redis.xrange(bus.keys.notices)]
+
+
+async def prompt_groups(bus) -> list[PromptGroup]:
+    return [decode(f, PromptGroup) for _, f in await bus.redis.xrange(bus.keys.prompts)]
+
+
+async def eval_metrics(bus) -> list[dict[str, str]]:
+    entries = await bus.redis.xrange(bus.keys.metrics)
+    fields = [{k.decode(): v.decode() for k, v in f.items()} for _, f in entries]
+    return [f for f in fields if f["kind"] == "eval"]
+
+
+async def collect_all(df) -> None:
+    while await df.collector.step(1):
+        pass
+
+
+async def test_an_eval_version_submits_flagged_greedy_groups_once():
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    await df.feeder.step()  # due again? no: submitted once, whichever replica got there first
+    groups = await prompt_groups(bus)
+    evals = [g for g in groups if g.eval_version >= 0]
+    assert [g.uid for g in evals] == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
+    assert all(g.eval_dataset == "add" and g.n_samples == 1 for g in evals)
+    assert evals[0].sampling == {"temperature": 0.0, "max_new_tokens": 5}
+    assert len(groups) == 3  # they fill the backlog: training groups follow once they are taken
+    [notice] = await notices(bus)
+    assert notice.eval and notice.models == {"policy": 0}
+    ledger = await read_ledger(bus, ["policy"])
+    assert (ledger.submitted, ledger.in_flight) == (3, 3)
+
+
+async def test_eval_rows_are_scored_into_metrics_and_never_batched():
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    # The eval rows: the first two get the full reward, the third half of it; then training groups.
+    for _ in range(2):
+        await roll_out(
+            bus, 100, lambda g, i: 0.5 if g.uid == "eval:0:add:2" else float(g.eval_version == 0 or i)
+        )
+        await collect_all(df)
+        await df.feeder.step()
+    while await df.former.step("policy") == "ok":
+        pass
+    batched = {uid for _, b in await train(bus, "policy") for uid in b.group_uids}
+    assert batched and not any(uid.startswith("eval:") for uid in batched)
+    [entry] = await eval_metrics(bus)
+    assert (entry["model"], entry["dataset"], entry["version"], entry["rows"]) == ("policy", "add", "0", "3")
+    sums = json.loads(entry["sums"])
+    assert sums == {"pass@1": 2.0, "mean_reward": 2.5}
+    ledger = await read_ledger(bus, ["policy"])
+    assert not ledger.problems(), ledger.render()
+    assert ledger.eval == 3 and ledger.collected == 5
+
+
+async def test_an_eval_row_sampled_at_another_version_is_dropped_and_counted():
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    await roll_out(bus, 100, lambda g, i: 1.0, version=lambda g: 1 if g.uid == "eval:0:add:1" else 0)
+    await collect_all(df)
+    [entry] = await eval_metrics(bus)
+    assert entry["rows"] == "2"  # the row of version 1 is not in the results
+    ledger = await read_ledger(bus, ["policy"])
+    assert ledger.eval_dropped == {"wrong_version": 1}
+    assert not ledger.problems(), ledger.render()
+
+
+async def test_the_barrier_holds_later_versions_until_the_eval_is_collected():
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    for v in (1, 2, 3):
+        await publish_version(bus, "policy", v, eval_=v % 2 == 0)
+    await df.barrier.step(1)
+    assert [n.version for n in await notices(bus)] == [0]  # v0's eval rows are not collected yet
+    await roll_out(bus, 100, lambda g, i: 1.0)
+    await collect_all(df)
+    await df.barrier.step(1)
+    # v2 is an eval version: announced exactly (not v3), and it holds the next notices in turn.
+    assert [(n.version, n.eval, n.models) for n in await notices(bus)][1:] == [(2, True, {"policy": 2})]
+    assert {g.uid for g in await prompt_groups(bus)} >= {"eval:2:add:0", "eval:2:add:2"}
+    await df.barrier.step(1)
+    assert len(await notices(bus)) == 2
+
+
+async def test_a_lost_eval_holds_the_barrier_only_until_its_timeout():
+    bus, df = make(*EVAL, "eval.timeout_s=0.3")
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    await publish_version(bus, "policy", 1)
+    await df.barrier.step(1)
+    assert len(await notices(bus)) == 1  # nobody rolls the eval rows out
+    await asyncio.sleep(0.4)
+    await df.barrier.step(1)
+    assert [n.version for n in await notices(bus)] == [0, 1]
+
+
+def test_eval_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"eval\.datasets is empty"):
+        load_settings(None, ["eval.every=5"])
+    with pytest.raises(ConfigError, match=r"eval\.every"):
+        load_settings(None, ["run.eval_every_s=5"])
