@@ -96,3 +96,31 @@ def test_the_launcher_shares_the_cores_out_and_reports_where_the_time_went():
     assert busy_line(data) == (
         "100.0s, policy 500 steps; busy: generating 80%, training 55%; cpu: raas-0 84%, redis 11%"
     )
+
+
+async def test_eval_results_of_every_policy_reach_the_summary_the_line_and_the_plot(bus, tmp_path):
+    """`kind=eval` entries (rows scored together) add up per policy, dataset and version, for a policy
+    that is not trained as well."""
+    import json
+
+    from astraflow.launch import report
+    from astraflow.launch.progress import Progress
+
+    def entry(model: str, version: int, rows: int, passed: float) -> dict[str, str]:
+        sums = json.dumps({"pass@1": passed, "mean_reward": passed})
+        fields = {"kind": "eval", "model": model, "dataset": "sums", "version": str(version)}
+        return fields | {"rows": str(rows), "sums": sums, "time": "0"}
+
+    progress = Progress(bus, ["policy"], 10)
+    for fields in (entry("policy", 0, 4, 1), entry("judge", 0, 4, 2), entry("policy", 2, 3, 2)):
+        await bus.redis.xadd(bus.keys.metrics, fields)
+    await bus.redis.xadd(bus.keys.metrics, entry("policy", 2, 1, 1))  # the rest of version 2's rows
+    snap = await progress.poll()
+    assert snap.evals == {"policy": "v2 sums pass@1 0.750", "judge": "v0 sums pass@1 0.500"}
+    assert "eval judge v0 sums pass@1 0.500" in line(snap, 10)
+    data = report.write(tmp_path, progress, 10, {})
+    by_key = {(e["model"], e["version"]): e for e in data["evals"]}
+    assert set(by_key) == {("policy", 0), ("judge", 0), ("policy", 2)}
+    assert (by_key["policy", 2]["rows"], by_key["policy", 2]["pass@1"]) == (4, 0.75)
+    assert json.loads((tmp_path / "summary.json").read_text())["evals"] == data["evals"]
+    assert (tmp_path / "reward.png").stat().st_size > 10_000
