@@ -25,7 +25,7 @@ def test_eval_versions_are_scored_on_their_version_and_never_trained_on(tmp_path
             "run.target_reward=null",
             "run.max_steps=6",
             "eval.every=2",
-            f"eval.datasets=[{{name: sums, dataset: {{type: task, task: addition, size: {ROWS}}}, n: {ROWS}}}]",
+            f"eval.datasets=[{{name: sums, dataset: {{type: task, size: {ROWS}}}, n: {ROWS}}}]",
             "eval.metrics=[pass@1, mean_reward]",
             "streams.trim_interval_ms=1000000000",  # keep the batch streams whole, for the check below
         ]
