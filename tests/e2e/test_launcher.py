@@ -100,13 +100,18 @@ def test_two_policy_recipe_trains_both_behind_the_barrier(tmp_path):
     # 30 steps: a trainer that runs ahead of the other must still be followed by the RaaS (a notice once
     # named the barrier's version for every model, which the faster trainer no longer served: both
     # stalled near step 8).
-    sets = ("run.max_steps=30", "run.max_time_s=240")
+    # An eval every 10 versions: scored for both policies, each on the version it names.
+    evals = ("eval.every=10", "eval.datasets=[{name: sums, dataset: {type: task, size: 8}, n: 8}]")
+    sets = ("run.max_steps=30", "run.max_time_s=240", *evals)
     summary = run(run_dir, "e2e-two", *sets, recipe="recipes/solve-verify-tiny.yaml")
     assert summary["stopped"] == "30 steps" and summary["ledger"]["balanced"], summary
     for model in ("solver", "verifier"):
         assert summary["models"][model]["versions"] >= 30
         assert len(rewards(run_dir, model)) >= 30
         assert f'"model": "{model}"' in (run_dir / "logs" / f"trainer-{model}.log").read_text()
+        scored = {e["version"] for e in summary["evals"] if e["model"] == model and e["rows"] == 8}
+        assert {0, 10, 20} <= scored, summary["evals"]
+    assert summary["ledger"]["eval_dropped"] == {}, summary["ledger"]
     # The barrier announced versions that both trainers had reached, and the RaaS loaded both policies.
     assert '"event": "version_announced"' in (run_dir / "logs" / "dataflow.log").read_text()
     loaded = [
