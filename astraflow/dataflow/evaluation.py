@@ -93,9 +93,6 @@ class EvalSettings(BaseModel):
             raise ValueError(f"eval.datasets: names repeat: {names}")
         return self
 
-    def is_eval(self, version: int) -> bool:
-        return self.every > 0 and version % self.every == 0
-
     def sampling(self) -> dict[str, float]:
         out: dict[str, float] = {"temperature": 0.0} if self.greedy else {}
         if self.max_new_tokens is not None:
