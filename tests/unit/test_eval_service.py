@@ -135,3 +135,22 @@ def test_eval_settings_are_checked():
         load_settings(None, ["eval.every=5"])
     with pytest.raises(ConfigError, match=r"eval\.every"):
         load_settings(None, ["run.eval_every_s=5"])
+
+
+async def test_registered_and_workflow_metrics_score_eval_rows():
+    from astraflow.dataflow.evaluation import eval_metric
+
+    @eval_metric("test_max_reward")
+    def max_reward(trajectories):
+        return max(t.reward for t in trajectories)
+
+    metrics = "eval.metrics=[pass@1, test_max_reward, tool_call]"
+    bus, df = make(*EVAL, metrics, "eval.n_samples=2")
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    # Sample 0 of each row calls the tool and is right; sample 1 does neither.
+    await roll_out(bus, 100, lambda g, i: float(i == 0), metrics=lambda g, i: {"tool_call": float(i == 0)})
+    await collect_all(df)
+    [entry] = await eval_metrics(bus)
+    assert json.loads(entry["sums"]) == {"pass@1": 1.5, "test_max_reward": 3.0, "tool_call": 1.5}
