@@ -154,3 +154,18 @@ async def test_registered_and_workflow_metrics_score_eval_rows():
     await collect_all(df)
     [entry] = await eval_metrics(bus)
     assert json.loads(entry["sums"]) == {"pass@1": 1.5, "test_max_reward": 3.0, "tool_call": 1.5}
+
+
+async def test_eval_rows_a_killed_replica_did_not_submit_are_submitted_by_the_next_feeder_step():
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    evals, df.barrier.evals = df.barrier.evals, None  # a replica killed between announcing and submitting
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)
+    assert [n.version for n in await notices(bus)] == [0] and not await prompt_groups(bus)
+    df.barrier.evals = evals  # another replica: the unsubmitted eval holds later versions back
+    await publish_version(bus, "policy", 1)
+    await df.barrier.step(1)
+    assert [n.version for n in await notices(bus)] == [0]
+    await df.feeder.step()
+    assert [g.uid for g in await prompt_groups(bus)] == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
