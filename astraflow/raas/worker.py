@@ -113,7 +113,8 @@ class RaasWorker:
             self.ctx.rewards.close()
             engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}
             reads = dict(self.bus.reader.stats)  # replica reads vs primary fallbacks (redis.replica_url)
-            log.info("raas_stopped", engines=engines, replica_reads=reads, **self.runner.stats)
+            pulls = {m: dict(rx.stats) for m, rx in self.receivers.items()}  # full/delta/relay pulls, bytes
+            log.info("raas_stopped", engines=engines, replica_reads=reads, weights=pulls, **self.runner.stats)
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
