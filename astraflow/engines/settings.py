@@ -36,6 +36,9 @@ class EngineSettings(BaseModel):
     """`auto` = vllm when installed, else hf."""
     model: str = ""
     """Model directory (Hugging Face layout) the engine serves; for `openai`, the served model name."""
+    tokenizer: str | None = None
+    """Directory of the tokenizer whose ids the engine takes and returns (workflows speak token ids);
+    default `model`. An `openai` endpoint's model is a name, not a directory: give its tokenizer here."""
     dtype: str = "float32"
     """Weights dtype in the engine (`bfloat16` is what vLLM on CPU runs best); vllm: `--dtype`."""
     max_model_len: int = Field(512, gt=0)

@@ -12,16 +12,18 @@ import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from astraflow.config import Settings
 from astraflow.dataflow.service import Dataflow, DataflowSetup
+from astraflow.errors import ConfigError
 from astraflow.policies import PolicySettings
 from astraflow.streams import Bus
 
 if TYPE_CHECKING:
     from astraflow.raas.worker import RaasSetup, RaasWorker
     from astraflow.trainer.service import TrainerService, TrainerSetup
+    from astraflow.weights.settings import WeightsSettings
 
 
 def dataflow_setup(settings: Settings) -> DataflowSetup:
@@ -47,10 +49,9 @@ def trainer_setup(settings: Settings, model: str) -> TrainerSetup:
     (`Settings.policy`), the weights section (with the address its server advertises), the run's name
     and directory."""
     from astraflow.trainer.service import TrainerSetup
-    from astraflow.weights import address
 
     trainer = settings.policy(model).trainer
-    weights = address.resolved(settings.weights, settings.redis.url)
+    weights = served_weights(settings)
     return TrainerSetup(trainer, weights, settings.run.name, settings.run.path, settings.eval.every)
 
 
@@ -74,9 +75,37 @@ def raas_setup(settings: Settings) -> RaasSetup:
     )
 
 
+def served_weights(settings: Settings) -> WeightsSettings:
+    """The weights section of a process that serves weights on this host, with the address it listens
+    on filled in (`weights.address`): loopback for a local run, else one that reaches where Redis is."""
+    from astraflow.weights import address
+
+    contact = address.redis_contact(settings.redis.url, settings.redis.sentinels)
+    return address.resolved(settings.weights, contact)
+
+
 def model_dir(policy: PolicySettings) -> Path | None:
     """The engine's model directory (its config files go with every pulled version), if it has one."""
     return Path(policy.engine.model) if policy.engine.model else None
+
+
+def load_tokenizers(policies: list[PolicySettings]) -> dict[str, Any]:
+    """Each policy's tokenizer (`engine.tokenizer`, else the model directory); an `openai` endpoint
+    names no directory, so it needs `engine.tokenizer`."""
+    from transformers import AutoTokenizer
+
+    from astraflow.engines import resolve_type
+
+    tokenizers = {}
+    for p in policies:
+        source = p.engine.tokenizer or (p.engine.model if resolve_type(p.engine) != "openai" else None)
+        if source is None:
+            raise ConfigError(
+                f"run.models.{p.name}.engine.tokenizer: the openai engine of policy {p.name!r} needs the "
+                "directory of its model's tokenizer (workflows send it token ids)"
+            )
+        tokenizers[p.name] = AutoTokenizer.from_pretrained(source)
+    return tokenizers
 
 
 @contextlib.asynccontextmanager
@@ -84,9 +113,8 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
     """A RaaS worker named `wid` with one started engine per policy (each from that policy's engine
     settings) and a weight receiver per trained policy; engines, receivers and the weight server are
     closed on exit."""
-    from astraflow.engines import make_engine, resolve_type
+    from astraflow.engines import make_engine
     from astraflow.raas.worker import RaasWorker
-    from astraflow.weights import address
     from astraflow.weights.files import buffer_root
     from astraflow.weights.publisher import run_secret
     from astraflow.weights.receiver import WeightReceiver
@@ -102,13 +130,8 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
         engines[p.name] = make_engine(
             p.engine.model_copy(update={"port": port}), log_dir / f"{wid}-{p.name}.log"
         )
-    tokenizers = {}
-    for p in policies:
-        if resolve_type(p.engine) != "openai":
-            from transformers import AutoTokenizer
-
-            tokenizers[p.name] = AutoTokenizer.from_pretrained(p.engine.model)
-    w = address.resolved(settings.weights, settings.redis.url)
+    tokenizers = load_tokenizers(policies)
+    w = served_weights(settings)
     secret = await run_secret(bus, w)
     server = WeightServer.from_settings(secret, w)
     root = buffer_root(w, settings.run.name, wid)

@@ -79,13 +79,14 @@ def _save_settings(settings: Settings, path: Path) -> None:
     import os
 
     import yaml
+    from pydantic import SecretStr
 
-    data = json.loads(json.dumps(settings.model_dump(mode="json"), default=str))
+    def plain(value):  # every secret as itself (a masked one would come back as its mask), the rest as text
+        return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+
+    data = json.loads(json.dumps(settings.model_dump(), default=plain))
     if settings.redis.url is None:
         data["redis"].pop("url", None)
-    for section, key in (("redis", "password"), ("weights", "secret")):
-        value = getattr(getattr(settings, section), key)
-        data[section][key] = value.get_secret_value() if value is not None else None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(data, f, sort_keys=False)

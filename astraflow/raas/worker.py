@@ -33,7 +33,6 @@ from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
-from astraflow.streams.entries import OK
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.weights.files import verify_checkpoint
 from astraflow.weights.publisher import newest_published
@@ -114,7 +113,8 @@ class RaasWorker:
             self.ctx.rewards.close()
             engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}
             reads = dict(self.bus.reader.stats)  # replica reads vs primary fallbacks (redis.replica_url)
-            log.info("raas_stopped", engines=engines, replica_reads=reads, **self.runner.stats)
+            pulls = {m: dict(rx.stats) for m, rx in self.receivers.items()}  # full/delta/relay pulls, bytes
+            log.info("raas_stopped", engines=engines, replica_reads=reads, weights=pulls, **self.runner.stats)
 
     async def handle(self, entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
@@ -186,7 +186,7 @@ class RaasWorker:
                 updated_at=time.time(),
                 engine=", ".join(f"{resolve_type(p.engine)}:{p.engine.model}" for p in self.policies),
                 generating_s=round(self.busy.seconds(), 3),
-                groups=self.runner.stats[OK],
+                groups=self.runner.handed_off,
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)
             try:

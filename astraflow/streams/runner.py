@@ -11,7 +11,7 @@ import structlog
 from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
-from astraflow.streams.entries import LOST, Entry, Out
+from astraflow.streams.entries import DUP, LOST, OK, Entry, Out
 
 Handler = Callable[[Entry], Awaitable[Sequence[Out]]]
 log = structlog.get_logger(__name__)
@@ -50,6 +50,12 @@ class Runner:
     def held(self) -> int:
         """Entries delivered and not yet handed off."""
         return len(self._tasks) + len(self._done) + self._committing
+
+    @property
+    def handed_off(self) -> int:
+        """Entries this runner handed off: OK, and DUP (its hand-off went through, the reply was lost and
+        the retry found it done)."""
+        return self.stats[OK] + self.stats[DUP]
 
     @property
     def free(self) -> int:

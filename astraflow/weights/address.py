@@ -58,6 +58,12 @@ def default_host(redis_url: str | None) -> str:
     return found
 
 
+def redis_contact(url: str | None, sentinels: list[str]) -> str | None:
+    """Where this process finds Redis, as a URL whose host `is_local` and `default_host` judge: the
+    configured URL, else the first Sentinel's (a run behind Sentinel has no URL), else None (embedded)."""
+    return url or (f"redis://{sentinels[0]}" if sentinels else None)
+
+
 def resolved(weights: WeightsSettings, redis_url: str | None) -> WeightsSettings:
     """`weights` with `host` filled in when unset: what a process serving weights on this host uses."""
     if weights.host is not None:

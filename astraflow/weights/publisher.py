@@ -85,6 +85,7 @@ class WeightPublisher:
         self._finishing: asyncio.Task | None = None
         self._publishing = asyncio.Lock()
         self._digest = ""  # of the served version
+        self._manifest: WeightManifest | None = None  # of the served version
         self._delta_files: dict[int, object] = {}
 
     async def publish(
@@ -117,6 +118,14 @@ class WeightPublisher:
         self, half: Half, version: int, step: int, eval_: bool, durable: Awaitable | None, once: bool
     ) -> None:
         base = self.buffer.served
+        if self._manifest is not None and base is not None and base.version == version:
+            # The served version again (a clean stop's checkpoint): the same weights. Its manifest, its
+            # delta and its half stay; a new delta (of it against itself) would replace them under
+            # receivers pulling it.
+            if durable is not None:
+                await durable
+            await self._notify(self._manifest, step, eval_, once)  # its peers still hold these bytes
+            return
         whole, chunks = await asyncio.to_thread(layout.digests, half.data)
         base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
@@ -154,6 +163,7 @@ class WeightPublisher:
             delta_digest=delta_digest,
             base_digest=base_digest,
         )
+        self._manifest = manifest
         await self._announce(manifest, step, eval_, once)
 
     def _serve_delta(self, version: int, delta: bytes) -> None:
@@ -179,6 +189,11 @@ class WeightPublisher:
                 await pipe.execute()
 
         await self.bus.call(write)
+        await self._notify(manifest, step, eval_, once)
+
+    async def _notify(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
+        """Add the version to `versions` (which the dataflow turns into notices)."""
+        key = self.bus.keys.weights(self.model, manifest.version)
         msg = VersionPublished(
             uid=manifest.uid,
             model=self.model,

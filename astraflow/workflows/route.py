@@ -1,10 +1,11 @@
 """`route`: a small policy answers, or hands the question off to a larger model.
 
 The small policy's completion either answers or starts with the hand-off marker; then the large model
-(another policy, trained or not: e.g. a fixed `openai` endpoint with `train: false`) answers the same
-prompt and its answer is the episode's. The small policy is rewarded for the episode's accuracy minus
-`handoff_cost` when it handed off, so it learns to hand off only what it cannot answer itself. The large
-model's trajectory carries its plain accuracy (it goes into no batch when that policy is not trained).
+(another policy, trained or not: e.g. a fixed `openai` endpoint with `train: false` and its tokenizer's
+directory in `engine.tokenizer`) answers the same prompt and its answer is the episode's. The small
+policy is rewarded for the episode's accuracy minus `handoff_cost` when it handed off, so it learns to
+hand off only what it cannot answer itself. The large model's trajectory carries its plain accuracy (it
+goes into no batch when that policy is not trained).
 """
 
 from __future__ import annotations

@@ -99,14 +99,14 @@ class Host:
         return {**os.environ, **QUICK, **env}
 
 
-def prebuild_tiny_model(recipe: str) -> None:
+def prebuild_tiny_model(recipe: str, quick: dict[str, str] = QUICK) -> None:
     """Each container builds the recipe's tiny model in its own directory; processes sharing this
     checkout would build it in one directory at once, so it is built once first."""
     code = (
         "from astraflow.config import load_settings as load\n"
         f"from astraflow.launch.tiny import build_tiny\nbuild_tiny(load({recipe!r}))"
     )
-    cmd, env = [sys.executable, "-c", code], {**os.environ, **QUICK}
+    cmd, env = [sys.executable, "-c", code], {**os.environ, **quick}
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)
 
 

@@ -189,3 +189,20 @@ def test_the_acl_job_installs_users_under_which_every_workers_probe_runs(tmp_pat
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_every_process_that_holds_weights_gets_a_sized_dev_shm():
+    """Weight buffers live in /dev/shm (`weights.dir`), and a container gets 64 MiB of it unless told
+    otherwise: a real model's first buffer write past that kills the trainer or RaaS (SIGBUS)."""
+    from tests.e2e.test_deploy import compose_services
+
+    docs = k8s_docs()
+    for d, c in containers(docs):
+        if c.get("command", [])[1:2] in (["raas"], ["trainer"]):
+            pod = d["spec"]["template"]["spec"]
+            (mount,) = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+            assert volume["emptyDir"]["medium"] == "Memory" and volume["emptyDir"]["sizeLimit"]
+    services = compose_services("compose.yaml", "compose.two-region.yaml")
+    holders = [s for s, spec in services.items() if spec.get("command", [])[1:2] in (["raas"], ["trainer"])]
+    assert len(holders) == 5 and all(services[s].get("shm_size") for s in holders)

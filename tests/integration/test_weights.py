@@ -4,12 +4,14 @@ pull, a client without the run secret is refused, and a receiver relays to the n
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 
 import pytest
 import torch
 
+from astraflow.messages import WeightManifest, decode
 from astraflow.weights import layout
 from astraflow.weights.publisher import WeightPublisher, run_secret
 from astraflow.weights.receiver import WeightReceiver
@@ -87,6 +89,31 @@ async def test_full_then_deltas_reproduce_the_served_bytes(bus, tmp_path, traine
         loaded = load_file(half.path)
         assert torch.equal(loaded["layer.weight"], state["layer.weight"].to(torch.bfloat16))
         assert "lm_head.weight" not in loaded  # tied to the embedding
+    finally:
+        rx.close()
+        rx.server.close()
+
+
+async def test_the_served_version_checkpointed_again_keeps_its_delta_and_stays_served(
+    bus, tmp_path, trainer_side
+):
+    """A clean stop checkpoints the version it served: a receiver a version behind still gets its delta
+    from the trainer (no delta of the version against itself replaces it, nor is it unserved)."""
+    pub, state, secret, settings = trainer_side
+    rx = receiver(bus, settings, secret, tmp_path, "rx")
+    try:
+        await rx.sync(await publish(pub, state, 0), 0)
+        step(state, 0.01, 1)
+        key = await publish(pub, state, 1)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        await pub.publish(state, 1, step=1, durable=done)  # the stop's checkpoint of version 1
+        await pub.wait()
+        manifest = decode(await bus.redis.hgetall(key), WeightManifest)
+        assert (manifest.kind, manifest.base_version) == ("delta", 0)
+        half = await rx.sync(key, 1)
+        assert bytes(half.data) == bytes(pub.buffer.served.data)
+        assert rx.stats["delta_pulls"] == 1 and not rx.stats["transfer_errors"]
     finally:
         rx.close()
         rx.server.close()

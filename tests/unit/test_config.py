@@ -87,3 +87,26 @@ def test_a_run_name_that_would_match_other_runs_keys_is_refused():
         with pytest.raises(ConfigError, match=r"run\.name"):
             load_settings(overrides=[f"run.name={name}"])
     assert load_settings(overrides=["run.name=exp-1.v2_b"]).run.name == "exp-1.v2_b"
+
+
+def test_a_resumed_run_gets_every_secret_back_not_its_mask(tmp_path):
+    """`settings.yaml` (what `--resume` loads) keeps each secret itself: a masked one would come back as
+    the public string `**********` (a push key anyone knows, an API key that fails)."""
+    from astraflow.launch.launcher import _save_settings
+
+    secrets = {
+        "raas.push_key": "push-k",
+        "raas.accept_pushed_code": "true",
+        "engine.api_key": "api-k",
+        "redis.password": "redis-pw",
+        "weights.secret": "weights-s",
+    }
+    settings = load_settings(None, [f"{k}={v}" for k, v in secrets.items()])
+    _save_settings(settings, tmp_path / "settings.yaml")
+    assert "*****" not in (tmp_path / "settings.yaml").read_text()
+    resumed = load_settings(str(tmp_path / "settings.yaml"))
+    for key, value in secrets.items():
+        section, field = key.split(".")
+        got = getattr(getattr(resumed, section), field)
+        assert (got.get_secret_value() if hasattr(got, "get_secret_value") else str(got).lower()) == value
+    assert resumed.model_dump() == settings.model_dump()

@@ -88,3 +88,25 @@ async def test_a_reclaim_whose_reply_was_lost_counts_one_delivery(bus, held):
     bus._scripts["claim"] = lose_the_reclaim_reply
     got = await rescuer.read(1, block_ms=10) or await rescuer.read(1, block_ms=10)
     assert [(e.id, e.deliveries) for e in got] == [(entry.id, 2)]  # taken, and counted once
+
+
+async def test_a_hand_off_whose_reply_was_lost_still_counts_as_handed_off(bus):
+    """The RaaS heartbeat's `groups` (what `astraflow scale` rates workers by) counts it: a hand-off retried
+    after a lost reply (or a WAIT for replicas that timed out) comes back DUP, and was done all the same."""
+    from astraflow.streams import Runner
+
+    for i in range(3):
+        await bus.publish(Out(bus.keys.prompts, {"uid": f"u{i}".encode()}, f"p{i}"))
+    bus._scripts["handoff"] = Faulty(bus._scripts["handoff"], "after")
+
+    async def handle(entry):
+        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]}, entry.fields["uid"].decode())]
+
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop))
+    while await bus.redis.xlen(bus.keys.rollouts) < 3 or runner.held:
+        await asyncio.sleep(0.02)
+    stop.set()
+    await task
+    assert runner.stats[DUP] == 1 and runner.handed_off == 3

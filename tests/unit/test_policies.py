@@ -148,3 +148,19 @@ def test_a_child_process_sees_the_same_policies(tmp_path, monkeypatch):
     assert child.trained == ["actor"]
     assert child.policy("actor") == parent.policy("actor") and child.policy("judge") == parent.policy("judge")
     assert child.dataflow.max_staleness_steps == 0
+
+
+def test_an_openai_judge_speaks_token_ids_of_the_tokenizer_it_names(tmp_path, tiny_model):
+    """Workflows send every engine token ids: an `openai` endpoint's model is a name, so the RaaS needs its
+    tokenizer's directory (`engine.tokenizer`), and says so before it starts anything without one."""
+    from astraflow.launch.build import load_tokenizers
+
+    judge = {"train": False, "model": "judge-7b", "engine": {"type": "openai", "base_url": "http://j/v1"}}
+    models = {"policy": {"model": tiny_model}, "judge": judge}
+    s = load_settings(recipe(tmp_path, {"run": {"models": models}}))
+    with pytest.raises(ConfigError, match=r"run.models.judge.engine.tokenizer"):
+        load_tokenizers([s.policy(m) for m in s.run.models])
+    judge["engine"]["tokenizer"] = tiny_model
+    s = load_settings(recipe(tmp_path, {"run": {"models": models}}))
+    tokenizers = load_tokenizers([s.policy(m) for m in s.run.models])
+    assert tokenizers["judge"].encode("12") == tokenizers["policy"].encode("12")

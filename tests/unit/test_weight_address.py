@@ -66,3 +66,20 @@ def test_advertise_flag_of_the_worker_commands():
     for command in ("raas", "trainer"):
         args = _parser().parse_args([command, "--advertise", "10.0.0.7:5555"])
         assert _settings(args).weights.advertise == "10.0.0.7:5555"
+
+
+@pytest.mark.parametrize(
+    "redis",
+    [{"url": "redis://:pw@192.0.2.77:6379/0"}, {"sentinels": ["192.0.2.78:26379"], "master_name": "m"}],
+)
+def test_a_trainer_or_raas_of_a_remote_run_serves_off_loopback(redis):
+    """What the assembly hands the trainer and the RaaS: behind Sentinel there is no URL, and the run is
+    no more local than with one."""
+    from astraflow.config import Settings
+    from astraflow.launch.build import served_weights, trainer_setup
+
+    if address.outbound_address("192.0.2.77") is None:
+        pytest.skip("this host has no route off loopback")
+    settings = Settings(redis=redis)
+    for weights in (served_weights(settings), trainer_setup(settings, "policy").weights):
+        assert not ipaddress.ip_address(weights.host).is_loopback
