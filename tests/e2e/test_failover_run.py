@@ -6,7 +6,7 @@ replica, the workers follow it and the trainer reaches `trainer.max_steps` and e
 (through the Sentinel, so on the promoted primary) balances and says a failover happened, and nothing
 acknowledged was lost: the RaaS's acknowledged hand-offs are exactly the groups the promoted primary holds
 (a hand-off acknowledged, lost and redone would count twice on the RaaS, once there). With
-`min_replicas_ack: 0` that last check fails (measured: 96 acknowledged, 72 held).
+`min_replicas_ack: 0` that last check fails (measured: 69 acknowledged, 65 held).
 
 Lockstep (`trainer.mode: sync`): the RaaS must load every version before the next rollouts, so the run
 completes only if weights follow the promoted primary too (a version announced there whose manifest the
