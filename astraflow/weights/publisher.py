@@ -21,6 +21,7 @@ import structlog
 from astraflow.errors import DecodeError
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
+from astraflow.streams.connection import register_scripts
 from astraflow.weights import codec, files, layout
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.server import WeightServer
@@ -87,6 +88,7 @@ class WeightPublisher:
         self._digest = ""  # of the served version
         self._manifest: WeightManifest | None = None  # of the served version
         self._delta_files: dict[int, object] = {}
+        self._write_manifest = register_scripts(bus.redis, "astraflow.weights", ("manifest",))["manifest"]
 
     async def publish(
         self,
@@ -179,16 +181,11 @@ class WeightPublisher:
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
-        # a version republished (by a restarted trainer) has other bytes than its peers hold: none yet
         peers = self.bus.keys.weight_peers(self.model, manifest.version)
-        redis, ttl = self.bus.redis, self.settings.manifest_ttl_s
-
-        async def write():
-            async with redis.pipeline(transaction=True) as pipe:
-                pipe.delete(key, peers).hset(key, mapping=encode(manifest)).expire(key, ttl)
-                await pipe.execute()
-
-        await self.bus.call(write)
+        args = [self.settings.manifest_ttl_s, *(x for kv in encode(manifest).items() for x in kv)]
+        # A hand-off like the version's: with redis.min_replicas_ack, done only once replicas have it, so a
+        # version announced after a failover never names a manifest the old primary took with it.
+        await self.bus.hand_off_script(self._write_manifest, [key, peers], args)
         await self._notify(manifest, step, eval_, once)
 
     async def _notify(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:

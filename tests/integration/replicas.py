@@ -58,8 +58,11 @@ def kill9(server: redis_server.RedisServer) -> None:
         time.sleep(0.02)
 
 
-def start_sentinel(root: Path, primary: redis_server.RedisServer, name: str) -> tuple[subprocess.Popen, int]:
-    """A Sentinel (`redis-server CONF --sentinel`) watching `primary` as `name`, quick to fail over."""
+def start_sentinel(
+    root: Path, primary: redis_server.RedisServer, name: str, down_after_ms: int = 500
+) -> tuple[subprocess.Popen, int]:
+    """A Sentinel (`redis-server CONF --sentinel`) watching `primary` as `name`, quick to fail over (a
+    server silent for `down_after_ms` is down)."""
     root.mkdir(parents=True, exist_ok=True)
     port = redis_server.free_port()
     conf = root / "sentinel.conf"
@@ -72,7 +75,7 @@ def start_sentinel(root: Path, primary: redis_server.RedisServer, name: str) -> 
                 f'logfile "{root / "sentinel.log"}"',
                 f"sentinel monitor {name} 127.0.0.1 {primary.port} 1",
                 f"sentinel auth-pass {name} {primary.password}",
-                f"sentinel down-after-milliseconds {name} 500",
+                f"sentinel down-after-milliseconds {name} {down_after_ms}",
                 f"sentinel failover-timeout {name} 3000",
                 f"sentinel parallel-syncs {name} 1",
                 "",
