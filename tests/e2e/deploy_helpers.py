@@ -1,5 +1,6 @@
 """What the deploy tests share: where deploy/ is, running `astraflow` as a container would, waiting."""
 
+import json
 import os
 import socket
 import subprocess
@@ -49,3 +50,14 @@ def redis_up(port: str, password: str | None = None) -> bool:
         return redis.Redis(port=int(port), password=password).ping()
     except redis.ConnectionError:
         return False
+
+
+def events(log: Path, name: str) -> list[dict]:
+    """The JSON log lines of one event in a worker's log."""
+    found = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{") and f'"{name}"' in line:
+            event = json.loads(line)
+            if event.get("event") == name:
+                found.append(event)
+    return found

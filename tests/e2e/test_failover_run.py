@@ -26,7 +26,7 @@ from redis.sentinel import Sentinel
 from astraflow import redis_server
 from astraflow.streams import Keys
 from astraflow.streams.keys import GROUP_DATAFLOW
-from tests.e2e.deploy_helpers import ASTRAFLOW, ROOT, wait_for
+from tests.e2e.deploy_helpers import ASTRAFLOW, ROOT, events, wait_for
 from tests.e2e.test_deploy import QUICK
 from tests.integration.replicas import attach, kill9, start_replica, start_sentinel, system_redis
 
@@ -37,17 +37,6 @@ RECIPE = "recipes/addition-tiny.yaml"
 STEPS = 16
 KILL_AT = 2
 LINK_DOWN_S = 2.0
-
-
-def events(path, name: str) -> list[dict]:
-    """The JSON log lines of one event in a worker's log."""
-    out = []
-    for line in path.read_text().splitlines():
-        if line.startswith("{") and f'"{name}"' in line:
-            record = json.loads(line)
-            if record.get("event") == name:
-                out.append(record)
-    return out
 
 
 def unread_rollouts(sentinel_port: int, password: str) -> int:

@@ -6,18 +6,16 @@ read notices and manifests off the replica (their `raas_stopped` counts), and pe
 one full buffer crosses into region b, not one per RaaS (the weight link's byte count against the
 manifests' payload sizes)."""
 
-import json
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 import redis
 
 from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Keys
-from tests.e2e.deploy_helpers import ASTRAFLOW, ROOT, free_port, redis_up, wait_for
+from tests.e2e.deploy_helpers import ASTRAFLOW, ROOT, events, free_port, redis_up, wait_for
 from tests.e2e.test_deploy import QUICK, prebuild_tiny_model
 from tests.integration.replicas import system_redis
 from tests.link_proxy import LinkProxy
@@ -33,17 +31,6 @@ VERSIONS = 6
 # The deploy test's small model and batches, with a short supervised warm start: some answers are right
 # from the start, so rewards vary within groups and every version changes the weights (a real delta).
 TINY = {**QUICK, "ASTRAFLOW_RUN__TINY__WARM_START_STEPS": "200"}
-
-
-def events(log: Path, name: str) -> list[dict]:
-    """The JSON log lines of one event in a worker's log."""
-    found = []
-    for line in log.read_text().splitlines():
-        if line.startswith("{") and f'"{name}"' in line:
-            event = json.loads(line)
-            if event.get("event") == name:
-                found.append(event)
-    return found
 
 
 def crossings(primary: redis.Redis, keys: Keys) -> dict[tuple[int, str], int]:
