@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
@@ -29,6 +30,9 @@ from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source
 
 log = structlog.get_logger(__name__)
+KEEP_EVALS = 2
+"""Eval versions a trainer keeps serving from copies (the newest, and the one before while it may still
+be in transfer)."""
 
 
 async def run_secret(bus: Bus, settings: WeightsSettings) -> bytes:
@@ -74,6 +78,32 @@ async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Publi
     return newest
 
 
+class ServedFiles:
+    """Bytes of the newest `keep` versions, each served from a private file as `what` of its version."""
+
+    def __init__(self, server: WeightServer, model: str, what: str, directory: Path, keep: int) -> None:
+        self.server, self.model, self.what, self.keep = server, model, what, keep
+        self.dir = files.private_dir(directory)
+        self._open: dict[int, BinaryIO] = {}
+
+    def __contains__(self, version: object) -> bool:
+        return version in self._open
+
+    def add(self, version: int, data: bytes | memoryview) -> None:
+        path = self.dir / f"{version}.bin"
+        files.write_private(path, data)
+        f = self._open[version] = open(path, "rb")  # served until a newer one replaces it
+        self.server.register(self.model, version, self.what, Source(f.fileno(), 0, len(data)))
+        for old in sorted(self._open)[: -self.keep]:
+            self.server.unregister(self.model, old, self.what)
+            self._open.pop(old).close()
+            (self.dir / f"{old}.bin").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+
+
 class WeightPublisher:
     def __init__(
         self, bus: Bus, settings: WeightsSettings, model: str, specs, root: Path, secret: bytes
@@ -81,13 +111,15 @@ class WeightPublisher:
         self.bus, self.settings, self.model, self.specs = bus, settings, model, specs
         self.incarnation = uuid.uuid4().hex[:12]
         self.buffer = DoubleBuffer(root / model, specs, settings.reader_grace_s)
-        self.deltas = files.private_dir(root / model / "deltas")
         self.server = WeightServer.from_settings(secret, settings)
+        self.deltas = ServedFiles(self.server, model, "delta", root / model / "deltas", settings.keep_deltas)
+        self.evals = ServedFiles(self.server, model, "full", root / model / "evals", KEEP_EVALS)
+        """Copies of the newest eval versions, served whatever this trainer publishes after them: the
+        barrier announces an eval version once every trainer reached it, and every RaaS loads exactly it."""
         self._finishing: asyncio.Task | None = None
         self._publishing = asyncio.Lock()
         self._digest = ""  # of the served version
         self._manifest: WeightManifest | None = None  # of the served version
-        self._delta_files: dict[int, object] = {}
         self._write_manifest = register_scripts(bus.redis, "astraflow.weights", ("manifest",))["manifest"]
 
     async def publish(
@@ -136,7 +168,7 @@ class WeightPublisher:
             delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
-                self._serve_delta(version, delta)
+                self.deltas.add(version, delta)
         if durable is not None:
             await durable
         old = base.version if base is not None else None
@@ -145,8 +177,10 @@ class WeightPublisher:
             half.fileno(), half.data_offset, len(half.data), hold=lambda cut: self.buffer.reading(half, cut)
         )
         self.server.register(self.model, version, "full", source)
-        if old is not None:
+        if old is not None and old not in self.evals:
             self.server.unregister(self.model, old, "full")  # its half is written next
+        if eval_:
+            await asyncio.to_thread(self.evals.add, version, half.data)
         full = not delta_digest
         manifest = WeightManifest(
             uid=f"{self.model}:{version}:{self.incarnation}",
@@ -167,17 +201,6 @@ class WeightPublisher:
         )
         self._manifest = manifest
         await self._announce(manifest, step, eval_, once)
-
-    def _serve_delta(self, version: int, delta: bytes) -> None:
-        path = self.deltas / f"{version}.bin"
-        files.write_private(path, delta)
-        f = open(path, "rb")  # served until the delta is dropped
-        self._delta_files[version] = f
-        self.server.register(self.model, version, "delta", Source(f.fileno(), 0, len(delta)))
-        for old in sorted(self._delta_files)[: -self.settings.keep_deltas]:
-            self.server.unregister(self.model, old, "delta")
-            self._delta_files.pop(old).close()  # type: ignore[attr-defined]
-            (self.deltas / f"{old}.bin").unlink(missing_ok=True)
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
@@ -214,6 +237,6 @@ class WeightPublisher:
     async def close(self) -> None:
         await self.wait()
         self.server.close()
-        for f in self._delta_files.values():
-            f.close()  # type: ignore[attr-defined]
+        self.deltas.close()
+        self.evals.close()
         self.buffer.close()

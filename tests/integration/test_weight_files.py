@@ -101,9 +101,9 @@ async def test_a_checkpoint_that_differs_from_its_manifest_is_refused(bus, tmp_p
             )
 
         with pytest.raises(WeightIntegrityError):
-            await worker._load(MODEL, engine, 1, notice(bad))
+            await worker.weights._load(MODEL, engine, 1, notice(bad))
         assert engine.loaded == []
-        assert await worker._load(MODEL, engine, 1, notice(good))
+        assert await worker.weights._load(MODEL, engine, 1, notice(good))
         assert engine.loaded == [str(good)]
     finally:
         worker.ctx.rewards.close()

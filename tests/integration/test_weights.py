@@ -127,7 +127,7 @@ async def test_a_corrupt_delta_is_refused_and_a_full_pull_heals_it(bus, tmp_path
         step(state, 0.01, 1)
         await pub.publish(state, 1, step=1)
         await pub.wait()
-        delta_file = pub.deltas / "1.bin"
+        delta_file = pub.deltas.dir / "1.bin"
         data = bytearray(delta_file.read_bytes())
         data[-1] ^= 0xFF  # at rest, after its digest went into the manifest
         delta_file.write_bytes(data)
@@ -217,3 +217,30 @@ async def test_a_second_receiver_pulls_from_the_first(bus, tmp_path, trainer_sid
         for rx in (first, second):
             rx.close()
             rx.server.close()
+
+
+async def test_an_eval_version_stays_served_after_its_trainer_moved_on(bus, tmp_path, trainer_side):
+    """The barrier announces an eval version once every trainer reached it, and every RaaS must load
+    exactly it: a trainer that ran ahead still serves it (whole), though its halves hold newer ones."""
+    pub, state, secret, settings = trainer_side
+    rx = receiver(bus, settings, secret, tmp_path, "rx")
+    try:
+        await rx.sync(await publish(pub, state, 9), 9)
+        step(state, 1.0, 10)
+        await pub.publish(state, 10, step=10, eval_=True)
+        await pub.wait()
+        evaluated = bytes(pub.buffer.served.data)
+        for v in (11, 12, 13):
+            step(state, 1.0, v)
+            await publish(pub, state, v)
+        half = await rx.sync(bus.keys.weights(MODEL, 10), 10)
+        assert bytes(half.data) == evaluated
+        assert not rx.stats["transfer_errors"] and not rx.stats["integrity_errors"]
+        for v in (20, 30):  # the next eval versions take its place: one copy at a time, besides the newest
+            step(state, 1.0, v)
+            await pub.publish(state, v, step=v, eval_=True)
+            await pub.wait()
+        assert sorted(p.name for p in pub.evals.dir.iterdir()) == ["20.bin", "30.bin"]
+    finally:
+        rx.close()
+        rx.server.close()
