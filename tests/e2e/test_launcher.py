@@ -90,9 +90,12 @@ def test_a_stopped_run_resumes_from_its_directory(tmp_path):
 def test_default_recipe_with_the_vllm_engine(tmp_path):
     pytest.importorskip("vllm")
     run_dir = tmp_path / "run"
-    # Eval off: 100 greedy rows at version 0 take vLLM on these CPUs 33 s alone, and far longer under load.
-    summary = run(run_dir, "e2e-vllm", "engine.type=vllm", "run.max_steps=8", "eval.every=0")
+    # A small eval every 4 versions (the recipe's 100 greedy rows take vLLM on these CPUs 33 s alone).
+    evals = ("eval.every=4", "eval.datasets=[{name: sums, dataset: {type: task, size: 8}, n: 8}]")
+    summary = run(run_dir, "e2e-vllm", "engine.type=vllm", "run.max_steps=8", *evals)
     assert summary["stopped"] == "8 steps" and summary["ledger"]["balanced"]
+    assert {0, 4} <= {e["version"] for e in summary["evals"] if e["rows"] == 8}, summary["evals"]
+    assert summary["ledger"]["eval_dropped"] == {}, summary["ledger"]
     log = (run_dir / "logs" / "raas-0.log").read_text()
     assert '"event": "weights_loaded"' in log  # the vLLM server followed the trainer's versions
 
