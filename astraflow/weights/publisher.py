@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import secrets
 import uuid
-from collections.abc import Awaitable, Collection, Mapping
+from collections.abc import Awaitable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -30,9 +30,6 @@ from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source
 
 log = structlog.get_logger(__name__)
-KEEP_EVALS = 2
-"""Eval versions a trainer keeps serving from copies (the newest, and the one before while it may still
-be in transfer)."""
 
 
 async def run_secret(bus: Bus, settings: WeightsSettings) -> bytes:
@@ -79,25 +76,28 @@ async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Publi
 
 
 class ServedFiles:
-    """Bytes of the newest `keep` versions, each served from a private file as `what` of its version."""
+    """Bytes of some versions, each served from a private file as `what` of its version."""
 
-    def __init__(self, server: WeightServer, model: str, what: str, directory: Path, keep: int) -> None:
-        self.server, self.model, self.what, self.keep = server, model, what, keep
+    def __init__(self, server: WeightServer, model: str, what: str, directory: Path) -> None:
+        self.server, self.model, self.what = server, model, what
         self.dir = files.private_dir(directory)
         self._open: dict[int, BinaryIO] = {}
 
-    def __contains__(self, version: object) -> bool:
-        return version in self._open
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self._open)
 
     def add(self, version: int, data: bytes | memoryview) -> None:
         path = self.dir / f"{version}.bin"
         files.write_private(path, data)
-        f = self._open[version] = open(path, "rb")  # served until a newer one replaces it
+        f = self._open[version] = open(path, "rb")  # served until dropped
         self.server.register(self.model, version, self.what, Source(f.fileno(), 0, len(data)))
-        for old in sorted(self._open)[: -self.keep]:
-            self.server.unregister(self.model, old, self.what)
-            self._open.pop(old).close()
-            (self.dir / f"{old}.bin").unlink(missing_ok=True)
+
+    def drop(self, versions: Iterable[int]) -> None:
+        for version in list(versions):
+            self.server.unregister(self.model, version, self.what)
+            self._open.pop(version).close()
+            (self.dir / f"{version}.bin").unlink(missing_ok=True)
 
     def close(self) -> None:
         for f in self._open.values():
@@ -112,10 +112,10 @@ class WeightPublisher:
         self.incarnation = uuid.uuid4().hex[:12]
         self.buffer = DoubleBuffer(root / model, specs, settings.reader_grace_s)
         self.server = WeightServer.from_settings(secret, settings)
-        self.deltas = ServedFiles(self.server, model, "delta", root / model / "deltas", settings.keep_deltas)
-        self.evals = ServedFiles(self.server, model, "full", root / model / "evals", KEEP_EVALS)
-        """Copies of the newest eval versions, served whatever this trainer publishes after them: the
-        barrier announces an eval version once every trainer reached it, and every RaaS loads exactly it."""
+        self.deltas = ServedFiles(self.server, model, "delta", root / model / "deltas")
+        self.evals = ServedFiles(self.server, model, "full", root / model / "evals")
+        """Copies of eval versions the barrier has not passed yet (see `_keep_evals`)."""
+        self._eval_halves: set[int] = set()  # eval versions served from a half
         self._finishing: asyncio.Task | None = None
         self._publishing = asyncio.Lock()
         self._digest = ""  # of the served version
@@ -139,8 +139,27 @@ class WeightPublisher:
         which a restarted trainer trains again, differently)."""
         async with self._publishing:  # one writer of the idle half at a time, in call order
             await self.wait()
+            await self._keep_evals()
             half = await asyncio.to_thread(self.buffer.write_state, state)
             self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
+
+    async def _keep_evals(self) -> None:
+        """Before the idle half is written: an eval version it holds that the barrier has not passed yet
+        (announced no later version) is copied to a file and served from there; copies of passed eval
+        versions are dropped. The barrier announces an eval version once the slowest trainer reached it,
+        and every RaaS then loads exactly it, so a trainer that ran ahead must still serve it."""
+        idle = self.buffer.idle.version
+        if idle not in self._eval_halves and not self.evals.versions:
+            return
+        key = self.bus.keys.state
+        notice = int(await self.bus.call(lambda: self.bus.redis.hget(key, "notice")) or -1)
+        self.evals.drop(v for v in self.evals.versions if v < notice)
+        if idle in self._eval_halves:
+            self._eval_halves.discard(idle)
+            if idle >= notice:
+                await asyncio.to_thread(self.evals.add, idle, self.buffer.idle.data)  # served from it now
+            else:
+                self.server.unregister(self.model, idle, "full")
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""
@@ -169,6 +188,7 @@ class WeightPublisher:
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
                 self.deltas.add(version, delta)
+                self.deltas.drop(self.deltas.versions[: -self.settings.keep_deltas])
         if durable is not None:
             await durable
         old = base.version if base is not None else None
@@ -177,10 +197,10 @@ class WeightPublisher:
             half.fileno(), half.data_offset, len(half.data), hold=lambda cut: self.buffer.reading(half, cut)
         )
         self.server.register(self.model, version, "full", source)
-        if old is not None and old not in self.evals:
+        if old is not None and old not in self._eval_halves:
             self.server.unregister(self.model, old, "full")  # its half is written next
         if eval_:
-            await asyncio.to_thread(self.evals.add, version, half.data)
+            self._eval_halves.add(version)  # served from its half until that is written (`_keep_evals`)
         full = not delta_digest
         manifest = WeightManifest(
             uid=f"{self.model}:{version}:{self.incarnation}",

@@ -221,7 +221,8 @@ async def test_a_second_receiver_pulls_from_the_first(bus, tmp_path, trainer_sid
 
 async def test_an_eval_version_stays_served_after_its_trainer_moved_on(bus, tmp_path, trainer_side):
     """The barrier announces an eval version once every trainer reached it, and every RaaS must load
-    exactly it: a trainer that ran ahead still serves it (whole), though its halves hold newer ones."""
+    exactly it: a trainer that ran ahead still serves it (whole), though its halves hold newer ones,
+    until the barrier announced a later version."""
     pub, state, secret, settings = trainer_side
     rx = receiver(bus, settings, secret, tmp_path, "rx")
     try:
@@ -236,11 +237,18 @@ async def test_an_eval_version_stays_served_after_its_trainer_moved_on(bus, tmp_
         half = await rx.sync(bus.keys.weights(MODEL, 10), 10)
         assert bytes(half.data) == evaluated
         assert not rx.stats["transfer_errors"] and not rx.stats["integrity_errors"]
-        for v in (20, 30):  # the next eval versions take its place: one copy at a time, besides the newest
-            step(state, 1.0, v)
-            await pub.publish(state, v, step=v, eval_=True)
+        assert [p.name for p in pub.evals.dir.iterdir()] == ["10.bin"]
+
+        await bus.redis.hset(bus.keys.state, "notice", 11)  # the barrier passed version 10
+        step(state, 1.0, 14)
+        await publish(pub, state, 14)
+        assert list(pub.evals.dir.iterdir()) == []
+        # In step with the barrier (it passed eval version 20 before its half was written): no copy.
+        for v in (20, 21, 22):
+            await bus.redis.hset(bus.keys.state, "notice", v)
+            await pub.publish(state, v, step=v, eval_=v == 20)
             await pub.wait()
-        assert sorted(p.name for p in pub.evals.dir.iterdir()) == ["20.bin", "30.bin"]
+        assert list(pub.evals.dir.iterdir()) == []
     finally:
         rx.close()
         rx.server.close()
