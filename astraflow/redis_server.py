@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from astraflow import processes
 from astraflow.errors import RedisServerError
 
 STATE_FILE = "redis.json"
@@ -89,11 +90,15 @@ def start(
     binary: str | None = None,
     appendfsync: str = "everysec",
     wait_s: float = 20.0,
+    with_parent: bool = False,
 ) -> RedisServer:
     """Start a redis-server whose data, log and state live in `run_dir`; returns once it answers PING.
 
     `appendfsync always` makes every acknowledged write durable before its reply (crash tests);
     `everysec` (default) risks the last second on a machine crash, not on a process crash.
+    `with_parent`: the server shuts down (SIGTERM: its AOF flushed) when the calling process dies, even
+    by `kill -9` (call it from the main thread); a run's embedded Redis does, `astraflow redis start`'s
+    outlives the command.
     """
     root = Path(run_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -122,6 +127,7 @@ def start(
     proc = subprocess.Popen(
         [binary, str(conf)],
         start_new_session=True,
+        preexec_fn=processes.die_with_parent() if with_parent else None,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

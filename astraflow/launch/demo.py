@@ -86,7 +86,7 @@ def main(settings: Settings, keep_redis: bool = False) -> int:
     server = None
     try:
         if not settings.redis.url:
-            server = redis_server.start(run_dir / "redis")
+            server = redis_server.start(run_dir / "redis", with_parent=not keep_redis)
             settings.redis.url = server.url
         print(
             f"run {settings.run.name!r} on {redact_url(settings.redis.url)}; "

@@ -21,6 +21,7 @@ from pathlib import Path
 from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.launch import report
+from astraflow.launch.process import stop_grace_s
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
@@ -28,8 +29,6 @@ from astraflow.launch.tiny import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
 from astraflow.streams.runs import mark_stopped
-
-STOP_MARGIN_S = 30.0
 
 
 def place_threads(settings: Settings) -> None:
@@ -117,7 +116,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         build_tiny(settings)
         place_threads(settings)
         if not settings.redis.url:
-            server = redis_server.start(run_dir / "redis")
+            server = redis_server.start(run_dir / "redis", with_parent=not keep_redis)
             settings.redis.url = server.url
             asyncio.run(check_start(server.url, settings, fresh=not resume, resume=resume))
         print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
@@ -134,12 +133,6 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         supervisor.stop()
         if server is not None and not keep_redis:
             server.stop()
-
-
-def stop_grace_s(settings: Settings) -> float:
-    """How long a stopping worker may take before it is killed: a RaaS's grace for its in-flight groups
-    (`raas.grace_s`) plus a margin for what follows it (its release, a trainer's last checkpoint)."""
-    return settings.raas.grace_s + STOP_MARGIN_S
 
 
 async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis_pid: int | None) -> int:

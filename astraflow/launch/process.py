@@ -9,11 +9,22 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 
+import structlog
+
 from astraflow import logs
 from astraflow.config import Settings
 from astraflow.streams import Bus
 from astraflow.streams.memory import warn_if_evicting
 from astraflow.streams.names import hold_name
+
+log = structlog.get_logger(__name__)
+STOP_MARGIN_S = 30.0
+
+
+def stop_grace_s(settings: Settings) -> float:
+    """How long a stopping worker may take before it is killed: a RaaS's grace for its in-flight groups
+    (`raas.grace_s`) plus a margin for what follows it (its release, a trainer's last checkpoint)."""
+    return settings.raas.grace_s + STOP_MARGIN_S
 
 
 def process_name(kind: str, configured: str | None = None) -> str:
@@ -37,12 +48,20 @@ async def run_until_signalled(
 ) -> None:
     """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns). The bus waits
     out Redis outages (logging `redis_unreachable`) rather than ending the process. The process holds its
-    consumer name `worker` throughout (`names.hold_name`; `name_setting` is what a clash should change)."""
+    consumer name `worker` throughout (`names.hold_name`; `name_setting` is what a clash should change).
+    A worker whose parent died (the launcher killed: its workers get SIGTERM) ends a stop that overruns
+    `stop_grace_s` itself, as the launcher would have: its Redis may have died with the launcher."""
     logs.configure(worker=worker, run=settings.run.name)
-    stop = asyncio.Event()
+    stop, parent = asyncio.Event(), os.getppid()
     loop = asyncio.get_running_loop()
+
+    def stopping() -> None:
+        if not stop.is_set() and os.getppid() != parent:
+            loop.call_later(stop_grace_s(settings), _overran, stop_grace_s(settings))
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
         await warn_if_evicting(bus)
@@ -50,3 +69,8 @@ async def run_until_signalled(
             await body(bus, stop)
     finally:
         await bus.close()
+
+
+def _overran(grace_s: float) -> None:
+    log.error("stop_overran", grace_s=grace_s, detail="the parent is gone: nobody else ends this stop")
+    os._exit(1)

@@ -84,3 +84,32 @@ def test_sigterm_stops_the_bus_demo_and_its_embedded_redis(tmp_path):
     assert demo.returncode == 128 + signal.SIGTERM, out[-3000:]
     for pid in run:
         wait_for(lambda p=pid: not alive(p), 15, f"process {pid} of the demo gone")
+
+
+def test_kill_9_of_the_launcher_ends_the_run_and_resume_goes_on(tmp_path):
+    """`kill -9` of `astraflow run` (an OOM kill, a lost node): its workers and its embedded Redis end
+    with it (SIGTERM on parent death), so nothing of the run lingers, and `--resume` goes on from what
+    Redis (its AOF) and the checkpoints hold."""
+    run_dir = tmp_path / "run"
+    launcher = start_run(run_dir, "kill9")
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 3, 240, "the first steps")
+        run = descendants(launcher.pid)
+        assert len(run) > len(json.loads((run_dir / "pids.json").read_text()))  # the Redis too
+        launcher.kill()
+        launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    for pid in run:
+        wait_for(lambda p=pid: not alive(p), 120, f"process {pid} of the run gone")
+
+    steps = steps_done(run_dir)
+    cmd = [sys.executable, "-m", "astraflow.cli", "run", "--resume", str(run_dir)]
+    result = subprocess.run(
+        [*cmd, "--set", f"run.max_steps={steps + 6}"], capture_output=True, text=True, timeout=400
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == f"{steps + 6} steps" and summary["ledger"]["balanced"], summary
