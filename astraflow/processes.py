@@ -8,8 +8,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-PR_SET_PDEATHSIG = 1
-"""prctl(2) option: the signal the kernel sends a process when the thread that forked it exits."""
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
+"""prctl(2) options: the signal the kernel sends a process when the thread that forked it exits."""
 
 STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 """Signals that stop `astraflow run` cleanly (Ctrl-C; what systemd, Kubernetes and Slurm send; a closed
@@ -50,6 +50,15 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+def parent_death_signal() -> int:
+    """The signal this process gets when its parent dies (`die_with_parent`; kept across exec); 0: none."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    sig = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_GET_PDEATHSIG, ctypes.byref(sig))
+    return sig.value
 
 
 def pid_space() -> str:

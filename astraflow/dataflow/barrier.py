@@ -92,15 +92,16 @@ class Barrier:
 
     def _notice(self, state: dict[str, str], version: int) -> dict[str, bytes]:
         """The notice of `version`. An eval (or sync-mode) notice loads `version` itself; otherwise each
-        model loads its newest version short of the next eval version: a trainer ahead of the slowest one
-        serves `version` no longer once it has published the next one (a double buffer)."""
+        model loads its newest version, but none past the next eval version: a trainer ahead of the
+        slowest one serves `version` no longer once it has published the next one (a double buffer),
+        and an eval version until the barrier has passed it."""
         models = self.store.models
         synchronous = self.synchronous or f"eval:{version}" in state
         loads = {m: version for m in models}
         if not synchronous:
             evals = [int(k[5:]) for k in state if k.startswith("eval:") and int(k[5:]) > version]
             newest = {m: int(state[f"v:{m}"]) for m in models}
-            loads = {m: min(v, min(evals) - 1) if evals else v for m, v in newest.items()}
+            loads = {m: min(v, min(evals)) if evals else v for m, v in newest.items()}
         manifests = {m: state.get(f"manifest:{m}:{v}", "") for m, v in loads.items()}
         checkpoints = {m: state.get(f"checkpoint:{m}:{v}", "") for m, v in loads.items()}
         notice = VersionNotice(

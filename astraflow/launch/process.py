@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from astraflow import logs
+from astraflow import logs, processes
 from astraflow.config import Settings
 from astraflow.streams import Bus
 from astraflow.streams.memory import warn_if_evicting
@@ -52,16 +52,11 @@ async def run_until_signalled(
     A worker whose parent died (the launcher killed: its workers get SIGTERM) ends a stop that overruns
     `stop_grace_s` itself, as the launcher would have: its Redis may have died with the launcher."""
     logs.configure(worker=worker, run=settings.run.name)
-    stop, parent = asyncio.Event(), os.getppid()
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-
-    def stopping() -> None:
-        if not stop.is_set() and os.getppid() != parent:
-            loop.call_later(stop_grace_s(settings), _overran, stop_grace_s(settings))
-        stop.set()
-
+    handler = stopper(stop, loop, stop_grace_s(settings))
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping)
+        loop.add_signal_handler(sig, handler)
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
         await warn_if_evicting(bus)
@@ -69,6 +64,21 @@ async def run_until_signalled(
             await body(bus, stop)
     finally:
         await bus.close()
+
+
+def stopper(stop: asyncio.Event, loop: asyncio.AbstractEventLoop, grace_s: float) -> Callable[[], None]:
+    """The stop signals' handler: sets `stop`. In a worker started to die with its parent (the launcher's)
+    whose parent has died, it also ends the process once the stop overruns `grace_s`, as the launcher
+    would have (however often the signal comes, and though a stop had begun before)."""
+    parent, timer = os.getppid(), None
+
+    def stopping() -> None:
+        nonlocal timer
+        stop.set()
+        if timer is None and processes.parent_death_signal() and os.getppid() != parent:
+            timer = loop.call_later(grace_s, _overran, grace_s)
+
+    return stopping
 
 
 def _overran(grace_s: float) -> None:

@@ -55,13 +55,13 @@ class NoticeFollower:
             await self._loaded.wait_for(lambda: all(self.engines[m].version >= version for m in models))
 
     async def at_eval_version(self, models: list[str], version: int) -> bool:
-        """Wait until `models` are loaded at exactly eval version `version` (True: the barrier holds later
-        notices meanwhile), or a later notice was applied (False: the barrier gave up waiting for it)."""
+        """Wait until the notice of eval version `version` is applied, `models` loaded at exactly it (True:
+        the barrier holds later notices meanwhile), or a later notice was (False: the barrier gave up
+        waiting for this eval). Engines that merely passed through `version` while another notice was
+        being applied do not count: they may move on under the episodes."""
         async with self._loaded:
-            await self._loaded.wait_for(
-                lambda: self.noticed > version or all(self.engines[m].version == version for m in models)
-            )
-            return all(self.engines[m].version == version for m in models)
+            await self._loaded.wait_for(lambda: self.noticed >= version)
+            return self.noticed == version and all(self.engines[m].version == version for m in models)
 
     async def run(self) -> None:
         """Apply the latest notice at start (catching up), then the newest of each batch that arrives
@@ -142,7 +142,9 @@ class NoticeFollower:
         except Exception as e:  # a bad notice must not stop the worker from following the next ones
             log.error("bad_notice", error=repr(e))
             return True
-        if newest and not notice.eval:
+        if newest:
+            if notice.eval:  # exact: nothing else to try
+                return False
             notice = await self._with_newest(notice)
         async with self._loads:
             if notice.eval:

@@ -111,9 +111,10 @@ class RaasWorker:
         await self.weights.synced.wait()
         trained = [m for m in group.models if m in self.trained]
         if group.eval_version >= 0 and not await self.weights.at_eval_version(trained, group.eval_version):
-            passed = f"eval version {group.eval_version} passed: notice {self.weights.noticed} is applied"
-            log.warning("eval_group_dropped", uid=group.uid, error=passed)
-            return [self._rollout(group, [], {}, passed)]
+            versions = {m: self.engines[m].version for m in trained}
+            error = f"eval version {group.eval_version} not loaded: notice {self.weights.noticed}, {versions}"
+            log.warning("eval_group_dropped", uid=group.uid, error=error)
+            return [self._rollout(group, [], {}, error)]
         if self.settings.sync:  # lockstep: the weights of the group's version, no older
             await self.weights.at_least(trained, group.version)
         engines = {m: self.engines[m] for m in group.models}

@@ -12,10 +12,9 @@ import asyncio
 import hashlib
 import secrets
 import uuid
-from collections.abc import Awaitable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import structlog
 
@@ -23,8 +22,9 @@ from astraflow.errors import DecodeError
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
-from astraflow.weights import codec, files, layout
+from astraflow.weights import codec, layout
 from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.served import ServedFiles
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source
@@ -75,35 +75,6 @@ async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Publi
     return newest
 
 
-class ServedFiles:
-    """Bytes of some versions, each served from a private file as `what` of its version."""
-
-    def __init__(self, server: WeightServer, model: str, what: str, directory: Path) -> None:
-        self.server, self.model, self.what = server, model, what
-        self.dir = files.private_dir(directory)
-        self._open: dict[int, BinaryIO] = {}
-
-    @property
-    def versions(self) -> list[int]:
-        return sorted(self._open)
-
-    def add(self, version: int, data: bytes | memoryview) -> None:
-        path = self.dir / f"{version}.bin"
-        files.write_private(path, data)
-        f = self._open[version] = open(path, "rb")  # served until dropped
-        self.server.register(self.model, version, self.what, Source(f.fileno(), 0, len(data)))
-
-    def drop(self, versions: Iterable[int]) -> None:
-        for version in list(versions):
-            self.server.unregister(self.model, version, self.what)
-            self._open.pop(version).close()
-            (self.dir / f"{version}.bin").unlink(missing_ok=True)
-
-    def close(self) -> None:
-        for f in self._open.values():
-            f.close()
-
-
 class WeightPublisher:
     def __init__(
         self, bus: Bus, settings: WeightsSettings, model: str, specs, root: Path, secret: bytes
@@ -139,27 +110,30 @@ class WeightPublisher:
         which a restarted trainer trains again, differently)."""
         async with self._publishing:  # one writer of the idle half at a time, in call order
             await self.wait()
-            await self._keep_evals()
             half = await asyncio.to_thread(self.buffer.write_state, state)
             self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
 
-    async def _keep_evals(self) -> None:
-        """Before the idle half is written: an eval version it holds that the barrier has not passed yet
-        (announced no later version) is copied to a file and served from there; copies of passed eval
-        versions are dropped. The barrier announces an eval version once the slowest trainer reached it,
-        and every RaaS then loads exactly it, so a trainer that ran ahead must still serve it."""
-        idle = self.buffer.idle.version
+    async def _keep_evals(self, idle: int | None) -> None:
+        """After a flip, in the background while the trainer trains on: an eval version the flip left in
+        the idle half (which the next `publish` writes) goes on being served from a copy while the
+        barrier has not passed it (announced no later version); copies of passed ones are dropped. The
+        barrier announces an eval version once the slowest trainer reached it, and every RaaS then loads
+        exactly it, so a trainer that ran ahead must still serve it."""
         if idle not in self._eval_halves and not self.evals.versions:
             return
         key = self.bus.keys.state
         notice = int(await self.bus.call(lambda: self.bus.redis.hget(key, "notice")) or -1)
         self.evals.drop(v for v in self.evals.versions if v < notice)
-        if idle in self._eval_halves:
-            self._eval_halves.discard(idle)
-            if idle >= notice:
-                await asyncio.to_thread(self.evals.add, idle, self.buffer.idle.data)  # served from it now
-            else:
-                self.server.unregister(self.model, idle, "full")
+        if idle not in self._eval_halves:
+            return
+        self._eval_halves.discard(idle)
+        if idle >= notice:
+            try:
+                await asyncio.to_thread(self.evals.add, idle, self.buffer.idle.data)
+                return  # served from the copy now
+            except OSError as e:  # a full disk: its eval cannot run on a RaaS that did not load it yet
+                log.error("eval_copy_failed", model=self.model, version=idle, error=repr(e))
+        self.server.unregister(self.model, idle, "full")
 
     async def wait(self) -> None:
         """Until the last published version is announced (its manifest and `versions` entry written)."""
@@ -186,8 +160,12 @@ class WeightPublisher:
         if base is not None and base.version is not None and not full_due:
             delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
-                delta_nbytes, delta_digest = len(delta), hashlib.blake2b(delta, digest_size=16).hexdigest()
-                self.deltas.add(version, delta)
+                digest = hashlib.blake2b(delta, digest_size=16).hexdigest()
+                try:
+                    self.deltas.add(version, delta)
+                    delta_nbytes, delta_digest = len(delta), digest
+                except OSError as e:  # a full disk: receivers pull the full buffer
+                    log.warning("delta_not_served", model=self.model, version=version, error=repr(e))
                 self.deltas.drop(self.deltas.versions[: -self.settings.keep_deltas])
         if durable is not None:
             await durable
@@ -221,6 +199,7 @@ class WeightPublisher:
         )
         self._manifest = manifest
         await self._announce(manifest, step, eval_, once)
+        await self._keep_evals(old)
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from astraflow.redis_server import STATE_FILE
 from tests.e2e.test_chaos import start_run, steps_done, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -95,7 +96,8 @@ def test_kill_9_of_the_launcher_ends_the_run_and_resume_goes_on(tmp_path):
     try:
         wait_for(lambda: steps_done(run_dir) >= 3, 240, "the first steps")
         run = descendants(launcher.pid)
-        assert len(run) > len(json.loads((run_dir / "pids.json").read_text()))  # the Redis too
+        redis = json.loads((run_dir / "redis" / STATE_FILE).read_text())["pid"]
+        assert redis in run and set(json.loads((run_dir / "pids.json").read_text()).values()) <= run
         launcher.kill()
         launcher.communicate(timeout=30)
     finally:

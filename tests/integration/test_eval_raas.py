@@ -8,6 +8,7 @@ import pytest
 
 from astraflow.messages import Heartbeat, PromptGroup, VersionNotice, decode, encode
 from astraflow.streams import Out
+from astraflow.streams.keys import GROUP_RAAS
 from tests.integration.raas_helpers import (
     checkpoint_manifest,
     raas_settings,
@@ -107,7 +108,12 @@ async def test_an_engine_ahead_of_an_eval_version_goes_back_to_it(
         await announce(bus, tiny_model_v2, 0, eval_=False, load=2)
         await wait_for(at_version(2), 60, "the worker at version 2")
         await submit(bus, eval_group(1))
-        await asyncio.sleep(3)
+
+        async def taken() -> bool:
+            return (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1
+
+        await wait_for(taken, 30, "the worker took the eval group")
+        await asyncio.sleep(2)
         assert await bus.redis.xlen(bus.keys.rollouts) == 0  # not on version 2
 
         await announce(bus, tiny_model, 1, eval_=True)
@@ -122,6 +128,6 @@ async def test_an_engine_ahead_of_an_eval_version_goes_back_to_it(
         await submit(bus, eval_group(1, row=1))
         await wait_for(rolled_out(bus, 2), 30, "the passed eval group handed back")
         passed = (await rollouts(bus))[1]
-        assert passed.trajectories == [] and "eval version 1 passed" in passed.error
+        assert passed.trajectories == [] and "eval version 1 not loaded: notice 3" in passed.error
     finally:
         assert stop(worker) == 0

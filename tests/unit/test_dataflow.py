@@ -297,8 +297,8 @@ async def test_barrier_announces_only_versions_every_model_has_and_flags_eval():
     got = await notices()
     assert [(n.version, n.eval) for n in got] == [(0, False), (1, False), (2, True), (3, False)]
     # Each model loads its newest version (a trainer ahead no longer serves the announced one), but
-    # never past a pending eval version: the solver's 1 with notice 0, not its 3 with notice 1.
-    loads = [{"solver": 1, "verifier": 0}, {"solver": 1, "verifier": 1}, {"solver": 2, "verifier": 2}]
+    # never past a pending eval version (served until passed): the solver's 2 with notice 1, not its 3.
+    loads = [{"solver": 1, "verifier": 0}, {"solver": 2, "verifier": 1}, {"solver": 2, "verifier": 2}]
     loads.append({"solver": 3, "verifier": 3})
     for n, expected in zip(got, loads, strict=True):
         assert n.models == expected

@@ -1,6 +1,9 @@
 """Process lifecycle: a child started with `die_with_parent` ends when its parent is killed (the vLLM
-server of a RaaS, the workers of a launcher); the supervisor budgets restarts per time window."""
+server of a RaaS, the workers of a launcher), and a worker whose stop then hangs ends it itself (one
+started otherwise never does); the supervisor budgets restarts per time window."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +36,55 @@ def test_a_child_in_its_own_session_ends_when_its_parent_is_killed():
     while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(child)
+
+
+STUCK = """
+import asyncio, signal
+from astraflow.launch.process import stopper
+
+async def main():
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopper(stop, loop, 1.0))
+    print("ready", flush=True)
+    await stop.wait()
+    await asyncio.sleep(60)  # a stop stuck on a Redis gone with the launcher
+
+asyncio.run(main())
+"""
+LAUNCHER = """
+import signal, subprocess, sys, time
+from astraflow.processes import die_with_parent
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[2]], start_new_session=True,
+                          preexec_fn=die_with_parent(signal.SIGTERM) if sys.argv[1] == "1" else None)
+print(worker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+@pytest.mark.parametrize("with_parent", [True, False])
+def test_a_stuck_stop_ends_only_in_a_worker_whose_launcher_died(with_parent):
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, "1" if with_parent else "0", STUCK],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = int(launcher.stdout.readline())
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        os.kill(worker, signal.SIGTERM)  # a stop begins (Ctrl-C of the run) ...
+        time.sleep(0.5)
+        launcher.kill()  # ... and the launcher is killed while it waits for it
+        launcher.wait()
+        if not with_parent:  # started on its own (nohup): its stop is an operator's, however long it takes
+            os.kill(worker, signal.SIGTERM)
+        deadline = time.monotonic() + (20 if with_parent else 4)
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive(worker) is not with_parent
+    finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
 
 
 class Clock:
