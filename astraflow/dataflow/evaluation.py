@@ -157,7 +157,8 @@ class Evals:
 
     async def submit(self, store: Store, version: int) -> int:
         """Submit the eval groups of `version` unless some replica did; returns groups submitted."""
-        n = await store.submit_eval(version, [encode(g) for g in self.groups(version)])
+        rows = {name: len(rows) for name, rows in self.rows.items()}
+        n = await store.submit_eval(version, [encode(g) for g in self.groups(version)], rows)
         if n:
             log.info("eval_submitted", version=version, groups=n)
         return n

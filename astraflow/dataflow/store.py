@@ -124,15 +124,21 @@ class Store:
         status, new_cursor, submitted = await self._run("submit", keys, args)
         return status.decode(), int(new_cursor), int(submitted)
 
-    async def submit_eval(self, version: int, groups: Sequence[Mapping[str, bytes]]) -> int:
-        """Submit the eval groups of `version` (PromptGroup entries) unless they were; returns how many."""
+    async def submit_eval(
+        self, version: int, groups: Sequence[Mapping[str, bytes]], rows: Mapping[str, int]
+    ) -> int:
+        """Submit the eval groups of `version` (PromptGroup entries) unless they were, with the `rows` of
+        each dataset in the metrics stream; returns how many groups."""
         k = self.keys
-        args: list = [version, f"{time.time():.3f}", len(groups)]
+        args: list = [version, f"{time.time():.3f}", len(groups), self.bus.settings.capped_maxlen, len(rows)]
+        for name, n in rows.items():
+            args += [name, n]
         for fields in groups:
             args += [fields["uid"], len(fields)]
             for name, value in fields.items():
                 args += [name, value]
-        return int(await self._run("submit_eval", [k.prompts, k.state, k.in_flight, k.ledger], args))
+        keys = [k.prompts, k.state, k.in_flight, k.ledger, k.metrics]
+        return int(await self._run("submit_eval", keys, args))
 
     async def room(self, backlog_limit: int, ready_limit: int) -> int:
         """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""

@@ -14,6 +14,10 @@ class EvalResult:
     version: int
     """The weight version every row was sampled at."""
     rows: int = 0
+    """Rows scored."""
+    of: int | None = None
+    """Rows the eval has (`kind=eval_submitted`; None: not seen): fewer scored, the run stopped mid-eval
+    (or some were dropped: the ledger's `eval_dropped`)."""
     sums: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     """When the last of its rows was scored (seconds since the run started)."""
@@ -23,20 +27,30 @@ class EvalResult:
 
     def as_dict(self) -> dict:
         keys = {"model": self.model, "dataset": self.dataset, "version": self.version, "rows": self.rows}
-        return {**keys, "wall_s": round(self.wall_s, 3), **self.values()}
+        return {**keys, "of": self.of, "wall_s": round(self.wall_s, 3), **self.values()}
 
 
 class EvalResults:
     def __init__(self) -> None:
         self.results: dict[tuple[str, str, int], EvalResult] = {}
+        self.sizes: dict[tuple[str, int], int] = {}
+        """(dataset, version) -> rows its eval has."""
 
     def __bool__(self) -> bool:
         return bool(self.results)
 
     def add(self, fields: dict[str, str], wall_s: float) -> None:
-        """Add one `kind=eval` entry (rows of one policy, dataset and version scored together)."""
-        key = (fields["model"], fields["dataset"], int(fields["version"]))
-        result = self.results.setdefault(key, EvalResult(*key))
+        """Add one `kind=eval` entry (rows of one policy, dataset and version scored together), or one
+        `kind=eval_submitted` (how many rows a dataset's eval at a version has)."""
+        dataset, version = fields["dataset"], int(fields["version"])
+        if fields.get("kind") == "eval_submitted":
+            self.sizes[(dataset, version)] = int(fields["rows"])
+            for (_, d, v), r in self.results.items():
+                if (d, v) == (dataset, version):
+                    r.of = int(fields["rows"])
+            return
+        key = (fields["model"], dataset, version)
+        result = self.results.setdefault(key, EvalResult(*key, of=self.sizes.get((dataset, version))))
         result.rows += int(fields["rows"])
         for name, total in json.loads(fields["sums"]).items():
             result.sums[name] = result.sums.get(name, 0.0) + total
@@ -62,5 +76,7 @@ class EvalResults:
         for (model, dataset, metric), points in self.curves().items():
             if model not in out:
                 version, _, value = points[-1]
-                out[model] = f"v{version} {dataset} {metric} {value:.3f}"
+                r = self.results[(model, dataset, version)]
+                partial = f" ({r.rows}/{r.of} rows)" if r.of is not None and r.rows < r.of else ""
+                out[model] = f"v{version} {dataset} {metric} {value:.3f}{partial}"
         return out

@@ -122,7 +122,7 @@ class Progress:
             for entry_id, fields in entries:
                 self._cursor = entry_id.decode()
                 f = {k.decode(): v.decode() for k, v in fields.items()}
-                if f.get("kind") == "eval":  # any policy's, trained or not
+                if f.get("kind") in ("eval", "eval_submitted"):  # any policy's, trained or not
                     self.evals.add(f, float(f["time"]) - self.started)
                     continue
                 if f.get("model") not in self.models:

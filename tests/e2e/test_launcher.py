@@ -39,6 +39,7 @@ def test_default_recipe_learns_end_to_end(tmp_path):
     evals = summary["evals"]
     assert [e["version"] for e in evals[:3]] == [0, 10, 20], evals
     assert all(e["model"] == "policy" and 0 <= e["pass@1"] <= 1 for e in evals)
+    assert all(e["of"] == 100 for e in evals)
     assert all(e["rows"] == 100 for e in evals[:-1])  # (the stop may cut the last one short: its rows say)
     assert (run_dir / "reward.png").stat().st_size > 10_000
     for name in ("dataflow", "raas-0", "trainer-policy"):
