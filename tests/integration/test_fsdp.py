@@ -33,6 +33,10 @@ def run_step(model_dir, out, ranks: int) -> dict:
             str(out),
         ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0 and "terminate called without an active exception" in result.stderr:
+        # A gloo thread aborting a rank natively (seen once in ~20 CI runs, never reproduced locally): a
+        # torch fault, not a numerical one; the step is run again, and the comparison below stays exact.
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return torch.load(out, weights_only=True)
 
