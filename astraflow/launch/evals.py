@@ -15,9 +15,6 @@ class EvalResult:
     """The weight version every row was sampled at."""
     rows: int = 0
     """Rows scored."""
-    of: int | None = None
-    """Rows the eval has (`kind=eval_submitted`; None: not seen): fewer scored, the run stopped mid-eval
-    (or some were dropped: the ledger's `eval_dropped`)."""
     sums: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     """When the last of its rows was scored (seconds since the run started)."""
@@ -27,14 +24,15 @@ class EvalResult:
 
     def as_dict(self) -> dict:
         keys = {"model": self.model, "dataset": self.dataset, "version": self.version, "rows": self.rows}
-        return {**keys, "of": self.of, "wall_s": round(self.wall_s, 3), **self.values()}
+        return {**keys, "wall_s": round(self.wall_s, 3), **self.values()}
 
 
 class EvalResults:
     def __init__(self) -> None:
         self.results: dict[tuple[str, str, int], EvalResult] = {}
         self.sizes: dict[tuple[str, int], int] = {}
-        """(dataset, version) -> rows its eval has."""
+        """(dataset, version) -> rows its eval has (`kind=eval_submitted`): fewer scored, the run stopped
+        mid-eval (or some were dropped: the ledger's `eval_dropped`)."""
 
     def __bool__(self) -> bool:
         return bool(self.results)
@@ -45,20 +43,18 @@ class EvalResults:
         dataset, version = fields["dataset"], int(fields["version"])
         if fields.get("kind") == "eval_submitted":
             self.sizes[(dataset, version)] = int(fields["rows"])
-            for (_, d, v), r in self.results.items():
-                if (d, v) == (dataset, version):
-                    r.of = int(fields["rows"])
             return
         key = (fields["model"], dataset, version)
-        result = self.results.setdefault(key, EvalResult(*key, of=self.sizes.get((dataset, version))))
+        result = self.results.setdefault(key, EvalResult(*key))
         result.rows += int(fields["rows"])
         for name, total in json.loads(fields["sums"]).items():
             result.sums[name] = result.sums.get(name, 0.0) + total
         result.wall_s = wall_s
 
     def as_list(self) -> list[dict]:
-        """Every result, by version, for `summary.json`."""
-        return [r.as_dict() for _, r in sorted(self.results.items(), key=lambda kv: (kv[0][2], kv[0][:2]))]
+        """Every result, by version, for `summary.json` (`of`: the rows its eval has; None: not known)."""
+        ordered = sorted(self.results.items(), key=lambda kv: (kv[0][2], kv[0][:2]))
+        return [{**r.as_dict(), "of": self.sizes.get((r.dataset, r.version))} for _, r in ordered]
 
     def curves(self) -> dict[tuple[str, str, str], list[tuple[int, float, float]]]:
         """(model, dataset, first metric) -> (version, wall seconds, value) by version: the plot's points."""
@@ -76,7 +72,7 @@ class EvalResults:
         for (model, dataset, metric), points in self.curves().items():
             if model not in out:
                 version, _, value = points[-1]
-                r = self.results[(model, dataset, version)]
-                partial = f" ({r.rows}/{r.of} rows)" if r.of is not None and r.rows < r.of else ""
+                rows, of = self.results[(model, dataset, version)].rows, self.sizes.get((dataset, version))
+                partial = f" ({rows}/{of} rows)" if of is not None and rows < of else ""
                 out[model] = f"v{version} {dataset} {metric} {value:.3f}{partial}"
         return out
