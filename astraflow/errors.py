@@ -34,6 +34,10 @@ class WeightIntegrityError(AstraflowError):
     """Weight bytes do not match the digest in their manifest."""
 
 
+class NonFiniteWeights(WeightIntegrityError):
+    """Weights to be published hold NaN or inf: they are never served."""
+
+
 class RedisServerError(AstraflowError):
     """The embedded redis-server could not be found, started or stopped."""
 

@@ -224,14 +224,14 @@ class WeightManifest(Message):
     nbytes: int
     """Size of the weight data (the safetensors data section)."""
     digest: str
-    """blake2b of the weight data (see `weights.layout.digests`)."""
+    """BLAKE3 digest of the weight data (see `weights.layout.digests`)."""
     chunk_digests: list[str]
     tensors: list[TensorSpec]
     incarnation: str
     chunk_bytes: int = 4 << 20
     delta_nbytes: int = 0
     delta_digest: str = ""
-    """blake2b of the delta bytes ('' = no delta from `base_version`)."""
+    """BLAKE3 digest of the delta bytes ('' = no delta from `base_version`)."""
     base_digest: str = ""
     """Digest of the base version's weights: a receiver holding exactly those bytes may apply the delta
     (whichever trainer incarnation produced them)."""

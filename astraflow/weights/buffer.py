@@ -11,6 +11,7 @@ files with `add_files`).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -19,11 +20,29 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from astraflow.errors import ConfigError
 from astraflow.messages import TensorSpec
 from astraflow.weights import layout
 from astraflow.weights.wire import TransferError
 
 WEIGHTS_FILE = "model.safetensors"
+
+
+def reserve(fd: int, size: int, directory: Path) -> None:
+    """Give the file `size` bytes of real storage now (`posix_fallocate`): a buffer in a full `/dev/shm`
+    fails here with a clear error instead of SIGBUS at the first write through the mapping."""
+    try:
+        if size:
+            os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        free = shutil.disk_usage(directory).free
+        raise ConfigError(
+            f"no room for {size / 2**20:.0f} MiB of weights in {directory} ({free / 2**20:.0f} MiB free):"
+            " each process holds two buffers per policy (weights.dir; /dev/shm by default: size it as"
+            " deploy/README.md says)"
+        ) from None
 
 
 class Half:
@@ -38,8 +57,8 @@ class Half:
         os.fchmod(fd, 0o600)  # also when the file was there before
         self._file = os.fdopen(fd, "r+b")  # kept open as long as the mapping
         self._file.write(head)
-        self._file.truncate(size)
         self._file.flush()
+        reserve(fd, size, directory)
         self._map = mmap.mmap(self._file.fileno(), size)
         self.data = memoryview(self._map)[self.data_offset :]
         self.version: int | None = None
@@ -114,16 +133,20 @@ class DoubleBuffer:
             return half
 
     def write_state(self, state: Mapping) -> Half:
-        """Cast and copy a torch state dict into the idle half (call `flip` to serve it)."""
+        """Copy a torch state dict into the idle half (call `flip` to serve it). Each tensor is cast to the
+        served dtype where it lives (on its device) and then copied: one pass over the host bytes, no
+        full-precision host copy. Names the layout left out (tied weights) are not read."""
         import torch
 
-        dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
         half = self.claim()
         for spec in self.specs:
-            dtype = dtypes[spec.dtype]
+            dtype = getattr(torch, spec.dtype)
             count = spec.nbytes // dtype.itemsize
             target = torch.frombuffer(half.data, dtype=dtype, count=count, offset=spec.offset)
-            target.view(spec.shape).copy_(state[spec.name].detach())
+            source = state[spec.name].detach()
+            if source.device.type != "cpu":
+                source = source.to(dtype)  # on the device: half the bytes cross to the host
+            target.view(spec.shape).copy_(source)
         return half
 
     def close(self) -> None:

@@ -1,15 +1,15 @@
 """The trainer's side of the weight manager: offload, delta, digest, serve, manifest, `versions`.
 
 `publish` copies the new weights into the idle half of the double buffer - the only part on the
-trainer's critical path - and returns. A background task then digests the half, encodes the delta from
-the served one, flips, serves both over TCP, writes the manifest `weights:<model>:<version>` and adds
-the entry to `versions`. The next `publish` first waits for that task, so the halves stay consistent.
+trainer's critical path - and returns. A background task then scans the half in parallel threads
+(digests, the elements changed since the served one, none NaN or inf), encodes the delta, flips, serves
+both over TCP, writes the manifest `weights:<model>:<version>` and adds the entry to `versions`. The
+next `publish` first waits for that task, so the halves stay consistent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import secrets
 import uuid
 from collections.abc import Awaitable, Collection, Mapping
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import structlog
 
-from astraflow.errors import DecodeError
+from astraflow.errors import DecodeError, NonFiniteWeights
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
-from astraflow.weights import codec, layout
+from astraflow.weights import codec, layout, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.served import ServedFiles
 from astraflow.weights.server import WeightServer
@@ -153,14 +153,22 @@ class WeightPublisher:
                 await durable
             await self._notify(self._manifest, step, eval_, once)  # its peers still hold these bytes
             return
-        whole, chunks = await asyncio.to_thread(layout.digests, half.data)
+        full_due = version % self.settings.full_every == 0  # then no delta is offered (nor computed)
+        compare = base is not None and base.version is not None and not full_due
+        seen = await asyncio.to_thread(
+            scan.scan, half.data, base.data if compare else None, self.settings.dtype
+        )
+        if seen.nonfinite:  # the trainer checks its steps; this is the last line before any engine
+            raise NonFiniteWeights(f"{self.model} v{version}: {seen.nonfinite} weights are NaN or inf")
+        whole, chunks = seen.digest, seen.chunk_digests
         base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
-        full_due = version % self.settings.full_every == 0  # then no delta is offered (nor computed)
-        if base is not None and base.version is not None and not full_due:
-            delta = await asyncio.to_thread(codec.encode, base.data, half.data, self.buffer.itemsize)
+        if seen.changed is not None:
+            delta = await asyncio.to_thread(
+                codec.encode_changes, half.data, seen.changed, self.buffer.itemsize
+            )
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
-                digest = hashlib.blake2b(delta, digest_size=16).hexdigest()
+                digest = layout.chunk_digest(delta)
                 try:
                     self.deltas.add(version, delta)
                     delta_nbytes, delta_digest = len(delta), digest

@@ -1,21 +1,22 @@
 """The RaaS's side of the weight manager: pull, patch, verify, hand over, relay.
 
 For each announced version: read the manifest; pull the delta when this process holds exactly the base
-version's bytes (same digest), else the full buffer; verify the whole digest before anyone sees the
-bytes. Either kind crosses into a region once (`relay`): the region's elected relay pulls it from the
-trainer (a full buffer from a peer of the region that holds it, when one does), and the others pull it
-from the relay while it is still receiving; a relay that dies or stalls is replaced by another election
-(at most `RELAY_ROUNDS`, then the trainer). A mismatch raises WeightIntegrityError inside, is logged and
-counted, and the version is pulled again in full from the trainer. Once verified, this process serves
-the version (and the delta that made it) until it is replaced. A source that fails or stalls (past
-`io_timeout_s`) is left for the next one, and a failed peer is removed from the version's peers; each
-attempt gives up after `pull_deadline_s` over all its sources.
+version's bytes (same digest), else the full buffer; verify before anyone sees the bytes: a full pull
+chunk by chunk as it arrives (`verify`), a delta by its own digest (applied to the held, verified base,
+it gives exactly the manifest's bytes: nothing is read again). Either kind crosses into a region once
+(`relay`): the region's elected relay pulls it from the trainer (a full buffer from a peer of the region
+that holds it, when one does), and the others pull it from the relay while it is still receiving; a
+relay that dies or stalls is replaced by another election (at most `RELAY_ROUNDS`, then the trainer). A
+mismatch raises WeightIntegrityError inside, is logged and counted, and the version is pulled again in
+full from the trainer. Once verified, this process serves the version (and the delta that made it)
+until it is replaced. A source that fails or stalls (past `io_timeout_s`) is left for the next one, and
+a failed peer is removed from the version's peers; each attempt gives up after `pull_deadline_s` over
+all its sources.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,7 @@ from astraflow.weights.relay import Election, Spool
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source, pull
+from astraflow.weights.verify import ChunkVerifier
 from astraflow.weights.wire import TransferError
 
 log = structlog.get_logger(__name__)
@@ -104,20 +106,20 @@ class WeightReceiver:
         deadline = time.monotonic() + self.settings.pull_deadline_s
         use_delta = first_try and manifest.delta_digest and self.held == base and manifest.kind == "delta"
         half = await asyncio.to_thread(buffer.claim)
-        if use_delta:
-            delta = await self._pull_delta(manifest, deadline)
-            await asyncio.to_thread(self._to_base, half, idle_version)
-            await asyncio.to_thread(codec.apply, half.data, delta)
-            self.stats["delta_pulls"] += 1
-        else:
-            await self._pull_full(manifest, half, first_try, deadline)
-            delta = None
-        whole, _ = await asyncio.to_thread(layout.digests, half.data, manifest.chunk_bytes)
-        if whole != manifest.digest:
+        try:
+            if use_delta:  # verified: the delta's digest, applied to the held base's bytes
+                delta = await self._pull_delta(manifest, deadline)
+                await asyncio.to_thread(self._to_base, half, idle_version)
+                await asyncio.to_thread(codec.apply, half.data, delta)
+                self.stats["delta_pulls"] += 1
+            else:  # verified chunk by chunk as the bytes arrive
+                verifier = ChunkVerifier(half.data, manifest)
+                await self._pull_full(manifest, half, first_try, deadline, verifier.arrived)
+                await asyncio.to_thread(verifier.check)
+                delta = None
+        except WeightIntegrityError:
             self.server.unregister(self.model, manifest.version, "full")
-            raise WeightIntegrityError(
-                f"{self.model} v{manifest.version}: digest {whole} != manifest {manifest.digest}"
-            )
+            raise
         buffer.flip(manifest.version)
         self.held = (manifest.version, manifest.digest)
         self._last_delta = (base[0], manifest.version, delta) if delta is not None else None  # type: ignore[assignment]
@@ -132,9 +134,9 @@ class WeightReceiver:
         spool = Spool(files.private_dir(self.root / "deltas"), manifest.delta_nbytes)
         self.server.register(self.model, manifest.version, "delta", spool.source)
         try:
-            await self._in_region(manifest, "delta", spool.view, spool.source, deadline)
+            await self._in_region(manifest, "delta", spool.view, spool.source.arrived, deadline)
             delta = spool.data()
-            if hashlib.blake2b(delta, digest_size=16).hexdigest() != manifest.delta_digest:
+            if layout.chunk_digest(delta) != manifest.delta_digest:
                 raise WeightIntegrityError(f"{self.model} v{manifest.version}: delta digest mismatch")
         except BaseException:
             self.server.unregister(self.model, manifest.version, "delta")
@@ -161,24 +163,32 @@ class WeightReceiver:
         else:
             half.data[:] = served.data
 
-    async def _pull_full(self, manifest: WeightManifest, half: Half, relayed: bool, deadline: float) -> None:
+    async def _pull_full(
+        self, manifest: WeightManifest, half: Half, relayed: bool, deadline: float, on_bytes
+    ) -> None:
         """Pull the full buffer into `half` (through the region's relay with `relayed`, else from the
-        trainer), serving what has arrived to peers meanwhile."""
+        trainer), serving what has arrived to peers meanwhile and telling `on_bytes` of each range."""
         relay = Source(half.fileno(), half.data_offset, len(half.data), complete=False)
+
+        def arrived(start: int, end: int) -> None:
+            relay.arrived(start, end)
+            on_bytes(start, end)
+
         self.server.register(self.model, manifest.version, "full", relay)
         try:
             if relayed:
-                await self._in_region(manifest, "full", half.data, relay, deadline)
+                await self._in_region(manifest, "full", half.data, arrived, deadline)
             else:
                 v, trainer = manifest.version, list(manifest.endpoints)
-                await self._from_any(trainer, [], v, "full", half.data, deadline, relay.arrived)
+                await self._from_any(trainer, [], v, "full", half.data, deadline, arrived)
         except BaseException:
             relay.fail()
             raise
         self.stats["full_pulls"] += 1
 
-    async def _in_region(self, manifest: WeightManifest, what: str, into, relay: Source, deadline) -> None:
-        """Pull `what` of the version the region's way (see the module doc), `relay` serving it meanwhile."""
+    async def _in_region(self, manifest: WeightManifest, what: str, into, on_bytes, deadline) -> None:
+        """Pull `what` of the version the region's way (see the module doc), `on_bytes` told of each range
+        as it arrives (a relay serving it meanwhile)."""
         version, failed = manifest.version, ""
         for _ in range(RELAY_ROUNDS):
             seat = await self.election.elect(manifest, what, failed)
@@ -187,11 +197,11 @@ class WeightReceiver:
                 if what == "full":
                     await self._join_peers(version)
                 sources = holders + list(manifest.endpoints)
-                await self._from_any(sources, holders, version, what, into, deadline, relay.arrived)
+                await self._from_any(sources, holders, version, what, into, deadline, on_bytes)
                 self.stats["relay_pulls"] += 1
                 return
             try:
-                await self._from_any([seat], [], version, what, into, deadline, relay.arrived)
+                await self._from_any([seat], [], version, what, into, deadline, on_bytes)
                 self.stats["relayed_pulls"] += 1
                 return
             except TransferError:
@@ -200,7 +210,7 @@ class WeightReceiver:
                 if what == "full":  # nor is it a holder to try (a stalled one would stall the next relay)
                     await self._leave_peers(version, seat)
                 log.warning("weights_relay_failed", model=self.model, version=version, what=what, relay=seat)
-        await self._from_any(list(manifest.endpoints), [], version, what, into, deadline, relay.arrived)
+        await self._from_any(list(manifest.endpoints), [], version, what, into, deadline, on_bytes)
 
     async def _from_any(
         self, endpoints: list[str], peers: list[str], version: int, what: str, into, deadline, on_bytes=None

@@ -20,6 +20,7 @@ from pathlib import Path
 from astraflow.messages import WeightManifest
 from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
+from astraflow.weights.buffer import reserve
 from astraflow.weights.transport import Source
 
 
@@ -54,7 +55,7 @@ class Spool:
     def __init__(self, directory: Path, nbytes: int) -> None:
         fd, path = tempfile.mkstemp(dir=directory, prefix="delta-")
         os.unlink(path)  # the open file is all there is: nothing to clean up after a crash
-        os.ftruncate(fd, nbytes)
+        reserve(fd, nbytes, directory)
         self._fd, self._map = fd, mmap.mmap(fd, nbytes)
         self.view = memoryview(self._map)
         self.source = Source(fd, 0, nbytes, complete=False)

@@ -252,3 +252,19 @@ async def test_an_eval_version_stays_served_after_its_trainer_moved_on(bus, tmp_
     finally:
         rx.close()
         rx.server.close()
+
+
+async def test_weights_holding_nan_are_never_served_or_announced(bus, tmp_path, trainer_side):
+    """The publisher is the last line before any engine: a version whose weights hold a NaN (an update
+    that blew up) is refused; the version before it stays the served one and nothing is announced."""
+    from astraflow.errors import NonFiniteWeights
+
+    pub, state, _, _ = trainer_side
+    await publish(pub, state, 0)
+    state["layer.weight"][3, 5] = float("nan")
+    await pub.publish(state, 1, step=1)
+    with pytest.raises(NonFiniteWeights, match="1 weights are NaN or inf"):
+        await pub.wait()
+    assert pub.buffer.served.version == 0
+    assert not await bus.redis.exists(bus.keys.weights(MODEL, 1))
+    assert await bus.redis.xlen(bus.keys.versions) == 1
