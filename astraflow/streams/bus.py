@@ -1,7 +1,9 @@
 """The Redis Streams bus: bootstrap, publish, atomic hand-off, leases, reclaim, dead letters, trimming.
 
 Every write is idempotent so that a command retried after a lost reply changes nothing twice: outputs carry
-dedup keys, and acknowledgements, renewals and releases are owner-checked Lua scripts.
+dedup keys, and acknowledgements, renewals and releases are owner-checked Lua scripts. A call with many
+entries goes to Redis as several within `streams.max_call_args` and `max_call_bytes` (see `chunks`), each
+entry whole in one of them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
+from astraflow.streams.chunks import arg_bytes, chunked
 from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
 from astraflow.streams.keys import CONSUMER_FORGET_MS, Keys
@@ -114,14 +117,15 @@ class Bus:
 
     async def call(self, call, on_lost=None):
         """Run `call` (an idempotent command or script) through reconnects, within the budget; `on_lost`
-        runs after each failure."""
+        runs after each failure. Raises RequestRefused when Redis keeps closing the connection on this
+        call while it answers a PING (see `reconnecting`)."""
 
         def lost() -> None:
             self.failures += 1
             if on_lost is not None:
                 on_lost()
 
-        return await reconnecting(call, self.reconnect_max_s, lost)
+        return await reconnecting(call, self.reconnect_max_s, lost, probe=self.redis.ping)
 
     async def _script(self, name: str, keys: list[str], args: list):
         return await self.call(lambda: self._scripts[name](keys=keys, args=args))
@@ -133,8 +137,11 @@ class Bus:
         return (await self.publish_many([out]))[0]
 
     async def publish_many(self, outs: Sequence[Out]) -> list[str]:
-        """Publish several entries in one step. An entry without a dedup key gets one for this call, so
-        a retry after a lost reply cannot publish it twice."""
+        """Publish several entries, each at most once while its dedup key lives; an entry without one gets
+        one for this call, so a retry after a lost reply cannot publish it twice. Within
+        `streams.max_call_args` / `max_call_bytes` it is one atomic step, beyond several (in order): a
+        failure part-way leaves the earlier steps' entries published, and publishing again with the same
+        dedup keys adds only the rest."""
         token = uuid.uuid4().hex
         keyed = [o if o.dedup else o._replace(dedup=f"call:{token}:{i}") for i, o in enumerate(outs)]
         # No input to acknowledge: the "input stream" is just some key of the run (same hash slot).
@@ -146,11 +153,36 @@ class Bus:
     ) -> list[tuple[str, list[str]]]:
         """Acknowledge each item's input and publish its outputs (`Item`s, or (input, outs) tuples).
 
-        All of it happens in one atomic step.
-        Per item the reply is (status, output ids): OK; DUP when every output already existed (a retry
-        of a call whose reply was lost); LOST when the input is no longer owned by `consumer` (it was
-        reclaimed) - then nothing of that item was written. Sizes are the caller's to check (`check_size`).
+        Each item happens in one atomic step, and items go together in one step within
+        `streams.max_call_args` / `max_call_bytes`, else in several (in order; a retry of a step that
+        was done finds its items 'dup'). Every output's size is checked (`check_size`) before anything
+        is written. Per item the reply is (status, output ids): OK; DUP when every output already
+        existed (a retry of a call whose reply was lost); LOST when the input is no longer owned by
+        `consumer` (it was reclaimed) - then nothing of that item was written.
         """
+        whole = [Item(*item) for item in items]
+        for item in whole:
+            for out in item.outs:
+                self.check_size(out)
+        replies: list[tuple[str, list[str]]] = []
+        for chunk in self._chunks(whole, self._handoff_cost):
+            replies += await self._handoff(stream, group, consumer, chunk)
+        return replies
+
+    def _chunks(self, items, cost):
+        return chunked(items, cost, self.settings.max_call_args, self.settings.max_call_bytes)
+
+    def _handoff_cost(self, item: Item) -> tuple[int, int]:
+        """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones."""
+        args = [item.input.id if isinstance(item.input, Entry) else item.input, item.dead_uid, 0]
+        for out in item.outs:
+            args += [out.stream, self.keys.dedup(out.dedup) if out.dedup else "", 0, 0, 0]
+            for name, value in out.fields.items():
+                args += [name, value]
+        return len(args), arg_bytes(args)
+
+    async def _handoff(self, stream: str, group: str, consumer: str, items: list[Item]):
+        """One hand-off script call of `items` (see handoff.lua)."""
         keys = [stream, self.keys.errors, self.keys.in_flight, self.keys.ledger]
         index: dict[str, int] = {}
 
@@ -161,11 +193,9 @@ class Bus:
             return index[key]
 
         args: list[bytes | str | int] = [group, consumer, self.settings.dedup_ttl_ms, len(items)]
-        for item in items:
-            entry, outs, dead_uid = Item(*item)
+        for entry, outs, dead_uid in items:
             args += [entry.id if isinstance(entry, Entry) else entry, dead_uid, len(outs)]
             for out in outs:
-                self.check_size(out)
                 dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
                 args += [key_index(out.stream), dedup, len(out.fields)]
                 for name, value in out.fields.items():
@@ -224,22 +254,22 @@ class Bus:
 
     async def ack(self, stream: str, group: str, ids: Sequence[str]) -> None:
         """Acknowledge entries that need no hand-off (their effect is durable elsewhere), clearing any
-        error recorded for them, in one transaction."""
+        error recorded for them, in one transaction per `streams.max_call_args` / `max_call_bytes`."""
 
-        async def ack() -> None:
+        async def ack(chunk: list[str]) -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xack(stream, group, *ids)
-                pipe.hdel(self.keys.errors, *(f"{stream}|{i}" for i in ids))
+                pipe.xack(stream, group, *chunk)
+                pipe.hdel(self.keys.errors, *(f"{stream}|{i}" for i in chunk))
                 await pipe.execute()
 
-        if ids:
-            await self.call(ack)
+        for chunk in self._chunks(ids, lambda i: (2, arg_bytes([i, f"{stream}|{i}"]))):
+            await self.call(lambda chunk=chunk: ack(chunk))
 
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
-        if not ids:
-            return []
-        lost = await self._script("renew", [stream], [group, consumer, *ids])
+        lost = []
+        for chunk in self._chunks(ids, lambda i: (1, arg_bytes([i]))):
+            lost += await self._script("renew", [stream], [group, consumer, *chunk])
         return [i.decode() for i in lost]
 
     async def release(self, stream: str, group: str, consumer: str, entry_id: str, reason: str) -> bool:

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
 
-from astraflow.errors import BusConnectionError
+from astraflow.errors import BusConnectionError, BusError
 from astraflow.streams.settings import RedisSettings
 
 T = TypeVar("T")
@@ -81,6 +81,14 @@ never blamed on an entry."""
 _SCRIPT_CODE = re.compile(r": -([A-Z]+) ")  # Redis 6.2 wraps a script's failed call as "...: -OOM ..."
 REPORT_EVERY_S = 10.0
 """While Redis stays unreachable, `reconnecting` logs `redis_unreachable` this often."""
+REFUSED_AFTER = 3
+"""A request whose connection Redis closes this many times in a row, while it answers a probe after each,
+is refused for good (`RequestRefused`), not waiting out an outage."""
+
+
+class RequestRefused(BusError):
+    """Redis keeps closing the connection on one request while it answers others (a request past what it
+    accepts, e.g. more than 1,048,576 arguments on Redis 6.2): sending it again cannot help."""
 
 
 def is_transient(e: BaseException) -> bool:
@@ -98,6 +106,7 @@ async def reconnecting(
     call: Callable[[], Awaitable[T]],
     budget_s: float,
     on_lost: Callable[[], None] | None = None,
+    probe: Callable[[], Awaitable[object]] | None = None,
 ) -> T:
     """Run `call` until it gets through, backing off while Redis is unreachable or refusing (restart,
     network, `is_transient` error replies such as OOM).
@@ -105,9 +114,12 @@ async def reconnecting(
     Only for idempotent calls: every write of the bus is (owner checks, dedup keys), so a call whose reply
     was lost may run again. Past `budget_s` of failures it raises BusConnectionError; `math.inf` waits out
     any outage, logging `redis_unreachable` every REPORT_EVERY_S. `on_lost` runs after each failure (e.g.
-    to re-read state).
+    to re-read state). `probe` (e.g. a PING) tells an outage from a refused request: when the call's
+    connection breaks REFUSED_AFTER times in a row and the probe gets through after each, Redis is up and
+    refuses this request, and it raises RequestRefused. (Error replies that say "not now" - OOM, LOADING,
+    READONLY... - are waited out as before: Redis refuses them to every write for the moment.)
     """
-    delay, down_since, reported = 0.02, 0.0, 0.0
+    delay, down_since, reported, refusals = 0.02, 0.0, 0.0, 0
     while True:
         raise_if_cancelled()
         try:
@@ -120,6 +132,13 @@ async def reconnecting(
             down_since = down_since or now
             if on_lost is not None:
                 on_lost()
+            refusals = refusals + 1 if await _refused(e, probe) else 0
+            if refusals >= REFUSED_AFTER:
+                log.warning("redis_refused_request", attempts=refusals, error=repr(e))
+                raise RequestRefused(
+                    f"redis closed the connection on this request {refusals} times in a row while it "
+                    f"answered others (a request larger than it accepts?): {e}"
+                ) from None
             if now - down_since >= budget_s:
                 raise BusConnectionError(f"redis unreachable for {budget_s:.0f}s: {e}") from None
             if now - (reported or down_since) >= REPORT_EVERY_S:
@@ -131,6 +150,18 @@ async def reconnecting(
             return result
         await asyncio.sleep(delay * random.uniform(0.5, 1.5))
         delay = min(delay * 2, BACKOFF_CAP_S)
+
+
+async def _refused(e: Exception, probe: Callable[[], Awaitable[object]] | None) -> bool:
+    """Whether the failure `e` of a call was its connection breaking while Redis answers `probe`."""
+    if probe is None or not isinstance(e, ConnectionError):
+        return False
+    try:
+        await probe()
+    except Exception:
+        raise_if_cancelled()
+        return False  # Redis is away: an outage
+    return True
 
 
 def raise_if_cancelled() -> None:

@@ -71,5 +71,13 @@ class StreamsSettings(BaseModel):
     """Approximate length kept of streams without a group (notices, dead, metrics)."""
     trim_interval_ms: int = Field(10_000, gt=0)
     """How often a consumer trims its input stream up to what every group acknowledged."""
+    max_call_args: int = Field(100_000, ge=64)
+    """Most arguments one Redis call of the bus carries: a call with many entries (publish_many, a
+    hand-off of many items, ack, renew) goes as several, each entry whole in one. Redis 6.2 closes the
+    connection on a request of more than 1,048,576 arguments; a smaller call also blocks Redis less."""
+    max_call_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024)
+    """Most bytes of arguments one Redis call of the bus carries (split like `max_call_args`; an entry
+    larger than this goes in a call of its own). Redis closes the connection of a client whose request
+    passes its `client-query-buffer-limit` (1 GiB by default)."""
     handler_timeout_s: float = Field(600.0, gt=0)
     """A handler running longer is cancelled, its entry released, and its worker ends as unhealthy."""

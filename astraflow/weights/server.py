@@ -5,10 +5,14 @@ what, offset, length}, answered by a u32-length-prefixed JSON {ok, nbytes | erro
 with `sendfile` from the source file (read and sent through TLS when it is on). A source still being
 received (a relay) is sent as its bytes arrive, so chains pipeline.
 
-No peer can hold the server: at most `max_connections` are served at once (one thread each; more are
-closed at once and counted `busy`), every send and receive waits at most `io_timeout_s`, and a transfer
-reading a buffer half is cut off (its socket shut down) when the writer of that half has waited long
-enough (`DoubleBuffer.claim`).
+No peer can hold the server. Without the secret: the whole handshake must be done within
+`handshake_timeout_s` (else dropped, counted `handshake_failed`), and one address has at most
+`max_unauthenticated_per_address` connections in the handshake (more are closed at once, counted
+`crowded`), so silent connections cannot use up the server. Serving slots are taken only once a peer is
+authenticated: at most `max_connections` are served at once (one thread each; more are closed after the
+handshake, counted `busy`). Every send and receive of a served connection waits at most `io_timeout_s`,
+and a transfer reading a buffer half is cut off (its socket shut down) when the writer of that half has
+waited long enough (`DoubleBuffer.claim`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections import Counter
 
 from astraflow.weights import address, wire
@@ -40,15 +45,20 @@ class WeightServer:
         tls: ssl.SSLContext | None = None,
         io_timeout_s: float = 30.0,
         max_connections: int = 64,
+        handshake_timeout_s: float = 5.0,
+        max_unauthenticated_per_address: int = 16,
         advertise: str | None = None,
     ) -> None:
         self.secret, self.tls, self.io_timeout_s = secret, tls, io_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.max_unauthenticated = max_unauthenticated_per_address
         self.bucket = TokenBucket(egress_bps)
         self.stats: Counter[str] = Counter()
         self._sources: dict[tuple[str, int, str], Source] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._open: set[socket.socket] = set()
+        self._unauthenticated: Counter[str] = Counter()  # per peer address, connections in the handshake
         self._listener = socket.create_server((host, port))
         self.port = self._listener.getsockname()[1]
         self.endpoint = address.endpoint(host, self.port, advertise)
@@ -66,6 +76,8 @@ class WeightServer:
             tls=wire.tls_contexts(settings)[0],
             io_timeout_s=settings.io_timeout_s,
             max_connections=settings.max_connections,
+            handshake_timeout_s=settings.handshake_timeout_s,
+            max_unauthenticated_per_address=settings.max_unauthenticated_per_address,
             advertise=settings.advertise,
         )
 
@@ -88,42 +100,71 @@ class WeightServer:
     def _accept_loop(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, peer = self._listener.accept()
             except OSError:
                 return  # closed
-            if not self._slots.acquire(blocking=False):
-                self.stats["busy"] += 1
+            address = peer[0]
+            with self._lock:
+                crowded = self._unauthenticated[address] >= self.max_unauthenticated
+                if not crowded:
+                    self._unauthenticated[address] += 1
+                    self._open.add(sock)
+            if crowded:
+                self._count("crowded")
                 sock.close()
                 continue
-            with self._lock:
-                self._open.add(sock)
-            threading.Thread(target=self._serve, args=(sock,), name="weight-send", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(sock, address), name="weight-send", daemon=True
+            ).start()
 
-    def _serve(self, raw: socket.socket) -> None:
+    def _serve(self, raw: socket.socket, address: str) -> None:
         sock = raw
         try:
-            raw.settimeout(self.io_timeout_s)
+            try:
+                sock, scope = self._handshake(raw)
+            finally:
+                with self._lock:
+                    self._unauthenticated[address] -= 1
+                    if not self._unauthenticated[address]:
+                        del self._unauthenticated[address]
+            if scope is None:
+                return
+            if not self._slots.acquire(blocking=False):
+                self._count("busy")
+                return
+            try:
+                sock.settimeout(self.io_timeout_s)
+                while True:
+                    try:
+                        req = wire.recv_frame(sock)
+                    except TransferError:
+                        return  # the client is done
+                    self._answer(sock, scope, req)
+            finally:
+                self._slots.release()
+        except (OSError, TransferError, ValueError):
+            self._count("broken")
+        finally:
+            with self._lock:
+                self._open.discard(sock)
+            sock.close()
+
+    def _handshake(self, raw: socket.socket) -> tuple[socket.socket, dict | None]:
+        """(the connection, TLS-wrapped when on; the peer's scope, or None when it did not prove the run
+        secret within `handshake_timeout_s`)."""
+        deadline = time.monotonic() + self.handshake_timeout_s
+        sock = raw
+        try:
+            raw.settimeout(self.handshake_timeout_s)  # a TLS handshake keeps to it as a whole
             if self.tls is not None:
                 sock = self.tls.wrap_socket(raw, server_side=True)
                 with self._lock:
                     self._open.discard(raw)
                     self._open.add(sock)
-            scope = wire.accept(sock, self.secret, self._refused)
-            if scope is None:
-                return
-            while True:
-                try:
-                    req = wire.recv_frame(sock)
-                except TransferError:
-                    return  # the client is done
-                self._answer(sock, scope, req)
+            return sock, wire.accept(sock, self.secret, self._refused, deadline)
         except (OSError, TransferError, ValueError):
-            self.stats["broken"] += 1
-        finally:
-            with self._lock:
-                self._open.discard(sock)
-            sock.close()
-            self._slots.release()
+            self._count("handshake_failed")
+            return sock, None
 
     def _answer(self, sock: socket.socket, scope: dict, req: dict) -> None:
         key = (req.get("model"), req.get("version"), req.get("what"))
@@ -150,7 +191,7 @@ class WeightServer:
                     self.bucket.consume(n)
                     sent = self._send(sock, source.fileno, source.offset + pos, n)
                     pos += sent
-                    self.stats["bytes"] += sent
+                    self._count("bytes", sent)
 
     def _send(self, sock: socket.socket, fileno: int, offset: int, n: int) -> int:
         """Send up to `n` bytes of the file from `offset`; waits at most `io_timeout_s` for the peer."""
@@ -172,9 +213,13 @@ class WeightServer:
             if not poll.poll(self.io_timeout_s * 1000):
                 raise TimeoutError(f"peer read nothing for {self.io_timeout_s} s")
 
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:  # connection threads count at once
+            self.stats[name] += n
+
     def _refused(self) -> None:
-        self.stats["refused"] += 1
+        self._count("refused")
 
     def _cut_off(self, sock: socket.socket) -> None:
-        self.stats["cut"] += 1
+        self._count("cut")
         wire.shut(sock)

@@ -39,7 +39,15 @@ class WeightsSettings(BaseModel):
     io_timeout_s: float = Field(30.0, gt=0)
     """Longest a weight connection waits on its peer for one send or receive; a silent peer is dropped."""
     max_connections: int = Field(64, ge=1)
-    """Connections a weight server serves at once; more are refused (the puller tries another source)."""
+    """Authenticated connections a weight server serves at once; more are closed after their handshake
+    (the puller tries another source). Connections still in the handshake take no slot."""
+    handshake_timeout_s: float = Field(5.0, gt=0)
+    """Longest the whole handshake of an incoming weight connection may take (TLS included): a peer that
+    has not proved the run secret by then is dropped, however it trickles its bytes."""
+    max_unauthenticated_per_address: int = Field(16, ge=1)
+    """Connections from one address a weight server keeps in the handshake at once; more from that
+    address are closed at once (a peer without the secret holds at most this many, each at most
+    `handshake_timeout_s`)."""
     reader_grace_s: float = Field(10.0, gt=0)
     """How long writing a buffer half waits for transfers still reading it before cutting them off."""
     pull_deadline_s: float = Field(600.0, gt=0)

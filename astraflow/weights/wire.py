@@ -10,7 +10,9 @@ Each proof is HMAC-SHA256(run secret, role | transcript), the transcript being t
 and the scope, so a proof is good for one session and one version only and neither side can reflect the
 other's. The client checks the server's proof: an endpoint that does not know the secret (say, one
 written into Redis by someone else) is refused before any byte is trusted. The server answers requests
-of that scope only. TLS (`weights.tls`) wraps the socket before the handshake.
+of that scope only. TLS (`weights.tls`) wraps the socket before the handshake. The server gives the whole
+handshake one `deadline` (a peer trickling bytes cannot stretch it), so a peer without the secret cannot
+hold a connection for longer than that.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import secrets
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable
 
 from astraflow.errors import AstraflowError
@@ -40,10 +43,16 @@ class AuthenticationError(TransferError):
     """A handshake failed: the peer refused our proof, or could not prove it knows the run secret."""
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """`n` bytes; with a `deadline` (time.monotonic()) all of them by then, else TimeoutError."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"deadline passed after {got} of {n} bytes")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:])
         if k == 0:
             raise TransferError(f"connection closed after {got} of {n} bytes")
@@ -68,11 +77,11 @@ def send_frame(sock: socket.socket, obj: dict) -> None:
     sock.sendall(encode_frame(obj))
 
 
-def recv_frame(sock: socket.socket) -> dict:
-    (n,) = struct.unpack("<I", recv_exact(sock, 4))
+def recv_frame(sock: socket.socket, deadline: float | None = None) -> dict:
+    (n,) = struct.unpack("<I", recv_exact(sock, 4, deadline))
     if n > MAX_FRAME_BYTES:
         raise TransferError(f"frame of {n} bytes")
-    obj = json.loads(recv_exact(sock, n))
+    obj = json.loads(recv_exact(sock, n, deadline))
     if not isinstance(obj, dict):
         raise TransferError("frame is not an object")
     return obj
@@ -83,14 +92,17 @@ def _proof(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes,
     return hmac.new(secret, transcript, hashlib.sha256).digest()
 
 
-def accept(sock: socket.socket, secret: bytes, refused: Callable[[], None]) -> dict | None:
+def accept(
+    sock: socket.socket, secret: bytes, refused: Callable[[], None], deadline: float | None = None
+) -> dict | None:
     """Server side of the handshake: the client's scope, or None when its proof is wrong (then
-    `refused()` is called before the client hears so)."""
+    `refused()` is called before the client hears so). Every byte of the client's part must have come
+    by `deadline` (time.monotonic()), else TimeoutError."""
     server_nonce = secrets.token_bytes(NONCE_BYTES)
     sock.sendall(MAGIC + server_nonce)
-    client_nonce = recv_exact(sock, NONCE_BYTES)
-    scope = recv_frame(sock)
-    proof = recv_exact(sock, 32)
+    client_nonce = recv_exact(sock, NONCE_BYTES, deadline)
+    scope = recv_frame(sock, deadline)
+    proof = recv_exact(sock, 32, deadline)
     if not hmac.compare_digest(proof, _proof(secret, b"client", server_nonce, client_nonce, scope)):
         refused()
         sock.sendall(b"NO")

@@ -17,6 +17,7 @@ from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Connection, Source
+from astraflow.weights.wire import TransferError
 from tests.integration.test_weights import MODEL, publish, trainer
 
 pytestmark = pytest.mark.integration
@@ -51,7 +52,7 @@ async def test_a_reader_that_stops_reading_does_not_stop_the_trainer_publishing(
 
 
 def test_a_peer_silent_in_the_handshake_is_dropped():
-    server = WeightServer(b"secret", io_timeout_s=0.5)
+    server = WeightServer(b"secret", handshake_timeout_s=0.5)
     try:
         sock = socket.create_connection(server.endpoint.rsplit(":", 1), timeout=20)
         assert len(wire.recv_exact(sock, 36)) == 36  # the server's hello; we never answer
@@ -61,18 +62,16 @@ def test_a_peer_silent_in_the_handshake_is_dropped():
         server.close()
 
 
-def test_connections_past_the_limit_are_refused():
+def test_authenticated_connections_past_the_limit_are_refused():
     server = WeightServer(b"secret", max_connections=2)
-    address = server.endpoint.rsplit(":", 1)
     try:
-        held = [socket.create_connection(address, timeout=20) for _ in range(2)]
-        for sock in held:
-            wire.recv_exact(sock, 36)  # being served (in the handshake)
-        extra = socket.create_connection(address, timeout=20)
-        assert extra.recv(36) == b""  # closed at once: no thread for it
+        held = [Connection(server.endpoint, b"secret", MODEL, 0, "full") for _ in range(2)]
+        extra = Connection(server.endpoint, b"secret", MODEL, 0, "full")
+        with pytest.raises((TransferError, OSError)):
+            extra.fetch(memoryview(bytearray(1)), 0)  # closed after its handshake: no slot for it
         assert server.stats["busy"] == 1
-        for sock in [*held, extra]:
-            sock.close()
+        for conn in [*held, extra]:
+            conn.close()
     finally:
         server.close()
 

@@ -7,7 +7,7 @@ import pytest
 from redis.exceptions import ConnectionError, OutOfMemoryError, ResponseError
 
 from astraflow.errors import BusConnectionError
-from astraflow.streams.connection import is_transient, reconnecting
+from astraflow.streams.connection import REFUSED_AFTER, RequestRefused, is_transient, reconnecting
 
 
 @pytest.mark.parametrize(
@@ -83,3 +83,42 @@ async def test_a_cancellation_swallowed_by_a_library_stops_the_next_call():
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     assert calls == 0
+
+
+RESET = ConnectionError("Error 104 while writing to socket. Connection reset by peer.")
+
+
+async def test_a_request_redis_keeps_closing_while_it_answers_a_ping_is_refused():
+    """Redis 6.2 closes the connection on a request of more than 1,048,576 arguments: sending it again
+    forever (at high CPU, with nothing logged) is what a user saw; it must fail with the reason."""
+    calls, pings = [], []
+
+    async def call():
+        calls.append(True)
+        raise RESET
+
+    async def ping():
+        pings.append(True)
+
+    with pytest.raises(RequestRefused, match="closed the connection on this request 3 times"):
+        await reconnecting(call, math.inf, probe=ping)
+    assert len(calls) == len(pings) == REFUSED_AFTER
+
+
+async def test_an_outage_is_waited_out_however_often_the_connection_breaks():
+    """While Redis is away the probe fails too: every failed attempt is an outage, not a refusal; a probe
+    that gets through now and then (Redis flapping) does not add up to one either."""
+    attempts = [RESET] * 8 + ["ok"]
+    probes = [True, True, False, True, True, False, True, False]
+
+    async def call():
+        reply = attempts.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def ping():
+        if not probes.pop(0):
+            raise ConnectionError("Connection refused")
+
+    assert await reconnecting(call, math.inf, probe=ping) == "ok"
