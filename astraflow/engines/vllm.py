@@ -15,6 +15,9 @@ Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`
   the new weights, so every token carries exactly the version that produced it, at the cost of a
   prefill per chunk.
 
+Control calls (pause, load, resume, health) have their own small HTTP client, so they never queue behind
+the generation calls, which have no cap (the RaaS bounds them).
+
 The server (with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading
 the last weights, and the calls it was running are retried.
 """
@@ -49,6 +52,9 @@ from astraflow.redis_server import free_port
 
 log = structlog.get_logger(__name__)
 
+CONTROL_CONNECTIONS = 4
+"""Connections of the control client: pause, load and resume come one at a time, health checks besides."""
+
 
 class VLLMEngine(Engine):
     def __init__(self, settings: EngineSettings, log_path: str | Path | None = None) -> None:
@@ -71,12 +77,23 @@ class VLLMEngine(Engine):
         """`chunks`, `tokens` (received so far), `restarts`."""
 
     async def start(self) -> None:
-        import httpx
-
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=5.0))
+        self._open_clients()
         atexit.register(self._kill_group)  # an exit that skips `close` (an error at start) ends it too
         await self._spawn()
         self._watch = asyncio.create_task(self._watchdog())
+
+    def _open_clients(self) -> None:
+        """A generation client with no cap on its connections (the RaaS bounds the calls: a second, lower
+        bound here would queue them where neither the server's scheduler nor a load can see them), and a
+        small control client, so that a pause or a load never waits for a connection behind generation."""
+        import httpx
+
+        timeout = httpx.Timeout(None, connect=5.0)
+        unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=unbounded)
+        n = CONTROL_CONNECTIONS
+        small = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        self._ctl = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=small)
 
     async def _spawn(self) -> None:
         s = self.settings
@@ -124,7 +141,7 @@ class VLLMEngine(Engine):
         """Pause-mode weight sync when the running server supports it and the settings allow it."""
         if not wants_pause_sync(self.settings):
             return False
-        reply = await self._http.get("/openapi.json")
+        reply = await self._ctl.get("/openapi.json")
         reply.raise_for_status()
         if supports_pause_sync(reply.json()):
             return True
@@ -153,6 +170,7 @@ class VLLMEngine(Engine):
         self._kill_group()
         atexit.unregister(self._kill_group)
         await self._http.aclose()
+        await self._ctl.aclose()
 
     def _kill_group(self) -> None:
         """End the server and the engine processes it spawned (its own session), by its pid."""
@@ -174,7 +192,7 @@ class VLLMEngine(Engine):
                 time.sleep(0.1)
 
     async def healthy(self) -> bool:
-        return await answers(self._http, "/health", 2.0)
+        return await answers(self._ctl, "/health", 2.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         started = time.perf_counter()
@@ -195,7 +213,8 @@ class VLLMEngine(Engine):
     async def _server_died(self, e: Exception) -> bool:
         """After a failed call: True (after a pause) when the server is gone and the call should be retried
         on its restart, False when the error is the call's own."""
-        if self._closing or await self.healthy():
+        # asked on the generation client: every failed call asks, and a pause must not wait behind them
+        if self._closing or await answers(self._http, "/health", 2.0):
             return False
         log.warning("vllm_call_retry", error=repr(e))  # the watchdog restarts the server
         await asyncio.sleep(1.0)
@@ -282,5 +301,5 @@ class VLLMEngine(Engine):
             self._open.set()
 
     async def _control(self, path: str, body: dict | None = None) -> None:
-        reply = await self._http.post(path, json=body)
+        reply = await self._ctl.post(path, json=body)
         reply.raise_for_status()

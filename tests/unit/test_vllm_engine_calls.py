@@ -42,7 +42,7 @@ class FakeServer:
 
 def engine(pause_sync: bool, server: FakeServer) -> VLLMEngine:
     e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1))
-    e._http = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
+    e._http = e._ctl = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
     e.pause_sync = pause_sync
     e._open.set()  # as after a start
     return e
