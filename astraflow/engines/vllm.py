@@ -74,7 +74,7 @@ class VLLMEngine(Engine):
         self.pause_sync = False
         """Whether weight loads pause requests in place (else they land between chunks); set at start."""
         self.stats: Counter[str] = Counter()
-        """`chunks`, `tokens` (received so far), `restarts`."""
+        """`chunks`, `tokens` (received so far), `events` (streamed events received), `restarts`."""
 
     async def start(self) -> None:
         self._open_clients()
@@ -239,6 +239,7 @@ class VLLMEngine(Engine):
                 if await self._server_died(e):
                     continue
                 raise
+            self.stats["events"] += stream.events
             return stream.response()
 
     async def _generate_chunks(self, request: GenerateRequest) -> GenerateResponse:

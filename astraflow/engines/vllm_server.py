@@ -71,7 +71,7 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         cmd.append("--enforce-eager")
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(s.kv_cache_gb)))
     if wants_pause_sync(settings):
-        cmd.append("--enable-scale-out")
+        cmd += ["--enable-scale-out", "--stream-interval", str(v.stream_interval)]
     return cmd + list(v.extra_args), env
 
 
@@ -133,11 +133,14 @@ class GenerateStream:
         self.logprobs: list[float] = []
         self.finish: str | None = None
         self.spans: list[dict] | None = None
+        self.events = 0
+        """Events that brought tokens or the end (the server sends one per `stream_interval` tokens)."""
 
     def feed(self, line: str) -> int:
         """Take one line of the reply; returns how many tokens it brought."""
         if not line.startswith("data: ") or line == "data: [DONE]":
             return 0
+        self.events += 1
         n = 0
         for choice in json.loads(line[len("data: ") :])["choices"]:
             new = choice["token_ids"] or []

@@ -52,6 +52,7 @@ def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings():
     assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
     assert cmd[-2:] == ["--max-num-batched-tokens", "8192"]  # last: they can override what came before
     assert "--enable-scale-out" in cmd  # weight_sync=pause needs the token-in/token-out endpoint
+    assert flag(cmd, "--stream-interval") == "64"  # one event per 64 tokens, not one per token
     assert "--enforce-eager" not in cmd  # CUDA graphs on
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_SERVER_DEV_MODE"] == "1"
 
@@ -62,7 +63,7 @@ def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
     assert "--enforce-eager" in cmd and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert "--gpu-memory-utilization" not in cmd
     assert flag(cmd, "--max-num-seqs") == "128" and flag(cmd, "--dtype") == "bfloat16"
-    assert "--enable-scale-out" not in cmd  # chunks: plain completions only
+    assert "--enable-scale-out" not in cmd and "--stream-interval" not in cmd  # chunks: plain completions
 
 
 def test_the_device_is_what_the_settings_say_unless_auto():
@@ -95,7 +96,7 @@ def test_the_installed_vllm_server_accepts_the_command_line(device):
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[3:])
     assert args.max_num_seqs == 128 and args.tensor_parallel_size == 2 and args.max_model_len == 4096
     assert args.enable_prefix_caching is False and args.max_num_batched_tokens == 8192
-    assert args.enable_scale_out is True
+    assert args.enable_scale_out is True and args.stream_interval == 64
     if device == "cuda":
         assert args.gpu_memory_utilization == 0.85
     else:
