@@ -2,7 +2,7 @@
 
 Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`):
 
-- pause (where the server has the endpoints, see `vllm_server.supports_pause_sync`): each request is one
+- pause (where the server has the endpoints, see `vllm_server.missing_for_pause`): each request is one
   streamed call to the token-in/token-out endpoint. `pause` freezes the server's requests in place
   (`/pause?mode=keep`, their KV cache kept), `load_weights` reloads from a checkpoint directory and
   relabels the server's weight version, `resume` lets them continue. The server labels every sampled
@@ -15,8 +15,10 @@ Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`
   the new weights, so every token carries exactly the version that produced it, at the cost of a
   prefill per chunk.
 
-Control calls (pause, load, resume, health) have their own small HTTP client, so they never queue behind
-the generation calls, which have no cap (the RaaS bounds them).
+The mode in effect is logged at start (a warning with the reason where `auto` falls back to chunks); a
+`pause` that cannot be honoured is refused (ConfigError). Control calls (pause, load, resume, health)
+have their own small HTTP client, so they never queue behind the generation calls, which have no cap
+(the RaaS bounds them).
 
 The server (with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading
 the last weights, and the calls it was running are retried.
@@ -43,9 +45,9 @@ from astraflow.engines.vllm_server import (
     GenerateStream,
     completion_body,
     generate_body,
+    planned_sync,
+    served_sync,
     server_command,
-    supports_pause_sync,
-    wants_pause_sync,
 )
 from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
@@ -78,6 +80,7 @@ class VLLMEngine(Engine):
 
     async def start(self) -> None:
         self._open_clients()
+        planned_sync(self.settings)  # refuses a weight_sync the installed vLLM cannot honour, before a spawn
         atexit.register(self._kill_group)  # an exit that skips `close` (an error at start) ends it too
         await self._spawn()
         self._watch = asyncio.create_task(self._watchdog())
@@ -119,7 +122,7 @@ class VLLMEngine(Engine):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
             await asyncio.sleep(0.5)
-        self.pause_sync = await self._pause_sync()
+        self.pause_sync = await self._sync_mode() == "pause"
         if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
             await self._control(
                 "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self._weights}}
@@ -137,17 +140,21 @@ class VLLMEngine(Engine):
             weight_sync="pause" if self.pause_sync else "chunks",
         )
 
-    async def _pause_sync(self) -> bool:
-        """Pause-mode weight sync when the running server supports it and the settings allow it."""
-        if not wants_pause_sync(self.settings):
-            return False
-        reply = await self._ctl.get("/openapi.json")
-        reply.raise_for_status()
-        if supports_pause_sync(reply.json()):
-            return True
-        if self.settings.vllm.weight_sync == "pause":
-            raise RuntimeError("engine.vllm.weight_sync=pause, but the vllm server lacks its endpoints")
-        return False
+    async def _sync_mode(self) -> str:
+        """The weight-sync mode in effect on the running server (`pause` or `chunks`), logged: a warning
+        with the reason where `auto` fell back to chunks. ConfigError where `pause` cannot be honoured."""
+        openapi = {}
+        if planned_sync(self.settings)[0] == "pause":
+            reply = await self._ctl.get("/openapi.json")
+            reply.raise_for_status()
+            openapi = reply.json()
+        mode, reason = served_sync(self.settings, openapi)
+        requested = self.settings.vllm.weight_sync
+        if reason:
+            log.warning("vllm_weight_sync_fallback", mode=mode, requested=requested, reason=reason)
+        else:
+            log.info("vllm_weight_sync", mode=mode, requested=requested)
+        return mode
 
     async def _watchdog(self) -> None:
         while not self._closing:
