@@ -31,6 +31,10 @@ class VLLMSettings(BaseModel):
     stream_interval: int = Field(64, ge=1)
     """pause: tokens per event of a streamed generate call (`--stream-interval`); the first and the last
     come at once. Per-token versions do not depend on it: the server labels the tokens itself."""
+    weight_transfer: Literal["files", "nccl", "ipc"] = "files"
+    """How a load puts new weights into the server: `files` = its workers reload the pulled, verified
+    checkpoint directory (`/collective_rpc reload_weights`). `nccl`, `ipc`: vLLM's native weight transfer
+    from a trainer on the same node; not built yet (refused at start)."""
 
 
 class EngineSettings(BaseModel):

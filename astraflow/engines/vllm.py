@@ -16,9 +16,9 @@ Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`
   prefill per chunk.
 
 The mode in effect is logged at start (a warning with the reason where `auto` falls back to chunks); a
-`pause` that cannot be honoured is refused (ConfigError). Control calls (pause, load, resume, health)
-have their own small HTTP client, so they never queue behind the generation calls, which have no cap
-(the RaaS bounds them).
+`pause` that cannot be honoured is refused (ConfigError). Loads reach the model through the `WeightLoader`
+of `engine.vllm.weight_transfer`. Control calls (pause, load, resume, health) have their own small HTTP
+client, so they never queue behind the generation calls, which have no cap (the RaaS bounds them).
 
 The server (with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading
 the last weights, and the calls it was running are retried.
@@ -49,6 +49,7 @@ from astraflow.engines.vllm_server import (
     served_sync,
     server_command,
 )
+from astraflow.engines.vllm_weights import make_weight_loader
 from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
 
@@ -77,6 +78,7 @@ class VLLMEngine(Engine):
         """Whether weight loads pause requests in place (else they land between chunks); set at start."""
         self.stats: Counter[str] = Counter()
         """`chunks`, `tokens` (received so far), `events` (streamed events received), `restarts`."""
+        self.loader = make_weight_loader(settings, self._control)
 
     async def start(self) -> None:
         self._open_clients()
@@ -124,9 +126,7 @@ class VLLMEngine(Engine):
             await asyncio.sleep(0.5)
         self.pause_sync = await self._sync_mode() == "pause"
         if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
-            await self._control(
-                "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self._weights}}
-            )
+            await self.loader.load(self._weights)
         if self.pause_sync:  # the server labels tokens with this from now on
             await self._control("/update_weight_version", {"new_version": str(self.version)})
         if not self._paused:
@@ -294,7 +294,7 @@ class VLLMEngine(Engine):
     async def load_weights(self, path: str, version: int) -> None:
         if not self._paused:
             raise RuntimeError("load_weights needs a paused engine")
-        await self._control("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+        await self.loader.load(path)
         if self.pause_sync:  # frozen requests hold KV blocks, so no reset: salts keep versions apart
             await self._control("/update_weight_version", {"new_version": str(version)})
         else:

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from astraflow.engines.base import GenerateRequest, SamplingParams
+from astraflow.engines.base import GenerateRequest, SamplingParams, WeightLoader
 from astraflow.engines.settings import EngineSettings
 from astraflow.engines.vllm import VLLMEngine
 from astraflow.engines.vllm_server import PAUSE_SYNC_PATHS
@@ -91,6 +91,30 @@ async def test_a_load_needs_a_pause():
     e = engine(True, FakeServer())
     with pytest.raises(RuntimeError, match="paused"):
         await e.load_weights("w", version=1)
+
+
+async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_keeps_the_versions():
+    class Received(WeightLoader):  # what a native weight transfer backend would be
+        def __init__(self) -> None:
+            self.loaded: list[str] = []
+
+        async def load(self, path: str) -> None:
+            self.loaded.append(path)
+
+    server = FakeServer()
+    e = engine(True, server)
+    e.loader = Received()
+    await e.pause()
+    await e.load_weights("/weights/v2", version=2)
+    await e.resume()
+    assert e.loader.loaded == ["/weights/v2"] and e.version == 2
+    assert server.controls == ["/pause?mode=keep", "/update_weight_version", "/resume"]  # no file reload
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_a_native_weight_transfer_backend_is_refused_until_it_is_built(backend):
+    with pytest.raises(ConfigError, match=f"weight_transfer={backend}: .* not built"):
+        VLLMEngine(EngineSettings(type="vllm", model="m", vllm={"weight_transfer": backend}))
 
 
 async def test_the_weight_sync_in_effect_is_logged_and_a_fallback_warns_why(tmp_path, monkeypatch):
