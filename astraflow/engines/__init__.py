@@ -5,10 +5,18 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams
+from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams, WeightLoader
 from astraflow.engines.settings import EngineSettings
 
-__all__ = ["Engine", "EngineSettings", "GenerateRequest", "GenerateResponse", "SamplingParams", "make_engine"]
+__all__ = [
+    "Engine",
+    "EngineSettings",
+    "GenerateRequest",
+    "GenerateResponse",
+    "SamplingParams",
+    "WeightLoader",
+    "make_engine",
+]
 
 
 def resolve_type(settings: EngineSettings) -> str:

@@ -1,4 +1,5 @@
-"""The engine protocol: token-in/token-out generation with per-token weight versions, and weight loads."""
+"""The engine protocol: token-in/token-out generation with per-token weight versions, and weight loads
+(`WeightLoader`: the step that puts a version's weights into the model)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,14 @@ class Engine(ABC):
 
     @abstractmethod
     async def healthy(self) -> bool: ...
+
+
+class WeightLoader(ABC):
+    """Puts one version's weights into a paused engine's model: the step a weight transfer backend (vLLM's
+    native NCCL or CUDA-IPC transfer) replaces. The engine keeps the rest of a load: pausing, resuming and
+    labelling the tokens with the new version."""
+
+    @abstractmethod
+    async def load(self, path: str) -> None:
+        """Make the model hold the weights of `path`, a Hugging Face checkpoint directory already verified
+        against its manifest."""

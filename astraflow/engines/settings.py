@@ -26,7 +26,15 @@ class VLLMSettings(BaseModel):
     """How a weight load meets running requests. `pause`: requests run whole and are frozen in place
     during a load; the server labels each token with the weight version that sampled it. `chunks`:
     requests run in chunks of `engine.chunk_tokens`, a load lands between chunks. `auto` = pause where
-    the server has the endpoints for it, else chunks."""
+    the server has the endpoints for it, else chunks (logged as a warning, with the reason). `pause` where
+    the installed vLLM cannot honour it is refused at start (ConfigError)."""
+    stream_interval: int = Field(64, ge=1)
+    """pause: tokens per event of a streamed generate call (`--stream-interval`); the first and the last
+    come at once. Per-token versions do not depend on it: the server labels the tokens itself."""
+    weight_transfer: Literal["files", "nccl", "ipc"] = "files"
+    """How a load puts new weights into the server: `files` = its workers reload the pulled, verified
+    checkpoint directory (`/collective_rpc reload_weights`). `nccl`, `ipc`: vLLM's native weight transfer
+    from a trainer on the same node; not built yet (refused at start)."""
 
 
 class EngineSettings(BaseModel):

@@ -2,7 +2,7 @@
 
 Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`):
 
-- pause (where the server has the endpoints, see `vllm_server.supports_pause_sync`): each request is one
+- pause (where the server has the endpoints, see `vllm_server.missing_for_pause`): each request is one
   streamed call to the token-in/token-out endpoint. `pause` freezes the server's requests in place
   (`/pause?mode=keep`, their KV cache kept), `load_weights` reloads from a checkpoint directory and
   relabels the server's weight version, `resume` lets them continue. The server labels every sampled
@@ -14,6 +14,11 @@ Weight loads meet running requests in one of two ways (`engine.vllm.weight_sync`
   the running ones, then pauses the server; after `resume` the next chunks recompute the context with
   the new weights, so every token carries exactly the version that produced it, at the cost of a
   prefill per chunk.
+
+The mode in effect is logged at start (a warning with the reason where `auto` falls back to chunks); a
+`pause` that cannot be honoured is refused (ConfigError). Loads reach the model through the `WeightLoader`
+of `engine.vllm.weight_transfer`. Control calls (pause, load, resume, health) have their own small HTTP
+client, so they never queue behind the generation calls, which have no cap (the RaaS bounds them).
 
 The server (with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading
 the last weights, and the calls it was running are retried.
@@ -40,14 +45,18 @@ from astraflow.engines.vllm_server import (
     GenerateStream,
     completion_body,
     generate_body,
+    planned_sync,
+    served_sync,
     server_command,
-    supports_pause_sync,
-    wants_pause_sync,
 )
+from astraflow.engines.vllm_weights import make_weight_loader
 from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
 
 log = structlog.get_logger(__name__)
+
+CONTROL_CONNECTIONS = 4
+"""Connections of the control client: pause, load and resume come one at a time, health checks besides."""
 
 
 class VLLMEngine(Engine):
@@ -68,15 +77,28 @@ class VLLMEngine(Engine):
         self.pause_sync = False
         """Whether weight loads pause requests in place (else they land between chunks); set at start."""
         self.stats: Counter[str] = Counter()
-        """`chunks`, `tokens` (received so far), `restarts`."""
+        """`chunks`, `tokens` (received so far), `events` (streamed events received), `restarts`."""
+        self.loader = make_weight_loader(settings, self._control)
 
     async def start(self) -> None:
-        import httpx
-
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=5.0))
+        self._open_clients()
+        planned_sync(self.settings)  # refuses a weight_sync the installed vLLM cannot honour, before a spawn
         atexit.register(self._kill_group)  # an exit that skips `close` (an error at start) ends it too
         await self._spawn()
         self._watch = asyncio.create_task(self._watchdog())
+
+    def _open_clients(self) -> None:
+        """A generation client with no cap on its connections (the RaaS bounds the calls: a second, lower
+        bound here would queue them where neither the server's scheduler nor a load can see them), and a
+        small control client, so that a pause or a load never waits for a connection behind generation."""
+        import httpx
+
+        timeout = httpx.Timeout(None, connect=5.0)
+        unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=unbounded)
+        n = CONTROL_CONNECTIONS
+        small = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        self._ctl = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=small)
 
     async def _spawn(self) -> None:
         s = self.settings
@@ -102,11 +124,9 @@ class VLLMEngine(Engine):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
             await asyncio.sleep(0.5)
-        self.pause_sync = await self._pause_sync()
+        self.pause_sync = await self._sync_mode() == "pause"
         if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
-            await self._control(
-                "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self._weights}}
-            )
+            await self.loader.load(self._weights)
         if self.pause_sync:  # the server labels tokens with this from now on
             await self._control("/update_weight_version", {"new_version": str(self.version)})
         if not self._paused:
@@ -120,17 +140,21 @@ class VLLMEngine(Engine):
             weight_sync="pause" if self.pause_sync else "chunks",
         )
 
-    async def _pause_sync(self) -> bool:
-        """Pause-mode weight sync when the running server supports it and the settings allow it."""
-        if not wants_pause_sync(self.settings):
-            return False
-        reply = await self._http.get("/openapi.json")
-        reply.raise_for_status()
-        if supports_pause_sync(reply.json()):
-            return True
-        if self.settings.vllm.weight_sync == "pause":
-            raise RuntimeError("engine.vllm.weight_sync=pause, but the vllm server lacks its endpoints")
-        return False
+    async def _sync_mode(self) -> str:
+        """The weight-sync mode in effect on the running server (`pause` or `chunks`), logged: a warning
+        with the reason where `auto` fell back to chunks. ConfigError where `pause` cannot be honoured."""
+        openapi = {}
+        if planned_sync(self.settings)[0] == "pause":
+            reply = await self._ctl.get("/openapi.json")
+            reply.raise_for_status()
+            openapi = reply.json()
+        mode, reason = served_sync(self.settings, openapi)
+        requested = self.settings.vllm.weight_sync
+        if reason:
+            log.warning("vllm_weight_sync_fallback", mode=mode, requested=requested, reason=reason)
+        else:
+            log.info("vllm_weight_sync", mode=mode, requested=requested)
+        return mode
 
     async def _watchdog(self) -> None:
         while not self._closing:
@@ -153,6 +177,7 @@ class VLLMEngine(Engine):
         self._kill_group()
         atexit.unregister(self._kill_group)
         await self._http.aclose()
+        await self._ctl.aclose()
 
     def _kill_group(self) -> None:
         """End the server and the engine processes it spawned (its own session), by its pid."""
@@ -174,7 +199,7 @@ class VLLMEngine(Engine):
                 time.sleep(0.1)
 
     async def healthy(self) -> bool:
-        return await answers(self._http, "/health", 2.0)
+        return await answers(self._ctl, "/health", 2.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         started = time.perf_counter()
@@ -195,7 +220,8 @@ class VLLMEngine(Engine):
     async def _server_died(self, e: Exception) -> bool:
         """After a failed call: True (after a pause) when the server is gone and the call should be retried
         on its restart, False when the error is the call's own."""
-        if self._closing or await self.healthy():
+        # asked on the generation client: every failed call asks, and a pause must not wait behind them
+        if self._closing or await answers(self._http, "/health", 2.0):
             return False
         log.warning("vllm_call_retry", error=repr(e))  # the watchdog restarts the server
         await asyncio.sleep(1.0)
@@ -220,6 +246,7 @@ class VLLMEngine(Engine):
                 if await self._server_died(e):
                     continue
                 raise
+            self.stats["events"] += stream.events
             return stream.response()
 
     async def _generate_chunks(self, request: GenerateRequest) -> GenerateResponse:
@@ -267,7 +294,7 @@ class VLLMEngine(Engine):
     async def load_weights(self, path: str, version: int) -> None:
         if not self._paused:
             raise RuntimeError("load_weights needs a paused engine")
-        await self._control("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+        await self.loader.load(path)
         if self.pause_sync:  # frozen requests hold KV blocks, so no reset: salts keep versions apart
             await self._control("/update_weight_version", {"new_version": str(version)})
         else:
@@ -282,5 +309,5 @@ class VLLMEngine(Engine):
             self._open.set()
 
     async def _control(self, path: str, body: dict | None = None) -> None:
-        reply = await self._http.post(path, json=body)
+        reply = await self._ctl.post(path, json=body)
         reply.raise_for_status()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from astraflow.engines.base import GenerateRequest, GenerateResponse
 from astraflow.engines.settings import EngineSettings
+from astraflow.errors import ConfigError
 
 SERVED_NAME = "policy"
 GENERATE_PATH = "/inference/v1/generate"
@@ -28,10 +29,34 @@ def has_scale_out() -> bool:
     return (root / "entrypoints" / "scale_out" / "token_in_token_out").is_dir()
 
 
-def wants_pause_sync(settings: EngineSettings) -> bool:
-    """Whether the server is started with the endpoints pause-mode weight sync needs."""
+def planned_sync(settings: EngineSettings) -> tuple[str, str]:
+    """The weight-sync mode the server is started for (`pause` or `chunks`) and, where `auto` falls back to
+    chunks, why ("" otherwise). Raises ConfigError for `pause` when the installed vLLM cannot honour it."""
     sync = settings.vllm.weight_sync
-    return sync == "pause" or (sync == "auto" and has_scale_out())
+    if sync == "chunks":
+        return "chunks", ""
+    if has_scale_out():
+        return "pause", ""
+    reason = "the installed vllm has no token-in/token-out server (vllm.entrypoints.scale_out)"
+    if sync == "pause":
+        raise ConfigError(
+            f"engine.vllm.weight_sync=pause: {reason}; install the pinned one (make setup EXTRAS=gpu, or "
+            "cpu) or set weight_sync to auto or chunks"
+        )
+    return "chunks", reason
+
+
+def served_sync(settings: EngineSettings, openapi: dict) -> tuple[str, str]:
+    """The weight-sync mode a running server allows, from its OpenAPI schema, and why `auto` fell back to
+    chunks ("" when it did not). Raises ConfigError for `pause` when the server cannot honour it."""
+    mode, reason = planned_sync(settings)
+    missing = missing_for_pause(openapi) if mode == "pause" else []
+    if not missing:
+        return mode, reason
+    reason = f"the vllm server lacks {', '.join(missing)}"
+    if settings.vllm.weight_sync == "pause":
+        raise ConfigError(f"engine.vllm.weight_sync=pause: {reason}")
+    return "chunks", reason
 
 
 def server_command(settings: EngineSettings, port: int, device: str) -> tuple[list[str], dict[str, str]]:
@@ -70,17 +95,18 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         # CUDA graphs do not exist on CPU, and the CPU backend sizes its KV cache from this variable.
         cmd.append("--enforce-eager")
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(s.kv_cache_gb)))
-    if wants_pause_sync(settings):
-        cmd.append("--enable-scale-out")
+    if planned_sync(settings)[0] == "pause":
+        cmd += ["--enable-scale-out", "--stream-interval", str(v.stream_interval)]
     return cmd + list(v.extra_args), env
 
 
-def supports_pause_sync(openapi: dict) -> bool:
-    """Whether a server's OpenAPI schema has every endpoint pause-mode weight sync uses, and generate
-    replies that carry weight-version spans."""
+def missing_for_pause(openapi: dict) -> list[str]:
+    """What a server's OpenAPI schema lacks of pause-mode weight sync: its endpoints, and generate replies
+    that carry weight-version spans; [] when nothing."""
     paths = openapi.get("paths", {})
     schemas = openapi.get("components", {}).get("schemas", {})
-    return all(p in paths for p in PAUSE_SYNC_PATHS) and "WeightVersionSpan" in schemas
+    missing = [p for p in PAUSE_SYNC_PATHS if p not in paths]
+    return missing + ([] if "WeightVersionSpan" in schemas else ["weight-version spans"])
 
 
 def completion_body(request: GenerateRequest, context: list[int], max_tokens: int, done: int) -> dict:
@@ -133,11 +159,14 @@ class GenerateStream:
         self.logprobs: list[float] = []
         self.finish: str | None = None
         self.spans: list[dict] | None = None
+        self.events = 0
+        """Events that brought tokens or the end (the server sends one per `stream_interval` tokens)."""
 
     def feed(self, line: str) -> int:
         """Take one line of the reply; returns how many tokens it brought."""
         if not line.startswith("data: ") or line == "data: [DONE]":
             return 0
+        self.events += 1
         n = 0
         for choice in json.loads(line[len("data: ") :])["choices"]:
             new = choice["token_ids"] or []

@@ -63,7 +63,7 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
     # of what the client has read), so this is tried until a load lands inside one (a few tries at most).
     long = GenerateRequest([5, 17, 42, 9], SamplingParams(temperature=0.0, max_new_tokens=500, seed=0))
     for version in range(1, 9):
-        tokens = engine.stats["tokens"]
+        tokens, events = engine.stats["tokens"], engine.stats["events"]
         task = asyncio.create_task(engine.generate(long))
         while engine.stats["tokens"] == tokens:  # streamed: counted as they arrive
             await asyncio.sleep(0.001)
@@ -75,6 +75,8 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
         v, n = during.versions, len(during.versions)
         k = v.index(version) if version in v else n
         assert seen <= k and set(v[:k]) == {version - 1} and set(v[k:]) <= {version}
+        # Streamed one event per `engine.vllm.stream_interval` (64) tokens, the first and the last at once.
+        assert engine.stats["events"] - events <= n // 64 + 3
         if k < n:  # 0 < k: its first token came before the load
             break
     else:

@@ -4,10 +4,14 @@ import json
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
-from astraflow.engines.base import GenerateRequest, SamplingParams
+from astraflow.engines.base import GenerateRequest, SamplingParams, WeightLoader
 from astraflow.engines.settings import EngineSettings
 from astraflow.engines.vllm import VLLMEngine
+from astraflow.engines.vllm_server import PAUSE_SYNC_PATHS
+from astraflow.errors import ConfigError
+from tests.unit.test_vllm_server import install_vllm
 
 
 class FakeServer:
@@ -16,6 +20,8 @@ class FakeServer:
     def __init__(self) -> None:
         self.controls: list[str] = []
         self.generate_bodies: list[dict] = []
+        self.openapi: dict = {"paths": {}, "components": {"schemas": {}}}
+        """What the server says it serves: no pause endpoints unless a test adds them."""
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
@@ -26,6 +32,8 @@ class FakeServer:
             logprobs = {"token_logprobs": [-1.0] * n}
             choice = {"token_ids": tokens, "logprobs": logprobs, "finish_reason": "length"}
             return httpx.Response(200, json={"choices": [choice]})
+        if path == "/openapi.json":
+            return httpx.Response(200, json=self.openapi)
         if path == "/inference/v1/generate":
             self.generate_bodies.append(body)
             spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
@@ -40,9 +48,9 @@ class FakeServer:
         return httpx.Response(200, json={})
 
 
-def engine(pause_sync: bool, server: FakeServer) -> VLLMEngine:
-    e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1))
-    e._http = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
+def engine(pause_sync: bool, server: FakeServer, **settings) -> VLLMEngine:
+    e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1, **settings))
+    e._http = e._ctl = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
     e.pause_sync = pause_sync
     e._open.set()  # as after a start
     return e
@@ -83,3 +91,65 @@ async def test_a_load_needs_a_pause():
     e = engine(True, FakeServer())
     with pytest.raises(RuntimeError, match="paused"):
         await e.load_weights("w", version=1)
+
+
+async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_keeps_the_versions():
+    class Received(WeightLoader):  # what a native weight transfer backend would be
+        def __init__(self) -> None:
+            self.loaded: list[str] = []
+
+        async def load(self, path: str) -> None:
+            self.loaded.append(path)
+
+    server = FakeServer()
+    e = engine(True, server)
+    e.loader = Received()
+    await e.pause()
+    await e.load_weights("/weights/v2", version=2)
+    await e.resume()
+    assert e.loader.loaded == ["/weights/v2"] and e.version == 2
+    assert server.controls == ["/pause?mode=keep", "/update_weight_version", "/resume"]  # no file reload
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_a_native_weight_transfer_backend_is_refused_until_it_is_built(backend):
+    with pytest.raises(ConfigError, match=f"weight_transfer={backend}: .* not built"):
+        VLLMEngine(EngineSettings(type="vllm", model="m", vllm={"weight_transfer": backend}))
+
+
+async def test_the_weight_sync_in_effect_is_logged_and_a_fallback_warns_why(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=True)
+    server = FakeServer()
+    with capture_logs() as logs:
+        assert await engine(False, server, vllm={"weight_sync": "auto"})._sync_mode() == "chunks"
+        server.openapi = {
+            "paths": {p: {} for p in PAUSE_SYNC_PATHS},
+            "components": {"schemas": {"WeightVersionSpan": {}}},
+        }
+        assert await engine(False, server, vllm={"weight_sync": "auto"})._sync_mode() == "pause"
+        assert await engine(False, server, vllm={"weight_sync": "chunks"})._sync_mode() == "chunks"
+    fallback, pause, chunks = logs
+    assert fallback["log_level"] == "warning" and fallback["mode"] == "chunks"
+    assert "/pause" in fallback["reason"] and "weight-version spans" in fallback["reason"]
+    assert (pause["log_level"], pause["mode"]) == ("info", "pause")
+    assert (chunks["log_level"], chunks["mode"], chunks["requested"]) == ("info", "chunks", "chunks")
+
+
+async def test_pause_is_refused_where_the_server_lacks_its_endpoints(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=True)
+    e = engine(False, FakeServer(), vllm={"weight_sync": "pause"})
+    with pytest.raises(ConfigError, match="weight_sync=pause: the vllm server lacks /inference/v1/generate"):
+        await e._sync_mode()
+
+
+async def test_a_start_with_pause_on_a_vllm_without_its_endpoints_fails_before_a_server_is_spawned(
+    tmp_path, monkeypatch
+):
+    install_vllm(tmp_path, monkeypatch, scale_out=False)
+    e = VLLMEngine(EngineSettings(type="vllm", model="m", vllm={"weight_sync": "pause"}))
+    try:
+        with pytest.raises(ConfigError, match="weight_sync=pause"):
+            await e.start()
+        assert e._proc is None
+    finally:
+        await e.close()

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -12,10 +13,13 @@ from astraflow.engines.vllm_server import (
     PAUSE_SYNC_PATHS,
     GenerateStream,
     generate_body,
+    missing_for_pause,
+    planned_sync,
+    served_sync,
     server_command,
-    supports_pause_sync,
     token_versions,
 )
+from astraflow.errors import ConfigError
 
 TUNED = {
     "model": "m",
@@ -37,12 +41,25 @@ def flag(cmd: list[str], name: str) -> str:
     return cmd[cmd.index(name) + 1]
 
 
+def install_vllm(root, monkeypatch, scale_out: bool) -> None:
+    """An installed `vllm` package, with or without the token-in/token-out server, in place of the real one
+    (if any) for this test."""
+    package = root / "vllm"
+    (package / "entrypoints").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if scale_out:
+        (package / "entrypoints" / "scale_out" / "token_in_token_out").mkdir(parents=True)
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.syspath_prepend(str(root))
+
+
 @pytest.fixture(autouse=True)
 def no_inherited_vllm_env(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
 
 
-def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings():
+def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=True)
     cmd, env = server_command(EngineSettings(**TUNED), 8001, "cuda")
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert flag(cmd, "--port") == "8001" and flag(cmd, "--host") == "127.0.0.1"
@@ -52,6 +69,7 @@ def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings():
     assert "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
     assert cmd[-2:] == ["--max-num-batched-tokens", "8192"]  # last: they can override what came before
     assert "--enable-scale-out" in cmd  # weight_sync=pause needs the token-in/token-out endpoint
+    assert flag(cmd, "--stream-interval") == "64"  # one event per 64 tokens, not one per token
     assert "--enforce-eager" not in cmd  # CUDA graphs on
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_SERVER_DEV_MODE"] == "1"
 
@@ -62,7 +80,7 @@ def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
     assert "--enforce-eager" in cmd and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert "--gpu-memory-utilization" not in cmd
     assert flag(cmd, "--max-num-seqs") == "128" and flag(cmd, "--dtype") == "bfloat16"
-    assert "--enable-scale-out" not in cmd  # chunks: plain completions only
+    assert "--enable-scale-out" not in cmd and "--stream-interval" not in cmd  # chunks: plain completions
 
 
 def test_the_device_is_what_the_settings_say_unless_auto():
@@ -95,7 +113,7 @@ def test_the_installed_vllm_server_accepts_the_command_line(device):
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[3:])
     assert args.max_num_seqs == 128 and args.tensor_parallel_size == 2 and args.max_model_len == 4096
     assert args.enable_prefix_caching is False and args.max_num_batched_tokens == 8192
-    assert args.enable_scale_out is True
+    assert args.enable_scale_out is True and args.stream_interval == 64
     if device == "cuda":
         assert args.gpu_memory_utilization == 0.85
     else:
@@ -105,10 +123,34 @@ def test_the_installed_vllm_server_accepts_the_command_line(device):
 def test_pause_sync_needs_every_endpoint_and_version_spans():
     paths = {p: {} for p in PAUSE_SYNC_PATHS}
     schema = {"paths": paths, "components": {"schemas": {"WeightVersionSpan": {}}}}
-    assert supports_pause_sync(schema)
-    assert not supports_pause_sync({**schema, "components": {"schemas": {}}})  # an older generate reply
+    assert missing_for_pause(schema) == []
+    older = {**schema, "components": {"schemas": {}}}  # a generate reply without version spans
+    assert missing_for_pause(older) == ["weight-version spans"]
     del paths["/update_weight_version"]
-    assert not supports_pause_sync(schema)
+    assert missing_for_pause(schema) == ["/update_weight_version"]
+
+
+def test_an_installed_vllm_without_the_pause_endpoints_refuses_pause_and_auto_says_why(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=False)
+    pause = EngineSettings(vllm={"weight_sync": "pause"})
+    with pytest.raises(ConfigError, match=r"^engine.vllm.weight_sync=pause: the installed vllm has no"):
+        planned_sync(pause)
+    with pytest.raises(ConfigError):  # before any server is started
+        server_command(pause, 8001, "cpu")
+    mode, reason = planned_sync(EngineSettings(vllm={"weight_sync": "auto"}))
+    assert mode == "chunks" and "token-in/token-out" in reason
+    assert planned_sync(EngineSettings(vllm={"weight_sync": "chunks"})) == ("chunks", "")
+
+
+def test_a_server_without_the_pause_endpoints_refuses_pause_and_auto_says_why(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=True)
+    full = {"paths": {p: {} for p in PAUSE_SYNC_PATHS}, "components": {"schemas": {"WeightVersionSpan": {}}}}
+    assert served_sync(EngineSettings(vllm={"weight_sync": "pause"}), full) == ("pause", "")
+    assert served_sync(EngineSettings(vllm={"weight_sync": "auto"}), full) == ("pause", "")
+    mode, reason = served_sync(EngineSettings(vllm={"weight_sync": "auto"}), {})
+    assert mode == "chunks" and reason.startswith("the vllm server lacks /inference/v1/generate")
+    with pytest.raises(ConfigError, match="weight_sync=pause: the vllm server lacks"):
+        served_sync(EngineSettings(vllm={"weight_sync": "pause"}), {})
 
 
 def sse(choice: dict) -> str:
