@@ -112,6 +112,33 @@ def build(
     return out
 
 
+SHAPES = {
+    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936),
+    "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab_size=151936),
+}
+"""Real architectures' shapes (tied embeddings, as the released models): random weights, for measuring
+what size costs (`tests/bench/weight_path.py`, the real-shape run) without fetching anything."""
+
+
+def build_shape(out_dir: str | Path, shape: str, seed: int = 0) -> Path:
+    """`build` at one of `SHAPES`, its tokenizer padded with filler tokens to the real vocabulary size
+    (so the engines see the real embedding and logits sizes)."""
+    import json
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r} (one of {', '.join(SHAPES)})")
+    dims = SHAPES[shape]
+    out = build(out_dir, **dims, seed=seed)
+    path = out / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    vocab = spec["model"]["vocab"]
+    taken = len(vocab) + len([t for t in spec["added_tokens"] if t["content"] not in vocab])
+    for i in range(dims["vocab_size"] - taken):
+        vocab[f"<|filler_{i}|>"] = len(vocab)
+    path.write_text(json.dumps(spec))
+    return out
+
+
 def warm_start(
     model_dir: str | Path,
     task: str,

@@ -163,9 +163,9 @@ class WeightPublisher:
         whole, chunks = seen.digest, seen.chunk_digests
         base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
-        if seen.changed is not None:
+        if seen.changed is not None and base is not None:
             delta = await asyncio.to_thread(
-                codec.encode_changes, half.data, seen.changed, self.buffer.itemsize
+                codec.encode_changes, base.data, half.data, seen.changed, self.buffer.itemsize
             )
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 digest = layout.chunk_digest(delta)

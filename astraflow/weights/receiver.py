@@ -60,6 +60,9 @@ class WeightReceiver:
         self.held: tuple[int, str] | None = None
         """(version, digest) of the verified served half."""
         self.stats: Counter[str] = Counter()
+        self.timings: dict[str, float] = {}
+        """Seconds of the last pull's stages: `pull` (bytes in), `verify` (left after the last byte),
+        `apply` (a delta onto the base)."""
         self._tls = wire.tls_contexts(settings)[1]
         self._last_delta: tuple[int, int, bytes] | None = None
         """(from, to, bytes) of the delta that made the served version: replayed on the idle half."""
@@ -106,17 +109,24 @@ class WeightReceiver:
         deadline = time.monotonic() + self.settings.pull_deadline_s
         use_delta = first_try and manifest.delta_digest and self.held == base and manifest.kind == "delta"
         half = await asyncio.to_thread(buffer.claim)
+        started = time.perf_counter()
         try:
             if use_delta:  # verified: the delta's digest, applied to the held base's bytes
                 delta = await self._pull_delta(manifest, deadline)
+                pulled = time.perf_counter()
                 await asyncio.to_thread(self._to_base, half, idle_version)
                 await asyncio.to_thread(codec.apply, half.data, delta)
                 self.stats["delta_pulls"] += 1
+                applied = time.perf_counter() - pulled
+                self.timings = {"pull": pulled - started, "verify": 0.0, "apply": applied}
             else:  # verified chunk by chunk as the bytes arrive
                 verifier = ChunkVerifier(half.data, manifest)
                 await self._pull_full(manifest, half, first_try, deadline, verifier.arrived)
+                pulled = time.perf_counter()
                 await asyncio.to_thread(verifier.check)
                 delta = None
+                verified = time.perf_counter() - pulled
+                self.timings = {"pull": pulled - started, "verify": verified, "apply": 0.0}
         except WeightIntegrityError:
             self.server.unregister(self.model, manifest.version, "full")
             raise

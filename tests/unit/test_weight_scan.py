@@ -28,7 +28,7 @@ def test_one_scan_gives_the_digests_and_the_changed_elements_of_separate_passes(
     assert (seen.digest, seen.chunk_digests) == layout.digests_of([new.tobytes()], CHUNK)
     assert np.array_equal(seen.changed, codec.changed_indices(old, new, 2))
     assert seen.nonfinite == 0
-    assert codec.encode_changes(new, seen.changed, 2) == codec.encode(old, new, 2)
+    assert codec.encode_changes(old, new, seen.changed, 2) == codec.encode(old, new, 2)
 
 
 @pytest.mark.parametrize("bits", [0x7FC0, 0x7F80, 0xFF80])  # NaN, +inf, -inf

@@ -1,0 +1,198 @@
+"""The weight path at a real model's size, stage by stage, against one host memcpy of the served bytes.
+
+A random-weight model of the shape (`tiny.SHAPES`: the architecture's configuration, tied embeddings as
+the released model; nothing fetched) is the fp32 master; the served weights are bf16. Each version goes
+the whole way a run takes it: the trainer publishes (`trainer blocked`: until its next step may start),
+the publisher's background pass (digests, delta, manifest, `versions`), a receiver's pull (pull, verify,
+apply), and an hf engine's pause, load and resume (`load`); `end to end` is publish to serving. Versions:
+0 (full, first touch), 1 and 2 (a real AdamW step at lr 1e-6 each: deltas), 3 (full, `full_every` 3).
+The last line reports version 2 as the delta and version 3 as the full, each stage as a multiple of `m`,
+one `np.copyto` of the served bytes between two warm buffers (the physical limit here), and the share of
+bf16 elements the second step changed.
+
+On a shape whose AdamW state does not fit in memory here (`--emulate-step`, the default for 1.5B) the
+step is Adam's first step done directly, `p -= lr * sign(g)` with a random `g` (every element moves by
+`lr`, as in Adam's first step, where m / sqrt(v) = sign(g)); the line says so.
+
+    python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from astraflow import redis_server, tiny
+from astraflow.config import RedisSettings, StreamsSettings
+from astraflow.engines.hf import HFEngine
+from astraflow.engines.settings import EngineSettings
+from astraflow.messages import WeightManifest, decode
+from astraflow.streams import Bus
+from astraflow.weights import layout
+from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights.receiver import WeightReceiver
+from astraflow.weights.server import WeightServer
+from astraflow.weights.settings import WeightsSettings
+
+LR = 1e-6
+STAGES = ("blocked", "background", "pull", "verify", "apply", "receive", "load", "end to end")
+
+
+def memcpy_s(nbytes: int, rounds: int = 5) -> float:
+    """Fastest of `rounds` copies of `nbytes` between two buffers already touched."""
+    a = np.ones(nbytes, np.uint8)
+    b = np.zeros(nbytes, np.uint8)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def make_step(model, tokens: int, emulate: bool):
+    import torch
+
+    if emulate:
+
+        @torch.no_grad()
+        def emulated(seed: int) -> None:
+            g = torch.Generator().manual_seed(seed)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g).sign_(), alpha=-LR)
+
+        return emulated
+    optim = torch.optim.AdamW(model.parameters(), lr=LR)
+    vocab = model.config.vocab_size
+
+    def real(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (2, tokens // 2), generator=g)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    return real
+
+
+async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dict], dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    state = model.state_dict()  # live tensors: the trainer awaits `publish` before its next step
+    specs = layout.layout(state, "bfloat16")
+    bus = Bus.connect(url, "weight-path", RedisSettings(), StreamsSettings())
+    settings = WeightsSettings(full_every=3, keep_deltas=2)
+    secret = await run_secret(bus, settings)
+    pub = WeightPublisher(bus, settings, "policy", specs, root / "trainer", secret)
+    rx = WeightReceiver(
+        bus, settings, "policy", root / "raas", secret, WeightServer(secret), model_dir=model_dir
+    )
+    engine = HFEngine(EngineSettings(type="hf", model=str(model_dir), dtype="bfloat16", device="cpu"))
+    await engine.start()
+    step = make_step(model, args.tokens, args.emulate_step)
+    rows = []
+    try:
+        for v in range(4):
+            if v:
+                step(v)
+            t0 = time.perf_counter()
+            await pub.publish(state, v, step=v)
+            t1 = time.perf_counter()
+            await pub.wait()
+            t2 = time.perf_counter()
+            half = await rx.sync(bus.keys.weights("policy", v), v)
+            t3 = time.perf_counter()
+            with rx.buffer.reading(half):  # type: ignore[union-attr]
+                await engine.pause()
+                await engine.load_weights(str(half.dir), v)
+                await engine.resume()
+            t4 = time.perf_counter()
+            manifest = decode(await bus.redis.hgetall(bus.keys.weights("policy", v)), WeightManifest)
+            assert engine.version == v
+            rows.append(
+                {
+                    "version": v,
+                    "kind": manifest.kind,
+                    "blocked": t1 - t0,
+                    "background": t2 - t1,
+                    **rx.timings,
+                    "receive": t3 - t2,
+                    "load": t4 - t3,
+                    "end to end": t4 - t0,
+                    "delta_bytes": manifest.delta_nbytes,
+                }
+            )
+        served = np.frombuffer(pub.buffer.served.data, np.uint16)  # type: ignore[union-attr]
+        before = np.frombuffer(pub.buffer.idle.data, np.uint16)
+        sparsity = {
+            "changed": float(np.count_nonzero(served != before)) / len(served),
+            "nbytes": len(served) * 2,
+            "loaded": bool(
+                torch.equal(
+                    engine.model.get_parameter("model.norm.weight"),
+                    state["model.norm.weight"].to(torch.bfloat16),
+                )
+            ),
+        }
+    finally:
+        await engine.close()
+        rx.close()
+        rx.server.close()
+        await pub.close()
+        await bus.close()
+    return rows, sparsity
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens in the real step's batch")
+    ap.add_argument("--emulate-step", action="store_true", help="Adam's first step without its state")
+    ap.add_argument("--dir", type=Path, default=None, help="buffers here (default: /dev/shm)")
+    args = ap.parse_args()
+    if args.shape == "qwen2.5-1.5b":
+        args.emulate_step = True  # fp32 weights, gradients and AdamW state: 25 GB
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=args.dir or "/dev/shm") as shm:
+        print(f"building {args.shape} ...", flush=True)
+        model_dir = tiny.build_shape(Path(tmp) / "model", args.shape)
+        server = redis_server.start(Path(tmp) / "redis")
+        try:
+            rows, sparsity = asyncio.run(measure(args, model_dir, server.url, Path(shm)))
+        finally:
+            server.stop()
+    m = memcpy_s(sparsity["nbytes"])
+    gib = sparsity["nbytes"] / 2**30
+    print(
+        f"{args.shape}: {gib:.2f} GiB served (bf16, tied embeddings once); m = one memcpy = {m * 1000:.0f} ms"
+    )
+    print(f"{'version':<9}{'kind':<7}" + "".join(f"{s:>12}" for s in STAGES) + f"{'delta MiB':>11}")
+    for r in rows:
+        cells = "".join(f"{r.get(s, 0) * 1000:>10.0f}ms" for s in STAGES)
+        print(f"{r['version']:<9}{r['kind']:<7}{cells}{r['delta_bytes'] / 2**20:>11.1f}")
+    print(f"{'(x m)':<16}" + "".join(f"{rows[2].get(s, 0) / m:>11.1f}m" for s in STAGES) + "  (version 2)")
+    assert sparsity["loaded"], "the engine does not hold the published weights"
+    delta, full = rows[2], rows[3]
+    how = "emulated: Adam's first step, lr x sign(g)" if args.emulate_step else "AdamW, fp32 master"
+    print(f"version 2 is the second lr-1e-6 step ({how}); version 3 a full sync")
+    print(
+        f"weight path {args.shape}: {gib:.2f} GiB served, trainer blocked {delta['blocked'] / m:.1f}m, "
+        f"background {delta['background'] / m:.1f}m, receive {full['receive'] / m:.1f}m, "
+        f"load {delta['load'] / m:.1f}m, end to end {full['end to end'] / m:.1f}m (full) "
+        f"{delta['end to end'] / m:.1f}m (delta); lr 1e-6 step: {sparsity['changed'] * 100:.2f}% "
+        f"changed, delta {sparsity['nbytes'] / max(delta['delta_bytes'], 1):.0f}x smaller"
+    )
+
+
+if __name__ == "__main__":
+    main()
