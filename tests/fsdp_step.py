@@ -31,6 +31,8 @@ def main(model_dir: str, out: str, device: str = "cpu", force_shard: bool = Fals
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     batch = make_batch(model, SEQS, REWARDS)  # behaviour logprobs from the unsharded starting model
     sharded = size > 1 or force_shard
+    if force_shard:  # a persistent buffer: a tensor FSDP2 leaves whole, gathered and published all the same
+        model.model.register_buffer("scale", torch.linspace(0, 1, 8), persistent=True)
     if sharded:
         distributed.shard(model, dev)
     else:

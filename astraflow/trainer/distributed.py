@@ -129,8 +129,9 @@ def publication_state(model, dtype: torch.dtype) -> dict:
     One process: the model's live state dict, no copy (the buffer casts each tensor on its device).
     Sharded (FSDP2, any world size): on rank 0 each tensor whole in `dtype` on this rank's device, empty
     on the others; each rank casts its shards on its device, then all-gathers them a few flat buckets at
-    a time over the model's own group (NCCL on GPUs). Names tied in the model (shared storage) map to the
-    same tensor object, so the layout serves them once. Collective."""
+    a time over the model's own group (NCCL on GPUs); rank 0 holds the whole served state on its device
+    until the buffer took it. Names of one parameter (tied embeddings) map to one tensor object, so the
+    layout serves it once. Collective."""
     state = _tied(model, model.state_dict())
     if not is_sharded(model):
         return state
@@ -138,7 +139,7 @@ def publication_state(model, dtype: torch.dtype) -> dict:
     unique = list({id(v): v for v in state.values()}.values())
     for bucket in _buckets(unique, dtype.itemsize):
         full.update(_gather_bucket(bucket, dtype))
-    return {k: full[id(v)] for k, v in state.items()} if dist.get_rank() == 0 else {}
+    return {k: full[id(v)] for k, v in state.items()} if _rank0() else {}
 
 
 def _tied(model, state: dict) -> dict:
@@ -181,8 +182,8 @@ def _gather_bucket(tensors: list, dtype: torch.dtype) -> dict[int, torch.Tensor]
     for t in sharded:
         if tuple(t.placements) != (Shard(0),):
             raise ValueError(f"placements {t.placements}, expected FSDP's (Shard(0),)")
-    whole = [t.detach() for t in tensors if not isinstance(t, DTensor)]
-    out = {id(t): t.to(dtype) if t.is_floating_point() else t for t in whole} if _rank0() else {}
+    plain = [t for t in tensors if not isinstance(t, DTensor)]  # not sharded (a buffer): whole on each rank
+    out = {id(t): t.detach().to(dtype) if t.is_floating_point() else t for t in plain} if _rank0() else {}
     if not sharded:
         return out
     mesh = sharded[0].device_mesh
@@ -195,7 +196,7 @@ def _gather_bucket(tensors: list, dtype: torch.dtype) -> dict[int, torch.Tensor]
         local[offset + shard.numel() : offset + n].zero_()  # padding rows
         offset += n
     gathered = local.new_empty(mesh.size() * local.numel())
-    dist.all_gather_into_tensor(gathered, local, group=mesh.get_group())
+    dist.all_gather_single(gathered, local, group=mesh.get_group())
     if not _rank0():
         return out
     per_rank, offset = gathered.view(mesh.size(), -1), 0
