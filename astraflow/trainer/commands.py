@@ -95,9 +95,10 @@ class Follower:
             try:
                 self._store.wait([key], slice_)
                 return
-            except dist.DistError as e:
-                if not (isinstance(e, dist.DistStoreError) and "timeout" in str(e).lower()):
-                    raise self._lost(f"is gone with the job's store ({e})") from e
+            except dist.DistStoreError:  # the slice passed: is rank 0 still there?
+                pass
+            except dist.DistError as e:  # the connection to the store broke
+                raise self._lost(f"is gone with the job's store ({e})") from e
             now = self._beats()
             silent = silent + 1 if now == beats else 0
             beats = now
