@@ -240,6 +240,8 @@ def _gather_rows(shard: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
     """The whole tensor of `shape` on rank 0 from each rank's dim-0 shard (`torch.chunk`'s split: the
     last ranks' shards may be shorter or empty); None on the others. Collective on host memory."""
     rank, size = world()
+    if size == 1:  # one rank holds every row (and NCCL's group of one has no host group beside it)
+        return shard
     rows = -(-shape[0] // size)
     padded = shard.new_zeros((rows, *shape[1:]))
     padded[: shard.shape[0]] = shard
