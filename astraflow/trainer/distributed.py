@@ -1,10 +1,16 @@
 """Several ranks for one policy: FSDP2 (`fully_shard`) under `torchrun`, gloo on CPU, NCCL on GPUs.
 
-Rank 0 alone talks to Redis: it reads each batch and broadcasts it, checkpoints, acknowledges and
-publishes. Every rank trains on its share of the batch's samples; FSDP2 averages the gradients. Why
-rank 0 alone: a batch is one stream entry, so one reader keeps the exactly-once bookkeeping (pending
-list, acknowledgements, checkpointed batch ids) in one place; the other ranks would only add Redis
-round trips for bytes rank 0 already has (a batch is small next to the model's collectives).
+Rank 0 alone talks to Redis: it reads each batch and hands it to the other ranks (`commands`: they wait
+for it outside any collective), checkpoints, acknowledges and publishes. Every rank trains on its share
+of the batch's samples; FSDP2 averages the gradients. Why rank 0 alone: a batch is one stream entry, so
+one reader keeps the exactly-once bookkeeping (pending list, acknowledgements, checkpointed batch ids)
+in one place; the other ranks would only add Redis round trips for bytes rank 0 already has (a batch is
+small next to the model's collectives).
+
+The weights leave the ranks two ways: `publication_state` for the weight buffer to take before the next
+step (in one process the live tensors; sharded, cast to the served dtype on the device and gathered over
+the job's own backend) and `full_model_state` (float32 host copies a checkpoint writes while training
+goes on).
 """
 
 from __future__ import annotations
