@@ -32,7 +32,7 @@ def main(mode: str, timeout_s: float) -> None:
             while (received := follower.receive())[0] != "stop":
                 print("received", *received, execute(), flush=True)
             return
-        leader = commands.Leader(timeout_s)
+        leader = commands.Leader()
         for payload in ([1, 2], [3]):
             time.sleep(3 * timeout_s)  # rank 0 waits for a batch, the follower must not be in a collective
             leader.send("train", payload)
@@ -40,7 +40,6 @@ def main(mode: str, timeout_s: float) -> None:
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
         leader.send("stop")
-        leader.close()
     finally:
         distributed.teardown()
 

@@ -6,9 +6,9 @@ ranks (followers) wait for its next command on the job's c10d store (one key per
 in slices), never inside a collective: a collective waiting past `trainer.collective_timeout_s` raises
 (and NCCL's watchdog kills the process). Once a command is posted every rank is about to execute it, so
 its payload (a batch; a restored checkpoint's scheduler and RNG states) follows as a broadcast and its
-collectives start together. While it is alive rank 0 bumps a heartbeat counter on the store; a follower
-that sees no bump for the timeout (rank 0 died, and the store lives on in torchrun's agent) or loses the
-store (it lived in rank 0) raises RankLostError instead of waiting forever.
+collectives start together. While it is in the job rank 0 bumps a heartbeat counter on the store; a
+follower that sees no bump for the timeout (rank 0 died, and the store lives on in torchrun's agent) or
+loses the store (it lived in rank 0) raises RankLostError instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -35,15 +35,33 @@ def _store():
     return dist.PrefixStore(PREFIX, dist.distributed_c10d._get_default_store())
 
 
-class Leader:
-    """Rank 0's end: `send` each command before executing it; `close` after the last (`stop`)."""
+class Heartbeat:
+    """Rank 0's sign of life on the job's store, from a thread, from joining the job (`distributed.setup`)
+    to leaving it: it beats while rank 0 still connects to Redis, waits for a batch, or executes."""
 
     def __init__(self, timeout_s: float) -> None:
-        self._store, self._next = _store(), 0
         self._stopped = threading.Event()
-        beat_args = (self._store.clone(), timeout_s / BEATS_PER_TIMEOUT)  # a store client per thread
-        self._beat = threading.Thread(target=self._beat_loop, args=beat_args, name="heartbeat", daemon=True)
-        self._beat.start()
+        beat_args = (_store().clone(), timeout_s / BEATS_PER_TIMEOUT)  # a store client per thread
+        self._thread = threading.Thread(target=self._loop, args=beat_args, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _loop(self, store, interval_s: float) -> None:
+        while not self._stopped.wait(interval_s):
+            try:
+                store.add("alive", 1)
+            except dist.DistError:  # the store is gone (the job is ending): followers find out themselves
+                return
+
+
+class Leader:
+    """Rank 0's end: `send` each command before executing it, `stop` last."""
+
+    def __init__(self) -> None:
+        self._store, self._next = _store(), 0
 
     def send(self, cmd: str, payload=None) -> None:
         """Post `cmd` to every follower, then broadcast `payload` (not None: pickled by torch between our
@@ -52,17 +70,6 @@ class Leader:
         self._next += 1
         if payload is not None:
             dist.broadcast_object_list([payload], src=0)
-
-    def close(self) -> None:
-        self._stopped.set()
-        self._beat.join()
-
-    def _beat_loop(self, store, interval_s: float) -> None:
-        while not self._stopped.wait(interval_s):
-            try:
-                store.add("alive", 1)
-            except dist.DistError:  # the store is gone (the job is ending): followers find out themselves
-                return
 
 
 class Follower:

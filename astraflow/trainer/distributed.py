@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from astraflow.trainer import devices
+from astraflow.trainer import commands, devices
 from astraflow.trainer.settings import TrainerSettings
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -32,6 +32,8 @@ GATHER_BUCKET_BYTES = 512 << 20
 every rank holds one such buffer while it gathers, rank 0 keeps the whole served state."""
 _host_group = None
 """The group for collectives on host memory: gloo beside NCCL (None: the default group is gloo)."""
+_heartbeat: commands.Heartbeat | None = None
+"""Rank 0's sign of life for the other ranks while it is in the job."""
 
 
 def world() -> tuple[int, int]:
@@ -44,22 +46,28 @@ def world() -> tuple[int, int]:
 def setup(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int]:
     """Join the process group when started by torchrun (WORLD_SIZE > 1): NCCL when this rank computes
     on a GPU (`device`, see `devices.resolve`; made the current one), gloo on the CPU. Every collective
-    of the job's groups raises after `timeout_s` (`trainer.collective_timeout_s`) instead of hanging."""
+    of the job's groups raises after `timeout_s` (`trainer.collective_timeout_s`) instead of hanging;
+    rank 0 beats a heartbeat for the others until `teardown` (`commands`)."""
     device = device or torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        global _host_group
+        global _host_group, _heartbeat
         timeout = timedelta(seconds=timeout_s)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
         if device.type == "cuda":
             _host_group = dist.new_group(backend="gloo", timeout=timeout)
+        if dist.get_rank() == 0:
+            _heartbeat = commands.Heartbeat(timeout_s)
     return world()
 
 
 def teardown() -> None:
     """Leave the group once every rank is done (a rank leaving mid-collective aborts gloo at exit)."""
-    global _host_group
+    global _host_group, _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()  # every group, the host group too

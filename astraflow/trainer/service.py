@@ -75,7 +75,7 @@ class TrainerService:
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
         self._served_dtype = getattr(torch, settings.weights.dtype)
-        self._leader = commands.Leader(t.collective_timeout_s) if self.rank == 0 and self.size > 1 else None
+        self._leader = commands.Leader() if self.rank == 0 and self.size > 1 else None
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and posts each command (`commands`); every rank executes it (the collectives line up).
@@ -126,7 +126,6 @@ class TrainerService:
         finally:
             if self._leader is not None:
                 self._leader.send("stop")
-                self._leader.close()
 
     async def _run(self, stop: asyncio.Event) -> None:
         identity = await self.bus.identity()
