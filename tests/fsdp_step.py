@@ -1,11 +1,13 @@
 """One training step of the tiny model under torchrun (FSDP2; gloo on the CPU, NCCL on CUDA):
 `torchrun --nproc_per_node N -m tests.fsdp_step MODEL_DIR OUT.pt [cpu|cuda] [shard]` saves the full
-parameters after the step (rank 0), after checking that the state assembled from the ranks' shards is the
-one torch gathers. Without torchrun it is the one-process reference; `shard` shards even a single rank
-(FSDP2 on one GPU)."""
+state after the step (rank 0: the float32 state a checkpoint holds; beside it, `served_path(OUT)`, the
+bf16 tensors the weight buffer serves from the publication state), after checking that the state
+assembled from the ranks' shards is the one torch gathers. Without torchrun it is the one-process
+reference; `shard` shards even a single rank (FSDP2 on one GPU)."""
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,8 @@ def main(model_dir: str, out: str, device: str = "cpu", force_shard: bool = Fals
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     batch = make_batch(model, SEQS, REWARDS)  # behaviour logprobs from the unsharded starting model
     sharded = size > 1 or force_shard
+    if force_shard:  # a persistent buffer: a tensor FSDP2 leaves whole, gathered and published all the same
+        model.model.register_buffer("scale", torch.linspace(0, 1, 8), persistent=True)
     if sharded:
         distributed.shard(model, dev)
     else:
@@ -37,9 +41,8 @@ def main(model_dir: str, out: str, device: str = "cpu", force_shard: bool = Fals
     settings = TrainerSettings(lr=1e-3, micro_batch_tokens=12, minibatches=2, share_prefix=False)
     trainer = PolicyTrainer(model, settings)
     trainer.step(batch)
-    state = distributed.full_model_state(model)
-    if size == 1:  # one rank holds every shard: its local tensors are the whole ones
-        state = {k: v.to_local() if hasattr(v, "to_local") else v for k, v in state.items()}
+    state = distributed.full_model_state(model)  # a checkpoint's: float32 host copies
+    served = distributed.publication_state(model, torch.bfloat16)  # what publication hands the buffer
     if sharded:  # the shards each rank copied, assembled: what torch's own full gather gives, exactly
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -50,8 +53,29 @@ def main(model_dir: str, out: str, device: str = "cpu", force_shard: bool = Fals
             for k, v in reference.items():
                 assert state[k].shape == v.shape and torch.equal(state[k], v), k
     if rank == 0:
-        torch.save({k: v.detach().cpu().clone() for k, v in state.items()}, out)
+        assert all(not hasattr(v, "to_local") for v in [*state.values(), *served.values()])
+        assert state["lm_head.weight"] is state["model.embed_tokens.weight"]  # ties kept
+        torch.save(state, out)
+        torch.save(publish(served, Path(out).with_suffix(".buffer")), served_path(out))
     distributed.teardown()  # leave the group before exit, or gloo's threads may abort the process
+
+
+def served_path(out) -> Path:
+    return Path(out).with_suffix(".served.pt")
+
+
+def publish(state: dict, root: Path) -> dict:
+    """The bf16 tensors the weight buffer serves after writing `state` (the trainer's publication path)."""
+    from safetensors.torch import load_file
+
+    from astraflow.weights import layout
+    from astraflow.weights.buffer import DoubleBuffer
+
+    buffer = DoubleBuffer(root, layout.layout(state, "bfloat16"))
+    try:
+        return load_file(buffer.write_state(state).path)
+    finally:
+        buffer.close()
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
 
     if trainer.threads:
         torch.set_num_threads(trainer.threads)
-    rank, _ = distributed.setup(devices.resolve(trainer))
+    rank, _ = distributed.setup(devices.resolve(trainer), trainer.collective_timeout_s)
     try:
         if rank > 0:  # under torchrun: rank 0 alone talks to Redis, the others follow its commands
             bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams)  # never used

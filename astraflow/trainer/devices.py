@@ -44,20 +44,6 @@ def resolve(settings: TrainerSettings) -> torch.device:
     return device
 
 
-def prepare(model, settings: TrainerSettings, device: torch.device, sharded: bool) -> None:
-    """Gradient checkpointing as configured, then the model onto `device`: whole in one process, or
-    sharded over the ranks (FSDP2 places each rank's shards on its device)."""
-    from astraflow.trainer import distributed
-
-    if settings.gradient_checkpointing:
-        # Non-reentrant: works with FSDP2 and with inputs that do not require gradients.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if sharded:
-        distributed.shard(model, device, DTYPES[settings.dtype])
-    else:
-        model.to(device)
-
-
 def autocast(device: torch.device, dtype: torch.dtype):
     """The forward's precision context in one process: bf16 autocast, or nothing for float32."""
     if dtype == torch.float32:
@@ -75,18 +61,28 @@ def to_device(mb, device: torch.device):
 
 def to_host(obj):
     """A copy of `obj` (tensors in dicts, lists and tuples) in host memory that later steps do not change.
-    From a GPU, each tensor goes asynchronously into fresh pinned memory and all are awaited once."""
+    Tensors that are the same memory (tied weights) stay one tensor in the copy. From a GPU, each tensor
+    goes asynchronously into fresh pinned memory and all are awaited once."""
     copied_from_gpu = False
+    copies: dict[tuple, torch.Tensor] = {}
+
+    def copy_tensor(x: torch.Tensor) -> torch.Tensor:
+        nonlocal copied_from_gpu
+        x = x.detach()
+        if not x.is_cuda:
+            return x.clone()
+        copied_from_gpu = True
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        return host.copy_(x, non_blocking=True)
 
     def copy(x):
-        nonlocal copied_from_gpu
         if isinstance(x, torch.Tensor):
-            x = x.detach()
-            if not x.is_cuda:
-                return x.clone()
-            copied_from_gpu = True
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-            return host.copy_(x, non_blocking=True)
+            if x.numel() == 0:  # storages of nothing share address 0
+                return copy_tensor(x)
+            key = (x.device, x.untyped_storage().data_ptr(), x.storage_offset(), x.shape, x.stride(), x.dtype)
+            if key not in copies:
+                copies[key] = copy_tensor(x)
+            return copies[key]
         if isinstance(x, dict):
             return {k: copy(v) for k, v in x.items()}
         if isinstance(x, list | tuple):

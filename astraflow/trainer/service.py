@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 import structlog
+import torch
 
 from astraflow.dataflow.batches import BatchReader, Received
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
-from astraflow.trainer import checkpoint, devices, distributed
+from astraflow.trainer import checkpoint, commands, devices, distributed
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
@@ -64,7 +65,7 @@ class TrainerService:
         model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
-        devices.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds the shards
+        distributed.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
@@ -73,9 +74,11 @@ class TrainerService:
         self._unacked: list[Received] = []
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
+        self._served_dtype = getattr(torch, settings.weights.dtype)
+        self._leader = commands.Leader() if self.rank == 0 and self.size > 1 else None
 
     # -- every rank -----------------------------------------------------------------------------------
-    # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
+    # Rank 0 decides and posts each command (`commands`); every rank executes it (the collectives line up).
 
     def _execute(self, cmd: str, arg=None):
         p = self.policy
@@ -88,11 +91,11 @@ class TrainerService:
             return state
         if cmd == "train":
             return p.step(arg)
-        if cmd == "model_state":
-            return distributed.full_model_state(p.model)
+        if cmd == "model_state":  # to publish: live or gathered in the served dtype, awaited before a step
+            return distributed.publication_state(p.model, self._served_dtype)
         if cmd == "rng":
             return distributed.gather(checkpoint.rng_state(self.device))
-        if cmd == "full_state":
+        if cmd == "full_state":  # to checkpoint (and publish meanwhile): float32 host copies
             return distributed.full_model_state(p.model), distributed.full_optimizer_state(
                 p.model, p.optimizer
             )
@@ -100,16 +103,17 @@ class TrainerService:
 
     def _all(self, cmd: str, arg=None):
         """Run a command on every rank (rank 0 only; blocking)."""
-        if self.size > 1:
+        if self._leader is not None:
             # Followers get the batch; of a checkpoint, scheduler and RNG states (rank 0 sends the shards).
             shared = arg if cmd == "train" else (None, {}, {}, *arg[3:]) if cmd == "restore" else None
-            distributed.broadcast((cmd, shared))
+            self._leader.send(cmd, shared)
         return self._execute(cmd, arg)
 
     def follow(self) -> None:
-        """Ranks > 0: execute rank 0's commands until it says stop."""
+        """Ranks > 0: execute rank 0's commands until it says stop (RankLostError when rank 0 is gone)."""
+        follower = commands.Follower(self.trainer.collective_timeout_s)
         while True:
-            cmd, arg = distributed.broadcast(None)
+            cmd, arg = follower.receive()
             if cmd == "stop":
                 return
             self._execute(cmd, arg)
@@ -120,8 +124,8 @@ class TrainerService:
         try:
             await self._run(stop)
         finally:
-            if self.size > 1:
-                distributed.broadcast(("stop", None))
+            if self._leader is not None:
+                self._leader.send("stop")
 
     async def _run(self, stop: asyncio.Event) -> None:
         identity = await self.bus.identity()

@@ -82,3 +82,7 @@ class TrainerSettings(BaseModel):
     """torch threads; 0 = torch's default."""
     devices: str = ""
     """The GPUs the trainer process uses (CUDA_VISIBLE_DEVICES, e.g. "0" or "4,5,6,7"); "" = inherited."""
+    collective_timeout_s: float = Field(600.0, gt=0)
+    """Under torchrun: the longest a collective waits for the other ranks before it raises (NCCL's own
+    default), and how long a rank > 0 waits for a sign of life of rank 0 (which may wait on Redis for a
+    batch as long as it likes) before it ends with an error."""

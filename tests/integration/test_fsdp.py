@@ -14,9 +14,10 @@ TOLERANCE = 1e-5
 order across ranks, which moves fp32 gradients by ~1e-7 and Adam's first update by less than this."""
 
 
-def run_step(model_dir, out, ranks: int) -> dict:
-    cmd = [sys.executable, "-m", "tests.fsdp_step", model_dir, str(out)]
-    if ranks > 1:
+def run_step(model_dir, out, ranks: int, shard: bool = False) -> dict:
+    """The float32 state after the step; `served(out)` reads the bf16 weights it published."""
+    cmd = [sys.executable, "-m", "tests.fsdp_step", model_dir, str(out), "cpu", *(["shard"] if shard else [])]
+    if ranks > 1 or shard:
         cmd = [
             sys.executable,
             "-m",
@@ -27,10 +28,7 @@ def run_step(model_dir, out, ranks: int) -> dict:
             "127.0.0.1",
             "--master_port",
             str(free_port()),
-            "-m",
-            "tests.fsdp_step",
-            model_dir,
-            str(out),
+            *cmd[1:],
         ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if result.returncode != 0 and "terminate called without an active exception" in result.stderr:
@@ -41,10 +39,27 @@ def run_step(model_dir, out, ranks: int) -> dict:
     return torch.load(out, weights_only=True)
 
 
+def served(out) -> dict:
+    from tests.fsdp_step import served_path
+
+    return torch.load(served_path(out), weights_only=True)
+
+
+def assert_served_is_the_bf16_state(out, state: dict) -> None:
+    """The bytes the weight buffer serves are the model's weights cast to bf16, bit for bit; the tied
+    `lm_head.weight` is not served (the engine ties it back to the embeddings)."""
+    weights = served(out)
+    assert weights.keys() == state.keys() - {"lm_head.weight"}
+    for k, v in weights.items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, state[k].to(torch.bfloat16)), k
+
+
 def test_two_gloo_ranks_match_one_process(tiny_model, tmp_path):
     single = run_step(tiny_model, tmp_path / "one.pt", 1)
     sharded = run_step(tiny_model, tmp_path / "two.pt", 2)
     assert single.keys() == sharded.keys()
+    assert_served_is_the_bf16_state(tmp_path / "one.pt", single)  # the live state, cast by the buffer
+    assert_served_is_the_bf16_state(tmp_path / "two.pt", sharded)  # gathered in bf16 from the shards
     worst = max((single[k] - sharded[k]).abs().max().item() for k in single)
     assert worst <= TOLERANCE, worst
     from transformers import AutoModelForCausalLM
@@ -56,12 +71,23 @@ def test_two_gloo_ranks_match_one_process(tiny_model, tmp_path):
 
 def test_shards_split_unevenly_are_assembled_whole(tiny_model, tmp_path):
     """Three ranks split rows of 64 and 128 unevenly: the state assembled from the ranks' shards is the
-    one torch's full gather gives (fsdp_step checks it bit for bit), and has the model's shapes."""
+    one torch's full gather gives (fsdp_step checks it bit for bit), and has the model's shapes; the
+    published one is its bf16 cast."""
     from transformers import AutoModelForCausalLM
 
     sharded = run_step(tiny_model, tmp_path / "three.pt", 3)
     start = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).state_dict()
     assert {k: v.shape for k, v in sharded.items()} == {k: v.shape for k, v in start.items()}
+    assert_served_is_the_bf16_state(tmp_path / "three.pt", sharded)  # the bf16 gather too
+
+
+def test_one_sharded_rank_publishes_its_weights(tiny_model, tmp_path):
+    """FSDP2 over a group of one (torchrun, one rank, as on one GPU) publishes plain bf16 tensors (not
+    DTensors, which the buffer cannot copy) that are its weights, and checkpoints plain float32 ones."""
+    single = run_step(tiny_model, tmp_path / "one.pt", 1)
+    sharded = run_step(tiny_model, tmp_path / "shard.pt", 1, shard=True)
+    assert_served_is_the_bf16_state(tmp_path / "shard.pt", sharded)
+    assert max((single[k] - sharded[k]).abs().max().item() for k in single) <= TOLERANCE
 
 
 async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_url, tiny_model, tmp_path):

@@ -59,12 +59,12 @@ def test_cuda_requested_without_cuda_fails_at_start_with_the_reason(monkeypatch,
 
 
 def test_a_bf16_step_on_the_cpu_computes_in_bf16_keeps_float32_weights_and_lowers_the_loss(model):
-    from astraflow.trainer import devices
+    from astraflow.trainer import devices, distributed
     from astraflow.trainer.step import PolicyTrainer
 
     batch = make_batch(model, SEQS, REWARDS)
     settings = TrainerSettings(device="cpu", dtype="bfloat16", lr=1e-3, grad_clip=None)
-    devices.prepare(model, settings, devices.resolve(settings), sharded=False)
+    distributed.prepare(model, settings, devices.resolve(settings), sharded=False)
     seen = []
     model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     trainer = PolicyTrainer(model, settings)
@@ -77,7 +77,7 @@ def test_a_bf16_step_on_the_cpu_computes_in_bf16_keeps_float32_weights_and_lower
 
 
 def test_gradient_checkpointing_gives_the_same_update(model):
-    from astraflow.trainer import devices
+    from astraflow.trainer import distributed
     from astraflow.trainer.step import PolicyTrainer
 
     batch = make_batch(model, SEQS, REWARDS)
@@ -85,7 +85,7 @@ def test_gradient_checkpointing_gives_the_same_update(model):
     for checkpointing in (False, True):
         m = copy.deepcopy(model)
         settings = TrainerSettings(device="cpu", gradient_checkpointing=checkpointing, grad_clip=None)
-        devices.prepare(m, settings, torch.device("cpu"), sharded=False)
+        distributed.prepare(m, settings, torch.device("cpu"), sharded=False)
         assert m.is_gradient_checkpointing == checkpointing
         PolicyTrainer(m, settings).step(batch)
         updated.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
@@ -102,7 +102,7 @@ def test_a_bf16_step_on_the_gpu_trains_and_copies_its_state_to_host_memory(model
     batch = make_batch(model, SEQS, REWARDS)
     settings = TrainerSettings(device="cuda", dtype="bfloat16", lr=1e-3, grad_clip=1.0)
     device = devices.resolve(settings)
-    devices.prepare(model, settings, device, sharded=False)
+    distributed.prepare(model, settings, device, sharded=False)
     trainer = PolicyTrainer(model, settings)
     losses = [trainer.step(batch)["loss"] for _ in range(3)]
     assert losses[2] < losses[0]
@@ -114,3 +114,24 @@ def test_a_bf16_step_on_the_gpu_trains_and_copies_its_state_to_host_memory(model
     assert any(not torch.equal(before[k], v.cpu()) for k, v in model.state_dict().items())
     optim = distributed.full_optimizer_state(model, trainer.optimizer)
     assert all(not s["exp_avg"].is_cuda for s in optim["state"].values())
+
+
+def test_tied_embeddings_are_published_once_and_stay_tied_in_host_copies(model):
+    """The tiny model ties `lm_head.weight` to the embeddings, as Qwen2.5-0.5B/1.5B do: the layout of the
+    publication state serves the pair once (not +15-28% of bytes for nothing), and the host copy a
+    checkpoint takes keeps one tensor for both names."""
+    from astraflow.trainer import devices, distributed
+    from astraflow.weights import layout
+
+    state = distributed.publication_state(model, torch.bfloat16)
+    names = [s.name for s in layout.layout(state, "bfloat16")]
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    live = dict(model.named_parameters())["model.embed_tokens.weight"]
+    assert state["lm_head.weight"].data_ptr() == live.data_ptr()  # live: no copy to publish in one process
+
+    host = devices.to_host(model.state_dict())
+    assert host["lm_head.weight"] is host["model.embed_tokens.weight"]
+    assert host["lm_head.weight"].data_ptr() != live.data_ptr()  # a copy, one for both names
+    assert host.keys() == model.state_dict().keys()
+    assert [s.name for s in layout.layout(host, "bfloat16")] == names
