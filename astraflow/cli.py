@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import traceback
 from pathlib import Path
 
 from astraflow.commands import (
@@ -30,15 +31,40 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
-    from astraflow.errors import AstraflowError
-
     try:
         return args.handler(args) or 0
-    except AstraflowError as e:
-        print(f"astraflow: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # the command's boundary: one line, the fix when there is one
+        if getattr(args, "debug", False):
+            traceback.print_exception(e)
+        print(f"astraflow: {one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """What failed, in a line, and how to fix it when that is known (every error raised on purpose says
+    so itself); anything else by its type and message."""
+    from redis import exceptions as redis
+
+    from astraflow.errors import AstraflowError, BusConnectionError
+
+    if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # a task group's one failure
+        return one_line(e.exceptions[0])
+    if isinstance(e, redis.AuthenticationError | redis.AuthorizationError):
+        return (
+            f"Redis refused the credentials: {e} (check the password: the --redis-file URL or redis.password)"
+        )
+    if isinstance(e, redis.NoPermissionError):
+        return f"Redis refused a command to this user: {e} (its ACL lacks it: see `astraflow redis acl`)"
+    if isinstance(e, redis.ConnectionError | redis.TimeoutError | BusConnectionError):
+        what = str(e) if isinstance(e, BusConnectionError) else f"Redis unreachable: {e}"
+        return f"{what} (is it running? check --redis, --redis-file or redis.url)"
+    if isinstance(e, AstraflowError):
+        return str(e)
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror}"
+    return f"{type(e).__name__}: {e} (--debug shows the traceback)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--run", help="run name (run.name)")
         c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
         c.add_argument("--redis-file", metavar="PATH", help="read the --redis URL from PATH")
+        c.add_argument("--debug", action="store_true", help="show the traceback of an error")
         c.set_defaults(handler=handler)
         return c
 
@@ -115,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--warm-start", metavar="TASK", help="add supervised steps on a built-in task")
     tiny.add_argument("--steps", type=int, default=300, help="warm-start steps (default 300)")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
     tiny.set_defaults(handler=cmd_model_tiny)
     return p
 

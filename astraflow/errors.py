@@ -17,6 +17,10 @@ class BusConnectionError(BusError):
     """Redis stayed unreachable past the reconnect budget."""
 
 
+class UnknownRunError(AstraflowError):
+    """A command names a run that does not exist on its Redis."""
+
+
 class MessageTooLarge(BusError):
     """An entry is larger than `streams.max_entry_bytes`."""
 
