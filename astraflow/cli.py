@@ -91,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    fresh = run.add_mutually_exclusive_group()
+    fresh.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    fresh.add_argument("--overwrite", action="store_true", help="replace what run.dir holds (not a live run)")
     command("top", cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
     command("inspect", cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
@@ -216,7 +218,9 @@ def _cmd_run(args) -> int:
         return demo.main(settings, keep_redis=args.keep_redis)
     from astraflow.launch import launcher
 
-    return launcher.main(settings, keep_redis=args.keep_redis, resume=bool(args.resume))
+    return launcher.main(
+        settings, keep_redis=args.keep_redis, resume=bool(args.resume), overwrite=args.overwrite
+    )
 
 
 if __name__ == "__main__":

@@ -46,5 +46,9 @@ class RunExistsError(AstraflowError):
     """A fresh run was asked for, and keys of a run of that name already exist (or nothing to resume)."""
 
 
+class RunDirError(AstraflowError):
+    """A run directory holds files of an earlier run (or the user's), or a live run holds it."""
+
+
 class ForeignCheckpointError(AstraflowError):
     """A trainer checkpoint belongs to another run (another nonce) than the one being trained."""

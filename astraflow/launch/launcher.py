@@ -4,7 +4,8 @@ Starts an embedded Redis (unless `--redis`), builds the recipe's tiny model once
 dataflow, the RaaS workers and one trainer per model as separate processes (restarted when they die),
 shows progress, and leaves logs, `metrics.jsonl`, checkpoints, `summary.json` and `reward.png` in the run
 directory. Ctrl-C, SIGTERM and SIGHUP stop everything cleanly and still write the report; `--resume`
-continues a stopped run from its directory.
+continues a stopped run from its directory. The run directory must be empty unless resuming or told to
+`--overwrite` it, and is locked for the launcher's life (`run_dir`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -20,9 +20,11 @@ from pathlib import Path
 
 from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
+from astraflow.errors import RunDirError
 from astraflow.launch import report
 from astraflow.launch.process import stop_grace_s
 from astraflow.launch.progress import Progress, line, render
+from astraflow.launch.run_dir import claim
 from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny import build_tiny
@@ -91,10 +93,11 @@ def _save_settings(settings: Settings, path: Path) -> None:
         yaml.safe_dump(data, f, sort_keys=False)
 
 
-def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> int:
+def main(settings: Settings, keep_redis: bool = False, resume: bool = False, overwrite: bool = False) -> int:
     """Runs until a stop condition (0; a worker that keeps dying is one) or a stop signal: Ctrl-C,
     SIGTERM or SIGHUP end every process and write the report as at a target, and the exit status is the
-    signal's (`processes.exit_status`: 130, 143, 129)."""
+    signal's (`processes.exit_status`: 130, 143, 129). A run directory that holds anything is refused
+    unless `resume` or `overwrite` (RunDirError), as is one a live launcher holds."""
     for sig in STOP_SIGNALS:  # until the watch takes them over: stop here, ending what was started
         signal.signal(sig, raise_stopped)
     logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
@@ -106,11 +109,14 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         restart_window_s=settings.run.restart_window_s,
         grace_s=stop_grace_s(settings),
     )
+    held = None
     try:
-        if settings.redis.url:  # a shared Redis: may this run start there? (before touching its directory)
+        held = claim(run_dir, resume=resume, overwrite=overwrite)  # refused before anything is touched
+        if settings.redis.url:  # a shared Redis: may this run start there? (before changing its directory)
             asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
-        if run_dir.exists() and not resume:
-            shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
+        if overwrite:  # `--resume` keeps Redis (AOF), checkpoints and metrics
+            _kept_redis_stopped(run_dir)
+            held.clear()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         _save_settings(settings, run_dir / "settings.yaml")
         build_tiny(settings)
@@ -133,6 +139,18 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         supervisor.stop()
         if server is not None and not keep_redis:
             server.stop()
+        if held is not None:
+            held.release()
+
+
+def _kept_redis_stopped(run_dir: Path) -> None:
+    """Refuse to overwrite the data of a Redis an earlier run left running there (`--keep-redis`)."""
+    server = redis_server.load(run_dir / "redis")
+    if server is not None and server.alive():
+        raise RunDirError(
+            f"{run_dir}: the Redis an earlier run kept (pid {server.pid}) still runs on its data: stop it"
+            " first (`astraflow redis stop --set run.dir=...`)"
+        )
 
 
 async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis_pid: int | None) -> int:
