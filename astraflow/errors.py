@@ -50,5 +50,14 @@ class RunDirError(AstraflowError):
     """A run directory holds files of an earlier run (or the user's), or a live run holds it."""
 
 
+class WorkerFailed(AstraflowError):
+    """A worker of `astraflow run` died more often than its restart budget allows; the message ends
+    with its last error line."""
+
+    def __init__(self, message: str, worker: str, error: str | None) -> None:
+        super().__init__(message)
+        self.worker, self.error = worker, error
+
+
 class ForeignCheckpointError(AstraflowError):
     """A trainer checkpoint belongs to another run (another nonce) than the one being trained."""

@@ -1,7 +1,9 @@
-"""`astraflow run` never destroys a run directory: a directory holding files is refused (they survive),
-one a live launcher holds is refused with its pid (with --overwrite and --resume too) until that process
-ends."""
+"""`astraflow run` never destroys a run directory nor hides a failure: a directory holding files is
+refused (they survive), one a live launcher holds is refused with its pid (with --overwrite and --resume
+too) until that process ends, and a run whose worker keeps dying exits 1 with the cause on one line."""
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -57,3 +59,36 @@ def test_a_live_runs_directory_is_refused_with_its_pid_until_it_ends(tmp_path):
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     claim(tmp_path, resume=True, overwrite=False).release()  # the kernel dropped the dead holder's lock
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_run_whose_worker_keeps_dying_exits_1_with_the_cause(tmp_path, tiny_model):
+    """The dataflow dies at start on a dataset row that is not JSON (a path that does not exist is
+    refused before anything starts); the run stops at once (no restart allowed), reports, exits 1."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1="}\nnot json\n')
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"name": "failing", "max_restarts": 0, "target_reward": None, "max_time_s": 200},
+                "engine": {"type": "hf", "model": tiny_model},
+                "dataflow": {"dataset": {"type": "jsonl", "path": str(data)}},
+            }
+        )
+    )
+    run_dir = tmp_path / "run"
+    failed = run(str(recipe), "--set", f"run.dir={run_dir}")
+    assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
+    error = f"ValueError: {data}:2: not JSON (Expecting value)"
+    log = run_dir / "logs" / "dataflow.log"
+    assert failed.stderr.splitlines()[-1] == (
+        f"astraflow: run failed: dataflow died once in 600s (last exit 1): {error}; see {log}"
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_status"] == 1 and summary["failed"] == {"worker": "dataflow", "error": error}
+    assert summary["stopped"].startswith("dataflow died once"), summary
+    again = run(str(recipe), "--set", f"run.dir={run_dir}")  # what it left is not overwritten unasked
+    assert again.returncode == 1 and "is not empty" in again.stderr, again.stderr
+    assert os.path.exists(run_dir / "summary.json")
