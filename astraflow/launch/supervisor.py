@@ -39,6 +39,8 @@ class Worker:
     """Restarts over the whole run (for the report)."""
     exit_codes: list[int] = field(default_factory=list)
     restarted_at: deque[float] = field(default_factory=deque)
+    log_start: int = 0
+    """Where the current process's output begins in its log (each start appends)."""
     """When it was restarted, within the supervisor's restart window."""
 
 
@@ -64,6 +66,7 @@ class Supervisor:
     def start(self, worker: Worker) -> None:
         worker.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(worker.log_path, "ab")  # the child keeps its own descriptor
+        worker.log_start = out.seek(0, os.SEEK_END)
         worker.proc = subprocess.Popen(
             [sys.executable, "-m", worker.module, *worker.args],
             env={**os.environ, **worker.env},
@@ -97,9 +100,9 @@ class Supervisor:
             if len(w.restarted_at) >= self.max_restarts:
                 deaths = len(w.restarted_at) + 1
                 times = "once" if deaths == 1 else f"{deaths} times"
-                error = last_error(w.log_path)
+                error = last_error(w.log_path, w.log_start)
                 raise WorkerFailed(
-                    f"{w.name} died {times} in {self.restart_window_s:.0f}s (last exit {code})"
+                    f"{w.name} died {times} in {self.restart_window_s:.0f}s ({_exit(code)})"
                     f"{f': {error}' if error else ''}; see {w.log_path}",
                     w.name,
                     error,
@@ -149,13 +152,23 @@ TAIL_BYTES = 64 * 1024
 _TRACEBACK = re.compile(r"^(?P<prefix>[ |+-]*)Traceback \(most recent call last\):")
 
 
-def last_error(log_path: Path) -> str | None:
+def _exit(code: int) -> str:
+    if code >= 0:
+        return f"last exit {code}"
+    try:
+        return f"last killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"last killed by signal {-code}"
+
+
+def last_error(log_path: Path, start: int = 0) -> str | None:
     """The last error a worker's log shows, in one line: the final line of its last traceback (`Type:
     message`, that of the innermost exception of a group), or the last error-level event of its JSON
-    log, whichever came later; None when it shows neither (or cannot be read)."""
+    log, whichever came later; None when it shows neither (or cannot be read). Read from byte `start`
+    on: the output of the process that died (an earlier one's error is not its cause)."""
     try:
         with open(log_path, "rb") as f:
-            f.seek(max(f.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
+            f.seek(max(f.seek(0, os.SEEK_END) - TAIL_BYTES, start))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
         return None

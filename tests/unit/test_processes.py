@@ -130,6 +130,18 @@ def test_a_worker_over_its_budget_is_reported_with_its_last_error_line(tmp_path)
     )
 
 
+def test_an_earlier_processs_error_is_not_blamed_on_the_last_one(tmp_path):
+    (tmp_path / "w.log").write_text(CHAINED)  # a process before this launcher's
+    s = Supervisor(max_restarts=0)
+    s.start(Worker("w", "this", {}, tmp_path / "w.log"))  # `python -m this` prints and exits 0
+    with pytest.raises(WorkerFailed) as failed:
+        crash(s, "w")
+    s.stop()
+    assert failed.value.error is None and str(failed.value).startswith(
+        "w died once in 600s (last exit 0); see"
+    )
+
+
 CHAINED = """{"event": "worker_started", "level": "info"}
 Traceback (most recent call last):
   File "a.py", line 1, in <module>
