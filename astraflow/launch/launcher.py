@@ -24,7 +24,7 @@ from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
 from astraflow.launch.process import stop_grace_s
 from astraflow.launch.progress import Progress, line, render
-from astraflow.launch.run_dir import claim
+from astraflow.launch.run_dir import RUN_MARK, claim
 from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny import build_tiny
@@ -126,7 +126,7 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
             _kept_redis_stopped(run_dir)
             held.clear()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        _save_settings(settings, run_dir / "settings.yaml")
+        _save_settings(settings, run_dir / RUN_MARK)
         build_tiny(settings)
         place_threads(settings)
         if not settings.redis.url:

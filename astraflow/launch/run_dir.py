@@ -16,6 +16,9 @@ from pathlib import Path
 from astraflow.errors import RunDirError
 
 LOCK = ".lock"
+RUN_MARK = "settings.yaml"
+"""What every launcher writes into its run directory first: `--overwrite` replaces only a directory that
+has it (a mistyped run.dir, a home or a repository, is never emptied)."""
 
 
 class Claim:
@@ -46,8 +49,8 @@ class Claim:
 def claim(path: Path, *, resume: bool, overwrite: bool) -> Claim:
     """Lock run directory `path` (made if missing) for this process. Raises RunDirError when a live
     process holds it (naming its pid: with `--resume` and `--overwrite` too), or when it holds anything
-    and this is neither a resume nor an overwrite. Deletes nothing: the caller `clear`s it when it is
-    sure to start."""
+    and this is no resume: files but no run (RUN_MARK), or a run and this is no overwrite. Deletes
+    nothing: the caller `clear`s it when it is sure to start."""
     path.mkdir(parents=True, exist_ok=True)
     fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -63,11 +66,17 @@ def claim(path: Path, *, resume: bool, overwrite: bool) -> Claim:
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     held = Claim(path, fd)
     found = held.contents()
-    if found and not (resume or overwrite):
-        held.release()
+    if found and not resume:
         shown = ", ".join(p.name for p in found[:3]) + (", ..." if len(found) > 3 else "")
-        raise RunDirError(
-            f"{path} is not empty ({shown}): continue its run with --resume {path}, replace what it holds"
-            " with --overwrite, or give this run another directory (--set run.dir=DIR)"
-        )
+        problem = None
+        if not (path / RUN_MARK).exists():
+            problem = f"holds files but no run ({shown}; no {RUN_MARK}): give this run another directory"
+        elif not overwrite:
+            problem = (
+                f"holds a run ({shown}): continue it with --resume {path}, replace it with --overwrite, or"
+                " give this run another directory"
+            )
+        if problem is not None:
+            held.release()
+            raise RunDirError(f"{path} {problem} (--set run.dir=DIR)")
     return held

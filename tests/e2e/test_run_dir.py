@@ -30,13 +30,15 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_directory_with_a_users_file_is_refused_and_the_file_kept(tmp_path):
+    """Also with --overwrite: the directory holds no run (a mistyped run.dir)."""
     (tmp_path / "notes.txt").write_text("kept")
     refused = run("--set", f"run.dir={tmp_path}")
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert refused.stderr == (
-        f"astraflow: {tmp_path} is not empty (notes.txt): continue its run with --resume {tmp_path},"
-        " replace what it holds with --overwrite, or give this run another directory (--set run.dir=DIR)\n"
+        f"astraflow: {tmp_path} holds files but no run (notes.txt; no settings.yaml): give this run"
+        " another directory (--set run.dir=DIR)\n"
     )
+    assert run("--set", f"run.dir={tmp_path}", "--overwrite").returncode == 1  # not a run's: never emptied
     assert (tmp_path / "notes.txt").read_text() == "kept"
 
 
@@ -90,5 +92,5 @@ def test_a_run_whose_worker_keeps_dying_exits_1_with_the_cause(tmp_path, tiny_mo
     assert summary["exit_status"] == 1 and summary["failed"] == {"worker": "dataflow", "error": error}
     assert summary["stopped"].startswith("dataflow died once"), summary
     again = run(str(recipe), "--set", f"run.dir={run_dir}")  # what it left is not overwritten unasked
-    assert again.returncode == 1 and "is not empty" in again.stderr, again.stderr
+    assert again.returncode == 1 and "holds a run" in again.stderr, again.stderr
     assert os.path.exists(run_dir / "summary.json")
