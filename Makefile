@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 run: setup
-	$(VENV)/bin/astraflow run
+	$(VENV)/bin/astraflow run --overwrite
 
 # pytest exits 5 when it collected no test: that is a failure here.
 test: setup

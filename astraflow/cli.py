@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import traceback
 from pathlib import Path
 
 from astraflow.commands import (
@@ -30,15 +31,40 @@ def main(argv: list[str] | None = None) -> int:
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
-    from astraflow.errors import AstraflowError
-
     try:
         return args.handler(args) or 0
-    except AstraflowError as e:
-        print(f"astraflow: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # the command's boundary: one line, the fix when there is one
+        if getattr(args, "debug", False):
+            traceback.print_exception(e)
+        print(f"astraflow: {one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """What failed, in a line, and how to fix it when that is known (every error raised on purpose says
+    so itself); anything else by its type and message."""
+    from redis import exceptions as redis
+
+    from astraflow.errors import AstraflowError, BusConnectionError
+
+    if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # a task group's one failure
+        return one_line(e.exceptions[0])
+    if isinstance(e, redis.AuthenticationError | redis.AuthorizationError):
+        return (
+            f"Redis refused the credentials: {e} (check the password: the --redis-file URL or redis.password)"
+        )
+    if isinstance(e, redis.NoPermissionError):
+        return f"Redis refused a command to this user: {e} (its ACL lacks it: see `astraflow redis acl`)"
+    if isinstance(e, redis.ConnectionError | redis.TimeoutError | BusConnectionError):
+        what = str(e) if isinstance(e, BusConnectionError) else f"Redis unreachable: {e}"
+        return f"{what} (is it running? check --redis, --redis-file or redis.url)"
+    if isinstance(e, AstraflowError):
+        return str(e)
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror}"
+    return f"{type(e).__name__}: {e} (--debug shows the traceback)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,12 +85,15 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--run", help="run name (run.name)")
         c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
         c.add_argument("--redis-file", metavar="PATH", help="read the --redis URL from PATH")
+        c.add_argument("--debug", action="store_true", help="show the traceback of an error")
         c.set_defaults(handler=handler)
         return c
 
     run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    fresh = run.add_mutually_exclusive_group()
+    fresh.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    fresh.add_argument("--overwrite", action="store_true", help="replace what run.dir holds (not a live run)")
     command("top", cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
     command("inspect", cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
@@ -115,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--warm-start", metavar="TASK", help="add supervised steps on a built-in task")
     tiny.add_argument("--steps", type=int, default=300, help="warm-start steps (default 300)")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
     tiny.set_defaults(handler=cmd_model_tiny)
     return p
 
@@ -188,7 +218,9 @@ def _cmd_run(args) -> int:
         return demo.main(settings, keep_redis=args.keep_redis)
     from astraflow.launch import launcher
 
-    return launcher.main(settings, keep_redis=args.keep_redis, resume=bool(args.resume))
+    return launcher.main(
+        settings, keep_redis=args.keep_redis, resume=bool(args.resume), overwrite=args.overwrite
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,22 @@ def settings_from(args):
     recipe = getattr(args, "recipe", None)
     settings = load_settings(recipe, overrides)
     if args.redis_file:  # not on the command line, where `ps` would show its password
-        settings.redis.url = Path(args.redis_file).read_text().strip()
+        settings.redis.url = _read_url(Path(args.redis_file))
     return settings
+
+
+def _read_url(path: Path) -> str:
+    from astraflow.errors import ConfigError
+
+    try:
+        url = path.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"--redis-file {path}: cannot read it ({e.strerror})") from None
+    if not url:
+        raise ConfigError(
+            f"--redis-file {path}: empty (it holds the Redis URL: redis://[user:pass@]host:port/db)"
+        )
+    return url
 
 
 def redis_url(settings) -> str:
@@ -88,7 +102,7 @@ def cmd_redis(args) -> int:
 
 def cmd_top(args) -> int:
     settings = settings_from(args)
-    return asyncio.run(with_bus(settings, lambda bus: _top(bus, settings)))
+    return asyncio.run(with_bus(settings, lambda bus: _top(bus, settings), known=True))
 
 
 async def _top(bus, settings) -> int:
@@ -147,12 +161,12 @@ def cmd_workflow(args) -> int:
         )
         return 0
 
-    return asyncio.run(with_bus(settings, run))
+    return asyncio.run(with_bus(settings, run, known=True))
 
 
 def cmd_ledger(args) -> int:
     settings = settings_from(args)
-    return asyncio.run(with_bus(settings, lambda bus: _ledger(bus, settings, args.json)))
+    return asyncio.run(with_bus(settings, lambda bus: _ledger(bus, settings, args.json), known=True))
 
 
 async def _ledger(bus, settings, as_json: bool) -> int:
@@ -179,7 +193,7 @@ def cmd_scale(args) -> int:
 
 def cmd_trace(args) -> int:
     settings = settings_from(args)
-    return asyncio.run(with_bus(settings, lambda bus: _trace(bus, settings, args.uid)))
+    return asyncio.run(with_bus(settings, lambda bus: _trace(bus, settings, args.uid), known=True))
 
 
 async def _trace(bus, settings, uid: str) -> int:
@@ -193,10 +207,44 @@ async def _trace(bus, settings, uid: str) -> int:
     return 0
 
 
-async def with_bus(settings, fn) -> int:
+async def with_bus(settings, fn, known: bool = False) -> int:
+    """`fn(bus)` on the run's Redis; `known`: only for a run that exists there (else UnknownRunError)."""
     from astraflow.launch.runs import with_bus
 
-    return await with_bus(redis_url(settings), settings, fn)
+    async def checked(bus):
+        await require_run(bus)
+        return await fn(bus)
+
+    return await with_bus(redis_url(settings), settings, checked if known else fn)
+
+
+async def require_run(bus) -> None:
+    """Raise UnknownRunError, naming the runs this Redis holds, unless run `bus.keys.run` has keys there.
+    One try, no reconnects: a command someone waits for says at once that Redis is away."""
+    from astraflow.errors import UnknownRunError
+
+    k = bus.keys
+    if await bus.redis.exists(k.identity, k.state, k.ledger, k.versions):
+        return
+    runs = await _run_names(bus)
+    held = f" (runs there: {', '.join(runs)})" if runs else ""
+    raise UnknownRunError(f"no run {k.run!r} on this Redis{held}: name one with --run NAME")
+
+
+async def _run_names(bus, most: int = 10) -> list[str]:
+    """Up to `most` names of runs on this Redis (from their identity keys); none where the ACL forbids
+    SCAN."""
+    from redis.exceptions import ResponseError
+
+    names: list[str] = []
+    try:
+        async for key in bus.redis.scan_iter(match="af:{*}:run", count=1000):
+            names.append(key.decode()[len("af:{") : -len("}:run")])
+            if len(names) == most:
+                break
+    except ResponseError:  # NOPERM
+        return []
+    return sorted(names)
 
 
 def cmd_model_tiny(args) -> int:

@@ -31,7 +31,14 @@ from astraflow.dataflow.evaluation import EvalSettings
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
-from astraflow.policies import PolicySettings, PolicySpec, RuleError, check_policies, effective
+from astraflow.policies import (
+    PolicySettings,
+    PolicySpec,
+    RuleError,
+    check_datasets,
+    check_policies,
+    effective,
+)
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from astraflow.trainer.settings import TrainerSettings
@@ -168,6 +175,7 @@ class Settings(BaseSettings):
         if self.trainer.mode == "sync":  # lockstep: every group from the current weights
             self.dataflow.max_staleness_steps = 0
         check_policies(self, [self.policy(name) for name in self.run.models])
+        check_datasets(self)
         return self
 
     def policy(self, name: str) -> PolicySettings:

@@ -17,6 +17,10 @@ class BusConnectionError(BusError):
     """Redis stayed unreachable past the reconnect budget."""
 
 
+class UnknownRunError(AstraflowError):
+    """A command names a run that does not exist on its Redis."""
+
+
 class MessageTooLarge(BusError):
     """An entry is larger than `streams.max_entry_bytes`."""
 
@@ -44,6 +48,19 @@ class RedisServerError(AstraflowError):
 
 class RunExistsError(AstraflowError):
     """A fresh run was asked for, and keys of a run of that name already exist (or nothing to resume)."""
+
+
+class RunDirError(AstraflowError):
+    """A run directory holds files of an earlier run (or the user's), or a live run holds it."""
+
+
+class WorkerFailed(AstraflowError):
+    """A worker of `astraflow run` died more often than its restart budget allows; the message ends
+    with its last error line."""
+
+    def __init__(self, message: str, worker: str, error: str | None) -> None:
+        super().__init__(message)
+        self.worker, self.error = worker, error
 
 
 class ForeignCheckpointError(AstraflowError):

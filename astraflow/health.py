@@ -29,6 +29,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from redis.exceptions import AuthenticationError, AuthorizationError
+
 from astraflow.config import Settings
 from astraflow.errors import AstraflowError, BusConnectionError
 from astraflow.launch.process import name_prefix
@@ -100,6 +102,8 @@ async def check(
         if live:
             return f"alive: not judged, {e} (the worker waits Redis out)"
         raise Unhealthy(str(e)) from None
+    except (AuthenticationError, AuthorizationError) as e:  # not an outage: the worker cannot use Redis
+        raise Unhealthy(f"Redis refused the credentials: {e}") from None
     return f"{'alive' if live else 'ready'}: {consumer} read {bus.keys.short(t.stream)} {idle_s:.1f}s ago"
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from astraflow.engines.settings import EngineSettings
+from astraflow.local_files import dataset_problem, model_problem
 from astraflow.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
@@ -101,13 +102,6 @@ def model_field(name: str, spec: PolicySpec, section: str) -> str:
     return f"run.models.{name}.model" if spec.model else f"{section}.model"
 
 
-def missing_local_model(path: str) -> bool:
-    """Whether `path` is written as a local directory (absolute, `./`, `../` or `~`) that does not exist.
-    Anything else may be a hub id, which only the engine can resolve."""
-    local = path.startswith(("/", "./", "../", "~"))
-    return local and not Path(path).expanduser().is_dir()
-
-
 TWO_POLICY_WORKFLOWS = {
     "solve_and_verify": "a solver and a verifier",
     "route": "a small one and a large one to hand off to",
@@ -123,13 +117,22 @@ def check_policies(settings: Settings, policies: list[PolicySettings]) -> None:
     for p in policies:
         for section, used in (("engine", p.engine.type != "openai"), ("trainer", p.train)):
             path = getattr(p, section).model
-            if used and path != tiny and missing_local_model(path):
-                raise RuleError(
-                    model_field(p.name, models[p.name], section), "starting weights: no such directory"
-                )
+            problem = model_problem(path) if used and path != tiny else None
+            if problem is not None:
+                raise RuleError(model_field(p.name, models[p.name], section), problem)
     for option, value in settings.raas.workflow_options.items():
         if option.endswith("_model") and value not in models:
             raise RuleError(f"raas.workflow_options.{option}", f"names no policy of run.models: {value!r}")
     roles = TWO_POLICY_WORKFLOWS.get(settings.dataflow.feeder.workflow)
     if roles and len(models) < 2:
         raise RuleError("run.models", f"{settings.dataflow.feeder.workflow} needs two policies: {roles}")
+
+
+def check_datasets(settings: Settings) -> None:
+    """The datasets the run reads (training and eval) are where their paths say; raises `RuleError`."""
+    named = [("dataflow.dataset", settings.dataflow.dataset)]
+    named += [(f"eval.datasets.{i}.dataset", d.dataset) for i, d in enumerate(settings.eval.datasets)]
+    for field, dataset in named:
+        problem = dataset_problem(dataset)
+        if problem is not None:
+            raise RuleError(f"{field}.path", problem)

@@ -4,7 +4,8 @@ Starts an embedded Redis (unless `--redis`), builds the recipe's tiny model once
 dataflow, the RaaS workers and one trainer per model as separate processes (restarted when they die),
 shows progress, and leaves logs, `metrics.jsonl`, checkpoints, `summary.json` and `reward.png` in the run
 directory. Ctrl-C, SIGTERM and SIGHUP stop everything cleanly and still write the report; `--resume`
-continues a stopped run from its directory.
+continues a stopped run from its directory. The run directory must be empty unless resuming or told to
+`--overwrite` it, and is locked for the launcher's life (`run_dir`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -20,9 +20,11 @@ from pathlib import Path
 
 from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
+from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
 from astraflow.launch.process import stop_grace_s
 from astraflow.launch.progress import Progress, line, render
+from astraflow.launch.run_dir import RUN_MARK, claim
 from astraflow.launch.runs import check_start
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny import build_tiny
@@ -91,10 +93,19 @@ def _save_settings(settings: Settings, path: Path) -> None:
         yaml.safe_dump(data, f, sort_keys=False)
 
 
-def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> int:
-    """Runs until a stop condition (0; a worker that keeps dying is one) or a stop signal: Ctrl-C,
-    SIGTERM or SIGHUP end every process and write the report as at a target, and the exit status is the
-    signal's (`processes.exit_status`: 130, 143, 129)."""
+EXIT_FAILED = 1
+"""A worker died more often than its restart budget allows (its last error line is printed)."""
+EXIT_TARGET_MISSED = 3
+"""The run reached `run.max_steps` or `run.max_time_s` before its `run.target_reward`: it ran as asked,
+its report is whole, but it did not get where it was sent (a limit alone, without a target, is a 0)."""
+
+
+def main(settings: Settings, keep_redis: bool = False, resume: bool = False, overwrite: bool = False) -> int:
+    """Runs until a stop condition or a stop signal, and writes the report either way. The exit status:
+    0 at the reward target, or at a step or time limit when no target is set; EXIT_TARGET_MISSED at a
+    limit before the target; EXIT_FAILED when a worker keeps dying; the signal's for Ctrl-C, SIGTERM or
+    SIGHUP (`processes.exit_status`: 130, 143, 129). A run directory that holds anything is refused
+    unless `resume` or `overwrite` (RunDirError), as is one a live launcher holds."""
     for sig in STOP_SIGNALS:  # until the watch takes them over: stop here, ending what was started
         signal.signal(sig, raise_stopped)
     logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
@@ -106,13 +117,16 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         restart_window_s=settings.run.restart_window_s,
         grace_s=stop_grace_s(settings),
     )
+    held = None
     try:
-        if settings.redis.url:  # a shared Redis: may this run start there? (before touching its directory)
+        held = claim(run_dir, resume=resume, overwrite=overwrite)  # refused before anything is touched
+        if settings.redis.url:  # a shared Redis: may this run start there? (before changing its directory)
             asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
-        if run_dir.exists() and not resume:
-            shutil.rmtree(run_dir)  # a fresh run; `--resume` keeps Redis (AOF), checkpoints and metrics
+        if overwrite:  # `--resume` keeps Redis (AOF), checkpoints and metrics
+            _kept_redis_stopped(run_dir)
+            held.clear()
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        _save_settings(settings, run_dir / "settings.yaml")
+        _save_settings(settings, run_dir / RUN_MARK)
         build_tiny(settings)
         place_threads(settings)
         if not settings.redis.url:
@@ -133,6 +147,18 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False) -> 
         supervisor.stop()
         if server is not None and not keep_redis:
             server.stop()
+        if held is not None:
+            held.release()
+
+
+def _kept_redis_stopped(run_dir: Path) -> None:
+    """Refuse to overwrite the data of a Redis an earlier run left running there (`--keep-redis`)."""
+    server = redis_server.load(run_dir / "redis")
+    if server is not None and server.alive():
+        raise RunDirError(
+            f"{run_dir}: the Redis an earlier run kept (pid {server.pid}) still runs on its data: stop it"
+            " first (`astraflow redis stop --set run.dir=...`)"
+        )
 
 
 async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis_pid: int | None) -> int:
@@ -151,18 +177,18 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     if resume:  # metrics.jsonl already holds what came before
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")
-    reason, last_line = None, 0.0
+    reason, status, failed, last_line = None, 0, None, 0.0
     try:
         while reason is None:
             await asyncio.sleep(1.0)
             if received:
-                reason = f"interrupted ({STOP_SIGNALS[received[0]]})"
+                reason, status = f"interrupted ({STOP_SIGNALS[received[0]]})", exit_status(received[0])
                 break
             try:
                 restarted = supervisor.check()
-            except RuntimeError as e:  # a worker that keeps dying: stop the run, keep what it made
+            except WorkerFailed as e:  # a worker that keeps dying: stop the run, keep what it made
                 print(f"stopping: {e}", flush=True)
-                reason = str(e)
+                reason, status, failed = str(e), EXIT_FAILED, e
                 break
             for name in restarted:
                 print(f"restarted {name}", flush=True)
@@ -176,7 +202,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             elif time.monotonic() - last_line >= 5:
                 print(line(snap, r.reward_window), flush=True)
                 last_line = time.monotonic()
-            reason = _stop_reason(settings, progress)
+            reason, status = _stop_reason(settings, progress) or (None, 0)
     finally:
         if live is not None:
             live.stop()
@@ -189,6 +215,8 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     progress.detail_every_s = 0.0  # the report's ledger and generating time as they are now
     extra = {
         "stopped": reason,
+        "exit_status": status,
+        **({"failed": {"worker": failed.worker, "error": failed.error}} if failed else {}),
         "wall_s": round(wall_s, 1),
         "cpu_s": {name: round(c, 1) for name, c in cpu.items()},
         "redis_commands": commands,
@@ -201,7 +229,13 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
     print(report.busy_line(data), flush=True)
-    return exit_status(received[0]) if received else 0
+    if failed is not None:  # the cause, last (and on stderr, where a script looks)
+        print(f"astraflow: run failed: {failed}", file=sys.stderr, flush=True)
+    elif status == EXIT_TARGET_MISSED:
+        print(
+            f"astraflow: reward target {r.target_reward} not reached ({reason})", file=sys.stderr, flush=True
+        )
+    return status
 
 
 def _reached(steps: list, window: int, target: float, recent: int = 200) -> bool:
@@ -212,16 +246,18 @@ def _reached(steps: list, window: int, target: float, recent: int = 200) -> bool
     return any(sum(rewards[i - window : i]) / window >= target for i in range(first, len(rewards) + 1))
 
 
-def _stop_reason(settings: Settings, progress: Progress) -> str | None:
+def _stop_reason(settings: Settings, progress: Progress) -> tuple[str, int] | None:
+    """The stop condition met, if any, and the exit status it gives."""
     r = settings.run
     models = progress.models.values()
     target, window = r.target_reward, r.reward_window
     if target is not None and all(_reached(m.steps, window, target) for m in models):
-        return f"reward target {r.target_reward} reached"
+        return f"reward target {r.target_reward} reached", 0
+    limit = 0 if target is None else EXIT_TARGET_MISSED
     if r.max_steps is not None and all(m.steps and m.steps[-1][0] >= r.max_steps for m in models):
-        return f"{r.max_steps} steps"
+        return f"{r.max_steps} steps", limit
     if r.max_time_s is not None and time.time() - progress.started >= r.max_time_s:
-        return f"time limit {r.max_time_s:.0f}s"
+        return f"time limit {r.max_time_s:.0f}s", limit
     return None
 
 

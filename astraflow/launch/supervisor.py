@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from astraflow.errors import WorkerFailed
 from astraflow.processes import die_with_parent
 
 log = structlog.get_logger(__name__)
@@ -37,6 +39,8 @@ class Worker:
     """Restarts over the whole run (for the report)."""
     exit_codes: list[int] = field(default_factory=list)
     restarted_at: deque[float] = field(default_factory=deque)
+    log_start: int = 0
+    """Where the current process's output begins in its log (each start appends)."""
     """When it was restarted, within the supervisor's restart window."""
 
 
@@ -62,6 +66,7 @@ class Supervisor:
     def start(self, worker: Worker) -> None:
         worker.log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(worker.log_path, "ab")  # the child keeps its own descriptor
+        worker.log_start = out.seek(0, os.SEEK_END)
         worker.proc = subprocess.Popen(
             [sys.executable, "-m", worker.module, *worker.args],
             env={**os.environ, **worker.env},
@@ -80,8 +85,8 @@ class Supervisor:
             tmp.replace(self.pids_path)
 
     def check(self) -> list[str]:
-        """Restart workers that died; returns the names restarted. Raises when one died more than
-        `max_restarts` times within the last `restart_window_s`."""
+        """Restart workers that died; returns the names restarted. Raises WorkerFailed (with the worker's
+        last error line) when one died more than `max_restarts` times within the last `restart_window_s`."""
         restarted = []
         for w in self.workers.values():
             if w.proc is None or w.proc.poll() is None:
@@ -93,9 +98,14 @@ class Supervisor:
             while w.restarted_at and now - w.restarted_at[0] >= self.restart_window_s:
                 w.restarted_at.popleft()
             if len(w.restarted_at) >= self.max_restarts:
-                raise RuntimeError(
-                    f"{w.name} died {len(w.restarted_at) + 1} times in {self.restart_window_s:.0f}s"
-                    f" (last exit {code}); see {w.log_path}"
+                deaths = len(w.restarted_at) + 1
+                times = "once" if deaths == 1 else f"{deaths} times"
+                error = last_error(w.log_path, w.log_start)
+                raise WorkerFailed(
+                    f"{w.name} died {times} in {self.restart_window_s:.0f}s ({_exit(code)})"
+                    f"{f': {error}' if error else ''}; see {w.log_path}",
+                    w.name,
+                    error,
                 )
             w.restarted_at.append(now)
             w.restarts += 1
@@ -136,6 +146,60 @@ def _end_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+TAIL_BYTES = 64 * 1024
+_TRACEBACK = re.compile(r"^(?P<prefix>[ |+-]*)Traceback \(most recent call last\):")
+
+
+def _exit(code: int) -> str:
+    if code >= 0:
+        return f"last exit {code}"
+    try:
+        return f"last killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"last killed by signal {-code}"
+
+
+def last_error(log_path: Path, start: int = 0) -> str | None:
+    """The last error a worker's log shows, in one line: the final line of its last traceback (`Type:
+    message`, that of the innermost exception of a group), or the last error-level event of its JSON
+    log, whichever came later; None when it shows neither (or cannot be read). Read from byte `start`
+    on: the output of the process that died (an earlier one's error is not its cause)."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(f.seek(0, os.SEEK_END) - TAIL_BYTES, start))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for i in range(len(lines) - 1, -1, -1):
+        if (m := _TRACEBACK.match(lines[i])) is not None:
+            prefix = m["prefix"]
+            for line in lines[i + 1 :]:
+                rest = line[len(prefix) :] if line.startswith(prefix) else None
+                if rest and not rest[0].isspace():
+                    return rest.strip()
+            return None
+        event = _error_event(lines[i])
+        if event is not None:
+            return event
+    return None
+
+
+def _error_event(line: str) -> str | None:
+    """`event: error` of a JSON log line at level error or critical, else None."""
+    if not line.startswith("{") or '"level": "' not in line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if event.get("level") not in ("error", "critical"):
+        return None
+    detail = (
+        event.get("error") or event.get("detail") or (event.get("exception") or "").strip().split("\n")[-1]
+    )
+    return f"{event.get('event')}: {detail}" if detail else str(event.get("event"))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -13,7 +13,13 @@ from typing import TypeVar
 import redis.asyncio as aioredis
 import structlog
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ConnectionError,
+    ResponseError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from astraflow.errors import BusConnectionError, BusError
@@ -92,7 +98,10 @@ class RequestRefused(BusError):
 
 
 def is_transient(e: BaseException) -> bool:
-    """Whether `e` says Redis is away or refusing for now (retry later), not that the call is wrong."""
+    """Whether `e` says Redis is away or refusing for now (retry later), not that the call is wrong (nor
+    that this client may not use it)."""
+    if isinstance(e, AuthenticationError | AuthorizationError):  # WRONGPASS, NOAUTH: fatal, though
+        return False  # redis-py makes them ConnectionErrors (NOPERM is a reply: never transient either)
     if isinstance(e, ConnectionError | TimeoutError | BusConnectionError):
         return True
     if not isinstance(e, ResponseError):

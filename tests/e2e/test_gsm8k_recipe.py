@@ -3,6 +3,7 @@ and validate, its data path (GSM8K jsonl, chat template, the `gsm8k` reward) run
 `astraflow run`, and the trainer's bf16 and gradient-checkpointing settings train on the CPU."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +23,13 @@ PROBLEMS = [  # GSM8K's format: a question, and a worked solution ending in "###
 ]
 
 
-def test_the_recipe_targets_two_gpus_and_loads_without_one():
-    s = load_settings(RECIPE)
+def test_the_recipe_targets_two_gpus_and_loads_without_one(tmp_path, monkeypatch):
+    recipe = Path(RECIPE).resolve()
+    monkeypatch.chdir(tmp_path)  # where its user put the weights and data it names
+    (tmp_path / "models" / "Qwen2.5-1.5B-Instruct").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "data" / "gsm8k" / "train.jsonl").touch()
+    s = load_settings(recipe)
     policy = s.policy("policy")
     assert (policy.engine.type, policy.engine.device, policy.engine.devices) == ("vllm", "cuda", "1")
     assert (policy.trainer.device, policy.trainer.devices, policy.trainer.dtype) == ("cuda", "0", "bfloat16")

@@ -1,5 +1,8 @@
+import socket
 import subprocess
 import sys
+
+import pytest
 
 from astraflow.cli import main
 
@@ -41,3 +44,30 @@ def test_redis_url_with_credentials_on_the_command_line_is_warned_about_and_a_fi
     assert main(["config", "--redis-file", str(tmp_path / "url")]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "redis://:***@redis-host:6379/0" in out and "hunter2" not in out
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", [["ledger"], ["inspect"], ["trace", "u1"]], ids=str)
+def test_an_unreachable_redis_is_one_line_naming_it(capsys, command):
+    port = closed_port()
+    assert main([*command, "--run", "r", "--redis", f"redis://127.0.0.1:{port}/0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"astraflow: Redis unreachable: Error 111 connecting to 127.0.0.1:{port}."), err
+    assert err.count("\n") == 1 and "--redis" in err
+
+
+def test_a_missing_redis_file_is_one_line_and_debug_shows_the_traceback(capsys, tmp_path):
+    missing = tmp_path / "nowhere"
+    assert main(["ledger", "--redis-file", str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"astraflow: --redis-file {missing}: cannot read it (No such file or directory)\n"
+    assert main(["ledger", "--redis-file", str(missing), "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and err.endswith(
+        f"astraflow: --redis-file {missing}: cannot read it (No such file or directory)\n"
+    )

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from astraflow.cli import main
 from astraflow.config import load_settings, redact_url
@@ -16,7 +17,16 @@ def test_there_are_recipes():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_every_recipe_loads(recipe):
+def test_every_recipe_loads(recipe, tmp_path, monkeypatch):
+    """Given the local files it names (a real model's weights and data, which its user provides: settings
+    that name missing ones are refused), from the working directory they are relative to."""
+    monkeypatch.chdir(tmp_path)
+    data = yaml.safe_load(recipe.read_text())
+    if model := data.get("engine", {}).get("model"):
+        (tmp_path / model).mkdir(parents=True)
+    if dataset := data.get("dataflow", {}).get("dataset", {}).get("path"):
+        (tmp_path / dataset).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / dataset).touch()
     assert load_settings(recipe).run.name
 
 

@@ -4,7 +4,13 @@ import asyncio
 import math
 
 import pytest
-from redis.exceptions import ConnectionError, OutOfMemoryError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    ConnectionError,
+    NoPermissionError,
+    OutOfMemoryError,
+    ResponseError,
+)
 
 from astraflow.errors import BusConnectionError
 from astraflow.streams.connection import REFUSED_AFTER, RequestRefused, is_transient, reconnecting
@@ -32,10 +38,26 @@ def test_redis_refusing_for_now_is_transient(error):
         ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
         ResponseError("Error running script (call to f_e810): @user_script:1: user_script:1: bad argument"),
         ValueError("bug"),
+        # refused credentials and ACL: redis-py makes the first a ConnectionError, yet no wait helps
+        AuthenticationError("invalid username-password pair or user is disabled."),
+        AuthenticationError("Authentication required."),
+        NoPermissionError("this user has no permissions to run the 'xadd' command"),
     ],
 )
 def test_a_wrong_call_is_not_transient(error):
     assert not is_transient(error)
+
+
+async def test_a_refused_password_is_raised_at_once_not_waited_out():
+    calls = []
+
+    async def call():
+        calls.append(1)
+        raise AuthenticationError("invalid username-password pair or user is disabled.")
+
+    with pytest.raises(AuthenticationError):
+        await reconnecting(call, math.inf)  # (a worker's budget: an outage would be waited out forever)
+    assert len(calls) == 1
 
 
 async def test_oom_replies_are_retried_until_redis_takes_the_write():

@@ -113,9 +113,9 @@ def test_starting_weights_must_exist(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"env ASTRAFLOW_TRAINER__MODEL: trainer\.model: starting weights"):
         load_settings()
     monkeypatch.delenv("ASTRAFLOW_TRAINER__MODEL")
-    assert (
-        load_settings(overrides=["engine.model=Qwen/Qwen2.5-0.5B"]).policy("policy").trainer.model
-    )  # a hub id
+    (tmp_path / "weights").mkdir()
+    monkeypatch.chdir(tmp_path)  # a relative directory (hub ids: test_local_files)
+    assert load_settings(overrides=["engine.model=weights"]).policy("policy").trainer.model == "weights"
     assert load_settings(overrides=["run.tiny={}"]).policy("policy").engine.model  # run.tiny builds it
 
 

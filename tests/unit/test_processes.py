@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from astraflow.launch.supervisor import Supervisor, Worker
+from astraflow.errors import WorkerFailed
+from astraflow.launch.supervisor import Supervisor, Worker, last_error
 from tests.e2e.test_signals import alive
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,6 +112,64 @@ def test_restarts_are_budgeted_per_time_window(tmp_path):
     assert s.workers["w"].restarts == 5
     assert crash(s, "w") == ["w"]  # a second one within 10 minutes of the last: still within budget
     clock.now += 1
-    with pytest.raises(RuntimeError, match="died 3 times in 600s"):  # a third: it keeps crashing
+    with pytest.raises(WorkerFailed, match="died 3 times in 600s"):  # a third: it keeps crashing
         crash(s, "w")
     s.stop()
+
+
+def test_a_worker_over_its_budget_is_reported_with_its_last_error_line(tmp_path):
+    s = Supervisor(max_restarts=0)
+    s.start(Worker("dataflow", "tests.crashing_worker", {}, tmp_path / "dataflow.log"))
+    with pytest.raises(WorkerFailed) as failed:
+        crash(s, "dataflow")
+    s.stop()
+    error = "ValueError: train.jsonl:2: not JSON (Expecting value)"  # of the task group's one failure
+    assert (failed.value.worker, failed.value.error) == ("dataflow", error)
+    assert str(failed.value) == (
+        f"dataflow died once in 600s (last exit 1): {error}; see {tmp_path / 'dataflow.log'}"
+    )
+
+
+def test_an_earlier_processs_error_is_not_blamed_on_the_last_one(tmp_path):
+    (tmp_path / "w.log").write_text(CHAINED)  # a process before this launcher's
+    s = Supervisor(max_restarts=0)
+    s.start(Worker("w", "this", {}, tmp_path / "w.log"))  # `python -m this` prints and exits 0
+    with pytest.raises(WorkerFailed) as failed:
+        crash(s, "w")
+    s.stop()
+    assert failed.value.error is None and str(failed.value).startswith(
+        "w died once in 600s (last exit 0); see"
+    )
+
+
+CHAINED = """{"event": "worker_started", "level": "info"}
+Traceback (most recent call last):
+  File "a.py", line 1, in <module>
+KeyError: 'x'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "a.py", line 3, in <module>
+    raise RuntimeError("second")
+RuntimeError: second
+  with a second line
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "line"),
+    [
+        (CHAINED, "RuntimeError: second"),  # the exception that ended it
+        (
+            CHAINED + '{"event": "stop_overran", "level": "error", "detail": "the parent is gone"}\n',
+            "stop_overran: the parent is gone",
+        ),  # a later error event
+        ('{"event": "started", "level": "info"}\n{"event": "weights_failed", "level": "warning"}\n', None),
+        ("", None),
+    ],
+)
+def test_the_last_error_line_of_a_log(tmp_path, log, line):
+    (tmp_path / "w.log").write_text(log)
+    assert last_error(tmp_path / "w.log") == line
+    assert last_error(tmp_path / "missing.log") is None

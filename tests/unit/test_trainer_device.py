@@ -48,12 +48,12 @@ def test_the_device_is_the_ranks_own_gpu_or_the_cpu(monkeypatch):
         resolve(TrainerSettings(device="cuda"))
 
 
-def test_cuda_requested_without_cuda_fails_at_start_with_the_reason(monkeypatch, bus):
+def test_cuda_requested_without_cuda_fails_at_start_with_the_reason(monkeypatch, bus, tmp_path):
     from astraflow.config import load_settings
     from astraflow.launch.build import build_trainer
 
     gpus(monkeypatch, 0)
-    settings = load_settings(None, ["trainer.model=nowhere", "trainer.device=cuda"])
+    settings = load_settings(None, [f"trainer.model={tmp_path}", "trainer.device=cuda"])  # (no weights in it)
     with pytest.raises(ConfigError, match=r"trainer.device is 'cuda'.*0 CUDA device"):
         build_trainer(settings, bus, "policy")  # before it loads any weights
 
