@@ -3,21 +3,23 @@
 Requests that arrive less than `batch_window_ms` apart are generated as one left-padded batch; a
 batch runs in a worker thread, one decode step at a time. `pause` parks that thread between two steps,
 so weights are swapped between tokens: tokens sampled from logits of the new weights carry the new
-version (the KV cache of earlier tokens is kept, as vLLM's `pause?mode=keep` does). Sampling is Gumbel-max
-with one torch.Generator per request, so a seeded request gives the same tokens alone or in a batch.
+version (the KV cache of earlier tokens is kept, as vLLM's `pause?mode=keep` does). The model runs on the
+device of `hf_device` (`engine.devices`); sampling is batched on that device (`engines.sampling`): a
+seeded request gives the same tokens alone or in a batch.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import itertools
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams
-from astraflow.engines.settings import EngineSettings, resolve_device
+from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.engines.sampling import Sampler
+from astraflow.engines.settings import EngineSettings, hf_device
 
 
 class HFEngine(Engine):
@@ -44,7 +46,7 @@ class HFEngine(Engine):
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         dtype = getattr(torch, self.settings.dtype)
-        self.device = torch.device(resolve_device(self.settings))
+        self.device = torch.device(hf_device(self.settings))
         model = AutoModelForCausalLM.from_pretrained(self.settings.model, dtype=dtype)
         self.model = model.to(self.device).eval()
         tokenizer = AutoTokenizer.from_pretrained(self.settings.model)
@@ -172,10 +174,7 @@ class HFEngine(Engine):
             mask[i, width - len(r.prompt_ids) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = [
-            torch.Generator().manual_seed(p.seed if p.seed is not None else random.getrandbits(63))
-            for p in params
-        ]
+        sampler = Sampler.of(params, self.device)
         limits = [
             min(p.max_new_tokens, self.settings.max_model_len - len(r.prompt_ids))
             for p, r in zip(params, requests, strict=True)
@@ -185,7 +184,9 @@ class HFEngine(Engine):
         active = [limit > 0 for limit in limits]
         past = None
         with torch.inference_mode():
-            while any(active):
+            for step in itertools.count():
+                if not any(active):
+                    break
                 self._pause_point()
                 self.stats["steps"] += 1
                 version = self.version
@@ -195,10 +196,11 @@ class HFEngine(Engine):
                     position_ids=positions,
                     past_key_values=past,
                     use_cache=True,
+                    logits_to_keep=1,  # the prompt's other positions predict nothing we sample
                 )
                 past = result.past_key_values
-                # sampled on the CPU with each request's own generator: seeded requests repeat anywhere
-                tokens, logprobs = _sample(result.logits[:, -1, :].float().cpu(), params, generators)
+                tokens, logprobs = sampler(result.logits[:, -1, :], step)
+                # n tokens and n logprobs to the host: the one copy per step
                 for i, (t, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
                     if not active[i]:
                         continue
@@ -209,37 +211,11 @@ class HFEngine(Engine):
                         out[i].finish_reason, active[i] = "stop", False
                     elif len(out[i].token_ids) >= limits[i]:
                         active[i] = False
-                ids = tokens[:, None].to(self.device)
+                ids = tokens[:, None]
                 mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
                 positions = positions[:, -1:] + 1
         self.stats["tokens"] += sum(len(o.token_ids) for o in out)
         return out
-
-
-def _sample(logits, params: list[SamplingParams], generators):
-    """Gumbel-max sampling per row; returns (tokens, logprob of each under the distribution sampled from).
-    Rows without top-k/top-p cuts (the usual case) are sampled together; the noise of each row comes from
-    its own generator, so a row's token does not depend on its batch."""
-    import torch
-
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params])
-    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
-    for i, p in enumerate(params):
-        row = logp[i]
-        if not (0 < p.top_k < row.numel() or p.top_p < 1.0):
-            continue
-        if 0 < p.top_k < row.numel():
-            row = row.masked_fill(row < torch.topk(row, p.top_k).values[-1], -float("inf"))
-        if p.top_p < 1.0:
-            sorted_lp, order = torch.sort(row, descending=True)
-            outside = torch.cumsum(sorted_lp.exp(), 0) - sorted_lp.exp() >= p.top_p
-            row = row.clone()
-            row[order[outside]] = -float("inf")
-        logp[i] = torch.log_softmax(row, dim=-1)  # renormalised over what survived the cuts
-    u = torch.stack([torch.rand(logp.shape[1], generator=g) for g in generators]).clamp(1e-20, 1.0 - 1e-7)
-    greedy = torch.tensor([p.temperature <= 0 for p in params])
-    tokens = torch.where(greedy, logp.argmax(-1), (logp - torch.log(-torch.log(u))).argmax(-1))
-    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
 def _as_set(value) -> set:

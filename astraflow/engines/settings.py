@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from astraflow.errors import ConfigError
 
 
 class VLLMSettings(BaseModel):
@@ -65,7 +68,9 @@ class EngineSettings(BaseModel):
     kv_cache_gb: float = Field(1.0, gt=0)
     """vllm on CPU: KV cache size, GiB (VLLM_CPU_KVCACHE_SPACE); on cuda see vllm.gpu_memory_utilization."""
     devices: str = ""
-    """vllm: the GPUs its server uses (CUDA_VISIBLE_DEVICES, e.g. "0" or "2,3"); "" = inherited."""
+    """The GPUs of the engine (CUDA_VISIBLE_DEVICES ids, e.g. "0" or "2,3"); "" = inherited. vllm: its
+    server's CUDA_VISIBLE_DEVICES. hf: one id, the GPU the model and its sampling run on (see
+    `hf_device`). Ignored where the engine runs on the CPU."""
     port: int = Field(0, ge=0)
     """vllm: server port; 0 = a free one."""
     chunk_tokens: int = Field(16, ge=1)
@@ -85,3 +90,41 @@ def resolve_device(settings: EngineSettings) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def hf_device(settings: EngineSettings) -> str:
+    """The one device an in-process (hf) engine runs on: `cpu` where `resolve_device` says cpu (with
+    `auto`: torch sees no GPU), else `cuda:N`, N the torch index of the GPU `engine.devices` names (the
+    first one torch sees when it names none). Raises ConfigError for a GPU this process cannot use."""
+    if resolve_device(settings) == "cpu":
+        return "cpu"
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(
+            f"engine.device is {settings.device!r} but torch sees no CUDA device (a CPU build, or none"
+            " visible); set engine.device to cpu or auto"
+        )
+    index = (
+        gpu_index(settings.devices, os.environ.get("CUDA_VISIBLE_DEVICES"), count) if settings.devices else 0
+    )
+    return f"cuda:{index}"
+
+
+def gpu_index(devices: str, visible: str | None, count: int) -> int:
+    """The torch index of the single GPU id in `devices`, in a process whose CUDA_VISIBLE_DEVICES is
+    `visible` (None: unset, ids are torch indices) and where torch sees `count` GPUs."""
+    ids = [d.strip() for d in devices.split(",") if d.strip()]
+    if len(ids) != 1:
+        raise ConfigError(
+            f"engine.devices is {devices!r}: the hf engine runs on one GPU, name one id (the vllm engine"
+            " with engine.vllm.tensor_parallel_size runs on several)"
+        )
+    seen = [v.strip() for v in visible.split(",")] if visible is not None else [str(i) for i in range(count)]
+    if ids[0] not in seen[:count]:
+        raise ConfigError(
+            f"engine.devices is {devices!r} but this process sees GPU(s) {seen[:count]}"
+            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+        )
+    return seen.index(ids[0])

@@ -119,17 +119,22 @@ def _collate(groups: list[list], pad_id: int) -> SharedMicroBatch:
     )
 
 
-def shared_logits(model, mb: SharedMicroBatch) -> torch.Tensor:
-    """[B, S + 1, vocab]: the logits that predict each of `mb.targets`."""
+def shared_logits(model, mb: SharedMicroBatch) -> list[torch.Tensor]:
+    """The logits that predict `mb.targets`, in pieces along the columns ([B, 1, vocab] from the prefix,
+    then [B, S, vocab] from the suffix when S > 0): concatenating them would copy every logit once more."""
     from transformers import DynamicCache
 
     positions = (mb.prefix_attention.cumsum(-1) - 1).clamp(min=0)
     out = model(
-        input_ids=mb.prefix_ids, attention_mask=mb.prefix_attention, position_ids=positions, use_cache=True
+        input_ids=mb.prefix_ids,
+        attention_mask=mb.prefix_attention,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,  # only the prefix's last position predicts a target
     )
     first = out.logits[:, -1:][mb.row]
     if mb.suffix_ids.shape[1] == 0:
-        return first
+        return [first]
     cache = DynamicCache([(k[mb.row], v[mb.row]) for k, v, *_ in out.past_key_values])
     rest = model(
         input_ids=mb.suffix_ids,
@@ -138,4 +143,4 @@ def shared_logits(model, mb: SharedMicroBatch) -> torch.Tensor:
         past_key_values=cache,
         use_cache=True,
     )
-    return torch.cat([first, rest.logits], 1)
+    return [first, rest.logits]

@@ -93,3 +93,27 @@ async def test_load_needs_a_pause_and_matching_weights(engine, tmp_path):
         await engine.load_weights(str(tmp_path), 1)
     await engine.resume()
     assert engine.version == 0
+
+
+def test_the_device_is_the_one_engine_devices_names():
+    """`engine.devices` names the hf engine's GPU as a CUDA_VISIBLE_DEVICES id, mapped to this process's
+    torch index; a list, or a GPU this process does not see, is a ConfigError naming the setting."""
+    from astraflow.engines.settings import gpu_index
+    from astraflow.errors import ConfigError
+
+    assert gpu_index("2", None, count=4) == 2
+    assert gpu_index(" 5 ", "4,5", count=2) == 1  # the process already sees physical GPUs 4 and 5 only
+    for devices, visible, count in (("0,1", None, 2), ("3", None, 2), ("0", "3", 1), ("1", "0,1", 1)):
+        with pytest.raises(ConfigError, match=r"engine\.devices"):
+            gpu_index(devices, visible, count)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rules for a machine without a GPU")
+async def test_without_a_gpu_devices_mean_the_cpu_and_cuda_is_a_config_error(tiny_model):
+    from astraflow.engines.settings import hf_device
+    from astraflow.errors import ConfigError
+
+    assert hf_device(EngineSettings(devices="1")) == "cpu"  # auto: torch sees no GPU, the CPU it is
+    engine = HFEngine(EngineSettings(type="hf", model=tiny_model, device="cuda", devices="0"))
+    with pytest.raises(ConfigError, match=r"engine\.device is 'cuda' but torch sees no CUDA device"):
+        await engine.start()
