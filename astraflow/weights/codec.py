@@ -6,7 +6,7 @@ before (`index_i - index_{i-1} - 1`) and the difference of its bits from the bas
 2^bits, zigzag-coded): a small optimizer step moves most elements by one unit in the last place, so the
 difference is almost always 1 or -1. Both go as byte planes (every first byte, then every second, ...),
 and the planes through zstd: a plane of equal bytes costs nothing, a plane of gaps about a byte per
-element. Layout of an encoded delta:
+element (the gap width is the fewest bytes that hold the largest gap). Layout of an encoded delta:
 
     magic b"AFD2" | itemsize u8 | gap width u8 | pad 2 | n_elements u64 | n_changed u64
     | zstd frame of: gap planes (gap width bytes each) | difference planes (itemsize bytes each)
@@ -62,8 +62,8 @@ def encode_changes(old, new, index: np.ndarray, itemsize: int) -> bytes:
 
     a, b = _view(old, itemsize), _view(new, itemsize)
     index = index.astype(np.int64)
-    gap_width = 4 if len(b) <= 2**32 else 8
     gaps = np.diff(index, prepend=-1) - 1
+    gap_width = next(w for w in (1, 2, 4, 8) if not len(gaps) or int(gaps.max()) < 1 << (8 * w))
     diffs = _zigzag(b[index] - a[index], itemsize)  # modulo 2^bits: unsigned arithmetic wraps
     planes = np.concatenate([_planes(gaps.astype(f"<u{gap_width}")), _planes(diffs)])
     body = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1).compress(planes.tobytes())
@@ -92,7 +92,7 @@ def decode(delta) -> tuple[np.ndarray, np.ndarray]:
     if len(delta) < HEADER.size:
         raise WeightIntegrityError(f"delta of {len(delta)} bytes is shorter than its header")
     magic, itemsize, gap_width, n, count = HEADER.unpack_from(delta)
-    if magic != MAGIC or itemsize not in (1, 2, 4, 8) or gap_width not in (4, 8):
+    if magic != MAGIC or itemsize not in (1, 2, 4, 8) or gap_width not in (1, 2, 4, 8):
         raise WeightIntegrityError("not a delta (bad magic or element size)")
     if count > n:
         raise WeightIntegrityError(f"delta changes {count} of {n} elements")
