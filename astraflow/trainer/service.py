@@ -19,6 +19,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -73,6 +74,8 @@ class TrainerService:
         self._unacked: list[Received] = []
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
+        self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
+        """Sees each `metrics` entry once written (its Prometheus series: `launch.build`)."""
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and broadcasts each command; every rank executes it (the collectives line up).
@@ -254,6 +257,7 @@ class TrainerService:
         await self.bus.call(
             lambda: self.bus.redis.xadd(self.bus.keys.metrics, fields, maxlen=maxlen, approximate=True)
         )
+        self.observe([fields])
 
     async def _renew_loop(self) -> None:
         """Keep the leases of held batches (held until a checkpoint covers them)."""

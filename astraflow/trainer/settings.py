@@ -82,3 +82,10 @@ class TrainerSettings(BaseModel):
     """torch threads; 0 = torch's default."""
     devices: str = ""
     """The GPUs the trainer process uses (CUDA_VISIBLE_DEVICES, e.g. "0" or "4,5,6,7"); "" = inherited."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Port of the trainer's Prometheus /metrics endpoint (its steps: version, loss, reward, ...; labels
+    run, worker, policy); 0 = not served. Two trainers on one host need two ports (per policy:
+    `run.models.<name>.trainer.metrics_port`)."""
+    metrics_host: str = "0.0.0.0"
+    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
+    scrape it; `127.0.0.1` keeps it to this host."""
