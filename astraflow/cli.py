@@ -20,6 +20,7 @@ from astraflow.commands import (
     redis_url,
     settings_from,
 )
+from astraflow.tracking.command import cmd_track
 
 DEFAULT_RECIPE = "recipes/addition-tiny.yaml"
 
@@ -108,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     trace = command("trace", cmd_trace, "show the path of one prompt group", recipe=False)
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
     trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
+    track = command("track", cmd_track, "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)")
+    track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
     model = sub.add_parser("model", help="build models", description="build models")
     model_sub = model.add_subparsers(metavar="KIND", required=True)
     tiny = model_sub.add_parser("tiny", help="a tiny Qwen2 model and BPE tokenizer, built locally")
