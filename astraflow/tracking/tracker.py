@@ -150,8 +150,9 @@ class Following:
         self.stop_event.set()
         try:
             await self.task
-        finally:
             self.tracker.close(finished=True)
+        except Exception as e:  # a tracker that fails must not cost the run its report
+            log.error("tracking_failed", error=repr(e), dir=str(self.tracker.root))
 
 
 async def follow(settings, bus: Bus) -> Following:
