@@ -69,7 +69,9 @@ def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:
     service = TrainerService(trainer_setup(settings, model), bus, model)
     if service.rank == 0:  # under torchrun, the rank that writes the metrics serves them
         t = service.trainer
-        endpoint = (t.metrics_host, t.metrics_port, f"run.models.{model}.trainer.metrics_port")
+        own = "metrics_port" in settings.run.models[model].trainer  # the policy's, or the shared section's
+        setting = f"run.models.{model}.trainer.metrics_port" if own else "trainer.metrics_port"
+        endpoint = (t.metrics_host, t.metrics_port, setting)
         metrics = serve_stream_metrics(settings.run.name, f"trainer-{model}", "trainer", [model], endpoint)
         service.observe = metrics.observe
     return service

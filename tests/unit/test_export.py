@@ -92,3 +92,20 @@ def test_an_existing_directory_is_never_overwritten(tiny_model, tmp_path):
     with pytest.raises(ConfigError, match="not empty"):
         export(ckpt, Path(tiny_model), out)
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_export_of_a_run_reads_the_settings_astraflow_run_saved(tiny_model, tmp_path, monkeypatch):
+    """`astraflow export --run NAME --version V OUT` after `astraflow run`: no recipe, no flags."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "demo"
+    run_dir.mkdir(parents=True)
+    (run_dir / "settings.yaml").write_text(f"run: {{name: demo}}\ntrainer: {{model: {tiny_model}}}\n")
+    model = trained_model(tiny_model)
+    save_checkpoint(run_dir / "checkpoints" / "policy", model, 7)
+    assert main(["export", "--run", "demo", "--version", "7", "--dtype", "float32", "out"]) == 0
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    assert torch.equal(
+        logits(AutoModelForCausalLM.from_pretrained(tmp_path / "out"), ids), logits(model, ids)
+    )
