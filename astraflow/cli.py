@@ -21,6 +21,8 @@ from astraflow.commands import (
     redis_url,
     settings_from,
 )
+from astraflow.export import cmd_export
+from astraflow.tracking.command import cmd_track
 
 DEFAULT_RECIPE = "recipes/addition-tiny.yaml"
 
@@ -137,6 +139,17 @@ def _parser() -> argparse.ArgumentParser:
     trace = command("trace", cmd_trace, "show the path of one prompt group", recipe=False)
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
     trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
+    track = command("track", cmd_track, "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)")
+    track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
+    export = command("export", cmd_export, "a checkpoint as a Hugging Face directory (transformers, vLLM)")
+    export.add_argument("out", metavar="OUT", help="the directory to write (new or empty)")
+    export.add_argument("--version", type=int, help="the checkpoint's version (default: the newest)")
+    export.add_argument("--model", help="the policy (default: the run's first trained policy)")
+    export.add_argument("--checkpoint", metavar="DIR", help="a checkpoint directory (v00000012) instead")
+    export.add_argument(
+        "--model-dir", metavar="DIR", help="config and tokenizer (default: the policy's model)"
+    )
+    export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights' dtype")
     model = sub.add_parser("model", help="build models", description="build models")
     model_sub = model.add_subparsers(metavar="KIND", required=True)
     tiny = model_sub.add_parser("tiny", help="a tiny Qwen2 model and BPE tokenizer, built locally")

@@ -41,6 +41,7 @@ from astraflow.policies import (
 )
 from astraflow.raas.settings import RaasSettings
 from astraflow.streams.settings import RedisSettings, StreamsSettings
+from astraflow.tracking.settings import TrackingSettings
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.weights.settings import WeightsSettings
 
@@ -168,6 +169,8 @@ class Settings(BaseSettings):
     demo: DemoSettings = Field(default_factory=DemoSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     """Evaluation as a service: datasets scored at every `eval.every`-th version, for every policy."""
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    """Experiment trackers (TensorBoard, W&B, MLflow) fed from the run's metrics stream."""
 
     @model_validator(mode="after")
     def _rules(self) -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import structlog
 
@@ -32,6 +32,8 @@ class Collector:
         self.eval_metrics = list(eval_metrics)
         self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
         self.judge = Judge(self.settings, store.models)
+        self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
+        """Sees the `metrics` entries once written (the replica's Prometheus series: `launch.build`)."""
 
     async def step(self, block_ms: int | None) -> int:
         """Read up to `collector.read_count` rollout entries and settle them; returns entries read."""
@@ -133,6 +135,7 @@ class Collector:
                 await pipe.execute()
 
         await bus.call(add)
+        self.observe(entries)
 
     def _eval(self, entry_id: str, group: RolloutGroup) -> Collected:
         """An eval row: scored, never put into a ready set (no parts); dropped (counted, logged) when it

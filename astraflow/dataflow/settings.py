@@ -95,3 +95,9 @@ class DataflowSettings(BaseModel):
     """How long a prompt group's lineage (`astraflow trace`) is kept."""
     trace_max_groups: int = Field(100_000, ge=1)
     """Most lineages kept (about 1 KB each in Redis: ~100 MB at the default); the oldest go first."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Port of the replica's Prometheus /metrics endpoint (rollouts collected, mean reward, eval rows;
+    labels run, worker, policy); 0 = not served."""
+    metrics_host: str = "0.0.0.0"
+    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
+    scrape it; `127.0.0.1` keeps it to this host."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from astraflow.config import Settings
 from astraflow.dataflow.service import Dataflow, DataflowSetup
 from astraflow.errors import ConfigError
+from astraflow.metrics_server import serve_stream_metrics
 from astraflow.policies import PolicySettings
 from astraflow.streams import Bus
 
@@ -40,8 +41,14 @@ def dataflow_setup(settings: Settings) -> DataflowSetup:
 
 
 def build_dataflow(settings: Settings, bus: Bus, name: str) -> Dataflow:
-    """A dataflow replica named `name` (its consumer name) for the run's trained policies."""
-    return Dataflow(dataflow_setup(settings), bus, name)
+    """A dataflow replica named `name` (its consumer name) for the run's trained policies, serving its
+    Prometheus series when `dataflow.metrics_port` is set."""
+    dataflow = Dataflow(dataflow_setup(settings), bus, name)
+    d = settings.dataflow
+    endpoint = (d.metrics_host, d.metrics_port, "dataflow.metrics_port")
+    metrics = serve_stream_metrics(settings.run.name, name, "dataflow", settings.run.models, endpoint)
+    dataflow.collector.observe = metrics.observe
+    return dataflow
 
 
 def trainer_setup(settings: Settings, model: str) -> TrainerSetup:
@@ -59,7 +66,15 @@ def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:
     """The trainer of policy `model`, from that policy's effective trainer settings (`Settings.policy`)."""
     from astraflow.trainer.service import TrainerService
 
-    return TrainerService(trainer_setup(settings, model), bus, model)
+    service = TrainerService(trainer_setup(settings, model), bus, model)
+    if service.rank == 0:  # under torchrun, the rank that writes the metrics serves them
+        t = service.trainer
+        own = "metrics_port" in settings.run.models[model].trainer  # the policy's, or the shared section's
+        setting = f"run.models.{model}.trainer.metrics_port" if own else "trainer.metrics_port"
+        endpoint = (t.metrics_host, t.metrics_port, setting)
+        metrics = serve_stream_metrics(settings.run.name, f"trainer-{model}", "trainer", [model], endpoint)
+        service.observe = metrics.observe
+    return service
 
 
 def raas_setup(settings: Settings) -> RaasSetup:

@@ -31,6 +31,7 @@ from astraflow.launch.tiny import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
 from astraflow.streams.runs import mark_stopped
+from astraflow.tracking.tracker import follow
 
 
 def place_threads(settings: Settings) -> None:
@@ -169,6 +170,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         loop.add_signal_handler(sig, received.append, sig)
     bus = Bus.connect(settings.redis.url or "", r.name, settings.redis, settings.streams)
     await bus.bootstrap(settings.trained)
+    tracking = await follow(settings, bus)  # TensorBoard, W&B, MLflow (`tracking.sinks`), if any
     live = _live() if sys.stdout.isatty() else None
     # Stop conditions need the metrics every second; the view's details less often (they cost a core's
     # share on a small machine): as often as the view shows them.
@@ -212,6 +214,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     if redis_pid is not None:
         cpu["redis"] = cpu_seconds(redis_pid)
     supervisor.stop()
+    await tracking.stop()  # after the workers: what they wrote last reaches the trackers too
     progress.detail_every_s = 0.0  # the report's ledger and generating time as they are now
     extra = {
         "stopped": reason,

@@ -3,32 +3,36 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from astraflow.metrics_server import WorkerMetrics
+
+if TYPE_CHECKING:
+    from astraflow.raas.settings import RaasSettings
 
 
 class Metrics:
-    def __init__(self, port: int) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+    """A RaaS worker's series (`metrics_server`): labelled `run`, `worker` and `policy` (the policies it
+    serves, joined by `,`: an episode may sample several)."""
 
-        self.registry = CollectorRegistry()
-        self.episodes = Counter("astraflow_raas_episodes", "Episodes run", registry=self.registry)
-        self.failed = Counter(
-            "astraflow_raas_failed_trajectories",
-            "Trajectories failed (reward raised or timed out, ...)",
-            registry=self.registry,
+    def __init__(self, settings: RaasSettings, run: str, worker: str, policies: Iterable[str]) -> None:
+        self.server = m = WorkerMetrics(run, worker)
+        self.policy = ",".join(policies)
+        self.episodes = m.counter("astraflow_raas_episodes", "Episodes run").of(self.policy)
+        self.failed = m.counter(
+            "astraflow_raas_failed_trajectories", "Trajectories failed (reward raised or timed out, ...)"
+        ).of(self.policy)
+        self.tokens = m.counter("astraflow_raas_generated_tokens", "Tokens sampled by the policies").of(
+            self.policy
         )
-        self.tokens = Counter(
-            "astraflow_raas_generated_tokens", "Tokens sampled by the policies", registry=self.registry
+        self.slots_used = m.gauge("astraflow_raas_slots_in_use", "Prompt groups held").of(self.policy)
+        self.slots_total = m.gauge("astraflow_raas_slots", "Prompt groups it may hold").of(self.policy)
+        self.load_seconds = m.histogram("astraflow_raas_weight_load_seconds", "Pause + load + resume").of(
+            self.policy
         )
-        self.slots_used = Gauge("astraflow_raas_slots_in_use", "Prompt groups held", registry=self.registry)
-        self.slots_total = Gauge(
-            "astraflow_raas_slots", "Prompt groups the worker may hold", registry=self.registry
-        )
-        self.load_seconds = Histogram(
-            "astraflow_raas_weight_load_seconds", "Pause + load + resume", registry=self.registry
-        )
-        if port:
-            start_http_server(port, addr="127.0.0.1", registry=self.registry)
+        m.serve(settings.metrics_host, settings.metrics_port, "raas.metrics_port")
 
     def episode(self, episodes: int, tokens: int, failed: int) -> None:
         self.episodes.inc(episodes)

@@ -45,8 +45,12 @@ class RaasSettings(BaseModel):
     reward_processes: int = Field(2, ge=1)
     reward_timeout_s: float = Field(10.0, gt=0)
     """A reward call running longer fails its trajectory ("timed out") and its process is replaced."""
-    metrics_port: int = Field(0, ge=0)
-    """Port of the Prometheus /metrics endpoint; 0 = none."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Port of the worker's Prometheus /metrics endpoint (labels run, worker, policy); 0 = not served.
+    Two RaaS on one host need two ports."""
+    metrics_host: str = "0.0.0.0"
+    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
+    scrape it; `127.0.0.1` keeps it to this host."""
 
     @field_validator("allowed_code")
     @classmethod

@@ -80,7 +80,7 @@ class RaasWorker:
             RewardRunner(r.reward_processes, r.reward_timeout_s, self.allowed),
             dict(r.workflow_options),
         )
-        self.metrics = Metrics(r.metrics_port)
+        self.metrics = Metrics(r, bus.keys.run, worker_id, engines)
         self.busy = BusyClock()
         self.started_at = time.time()
         self._workflows: dict[tuple, RolloutWorkflow] = {}

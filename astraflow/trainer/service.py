@@ -19,6 +19,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -76,6 +77,8 @@ class TrainerService:
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
         self._served_dtype = getattr(torch, settings.weights.dtype)
         self._leader = commands.Leader() if self.rank == 0 and self.size > 1 else None
+        self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
+        """Sees each `metrics` entry once written (its Prometheus series: `launch.build`)."""
 
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and posts each command (`commands`); every rank executes it (the collectives line up).
@@ -258,6 +261,7 @@ class TrainerService:
         await self.bus.call(
             lambda: self.bus.redis.xadd(self.bus.keys.metrics, fields, maxlen=maxlen, approximate=True)
         )
+        self.observe([fields])
 
     async def _renew_loop(self) -> None:
         """Keep the leases of held batches (held until a checkpoint covers them)."""

@@ -86,3 +86,10 @@ class TrainerSettings(BaseModel):
     """Under torchrun: the longest a collective waits for the other ranks before it raises (NCCL's own
     default), and how long a rank > 0 waits for a sign of life of rank 0 (which may wait on Redis for a
     batch as long as it likes) before it ends with an error."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Port of the trainer's Prometheus /metrics endpoint (its steps: version, loss, reward, ...; labels
+    run, worker, policy); 0 = not served. Two trainers on one host need two ports (per policy:
+    `run.models.<name>.trainer.metrics_port`)."""
+    metrics_host: str = "0.0.0.0"
+    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
+    scrape it; `127.0.0.1` keeps it to this host."""

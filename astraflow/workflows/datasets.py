@@ -1,6 +1,6 @@
-"""Prompt datasets: a built-in task, jsonl / parquet / a Hugging Face dataset saved to disk, or the rows a
-`module:function` loader the recipe names returns, with the recipe's field mapping applied (nothing is
-fetched from a hub)."""
+"""Prompt datasets: a built-in task, jsonl / parquet / a Hugging Face dataset saved to disk or loaded by
+`datasets.load_dataset` (a hub name or local files), or the rows a `module:function` loader the recipe
+names returns, with the recipe's field mapping applied."""
 
 from __future__ import annotations
 
@@ -16,15 +16,27 @@ from astraflow.workflows.tasks import rows as task_rows
 class DatasetSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["task", "jsonl", "parquet", "hf_disk", "loader"] = "task"
+    type: Literal["task", "jsonl", "parquet", "hf_disk", "hf", "loader"] = "task"
+    """`hf`: `datasets.load_dataset(path, subset, data_files=..., split=...)`: a hub dataset (`openai/gsm8k`,
+    fetched once into the datasets cache; with `HF_HUB_OFFLINE=1` only the cache is read) or a builder
+    over local files (`path: json`, `data_files: [data/train.jsonl]`)."""
     task: str = "addition"
     """type task: the built-in task (addition, reverse)."""
     size: int = Field(10_000, ge=1)
     """type task: rows generated (seeded by run.seed)."""
     path: str = ""
-    """jsonl / parquet file, or the directory `datasets.Dataset.save_to_disk` wrote."""
+    """jsonl / parquet file, the directory `datasets.Dataset.save_to_disk` wrote, or (hf) the dataset's hub
+    name, local directory, or builder (`json`, `csv`, `parquet`)."""
     split: str = "train"
-    """hf_disk: the split, when the directory holds a DatasetDict."""
+    """hf_disk, hf: the split, when the dataset has several."""
+    subset: str | None = None
+    """hf: the dataset's configuration (`main` of `openai/gsm8k`)."""
+    data_files: list[str] = Field(default_factory=list)
+    """hf: the files a builder reads (`path: json`)."""
+    revision: str | None = None
+    """hf: the hub revision (a commit pins the data)."""
+    cache_dir: str | None = None
+    """hf: the datasets cache; default `HF_DATASETS_CACHE` (`~/.cache/huggingface/datasets`)."""
     loader: str = ""
     """type loader: the `module:function` that returns the rows (an iterable of dicts). Only the recipe
     names it: no row ever picks code."""
@@ -55,6 +67,8 @@ def load_rows(settings: DatasetSettings, seed: int = 0) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         raw = pq.read_table(path).to_pylist()
+    elif settings.type == "hf":
+        raw = _load_dataset(settings)
     else:
         import datasets
 
@@ -63,6 +77,23 @@ def load_rows(settings: DatasetSettings, seed: int = 0) -> list[dict[str, Any]]:
             ds = ds[settings.split]
         raw = ds.to_list()
     return [_map(row, settings, path, i) for i, row in enumerate(raw)]
+
+
+def _load_dataset(settings: DatasetSettings) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(
+            settings.path,
+            settings.subset,
+            data_files=settings.data_files or None,
+            split=settings.split,
+            revision=settings.revision,
+            cache_dir=settings.cache_dir,
+        )
+    except (ConnectionError, FileNotFoundError) as e:  # not on the hub, not reachable, not in the cache
+        raise ValueError(f"dataset {settings.path!r}: {e}") from None
+    return ds.to_list()
 
 
 def _from_loader(settings: DatasetSettings) -> list[dict[str, Any]]:

@@ -130,3 +130,16 @@ def test_two_policy_recipe_trains_both_behind_the_barrier(tmp_path):
     ]
     for model in ("solver", "verifier"):
         assert any(e["model"] == model and e["version"] >= 1 for e in loaded), loaded
+
+
+def test_tensorboard_gets_every_step_of_the_run_once(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    run(run_dir, "e2e-tb", "run.max_steps=5", "tracking.sinks=[tensorboard]")
+    acc = EventAccumulator(str(run_dir / "tracking" / "tensorboard"))
+    acc.Reload()
+    curve = [(e.step, round(e.value, 6)) for e in acc.Scalars("policy/reward")]
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert curve == [(s["version"], round(s["rollout_reward"], 6)) for s in steps] and len(curve) >= 5

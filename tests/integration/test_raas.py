@@ -50,7 +50,9 @@ async def test_prompts_become_rollout_groups_and_weights_follow_notices(
         beat = decode(await bus.redis.hgetall(bus.keys.raas("raas-a")), Heartbeat)
         assert beat.capacity == 4 and beat.versions == {"policy": 0} and beat.engine == f"hf:{tiny_model}"
         metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
-        assert "astraflow_raas_episodes_total 18.0" in metrics and "astraflow_raas_slots 4.0" in metrics
+        labels = '{policy="policy",run="it",worker="raas-a"}'  # sorted, as prometheus-client writes them
+        assert f"astraflow_raas_episodes_total{labels} 18.0" in metrics
+        assert f"astraflow_raas_slots{labels} 4.0" in metrics
 
         manifest = await checkpoint_manifest(bus, tiny_model_v2, "policy", 1)
         notice = VersionNotice(

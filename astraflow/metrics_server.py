@@ -1,0 +1,144 @@
+"""A Prometheus `/metrics` endpoint for every worker (trainer, dataflow, RaaS), each with its own registry.
+
+Every series carries the labels `run`, `worker` (the process's consumer name) and `policy`: the policy it
+measures, or, for a series of a whole worker serving several policies (a RaaS's slots), their names
+joined by `,`. The trainer and the dataflow serve what they write to the run's `metrics` stream
+(`StreamMetrics.observe`); the RaaS its own counters (`raas.metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from astraflow.errors import ConfigError
+
+LABELS = ("run", "worker", "policy")
+
+
+class Series:
+    """One metric family with the worker's `run` and `worker` labels bound: `of(policy)` is the child
+    to update."""
+
+    def __init__(self, metric: Any, run: str, worker: str) -> None:
+        self.metric, self.run, self.worker = metric, run, worker
+
+    def of(self, policy: str, **extra: str) -> Any:
+        return self.metric.labels(run=self.run, worker=self.worker, policy=policy, **extra)
+
+
+class WorkerMetrics:
+    """The series of one worker process and the HTTP server that serves them (`serve`)."""
+
+    def __init__(self, run: str, worker: str) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.run, self.worker = run, worker
+        self.registry = CollectorRegistry()
+        self._server: Any = None
+
+    def _series(self, kind: str, name: str, doc: str, extra: Sequence[str] = ()) -> Series:
+        import prometheus_client
+
+        cls = getattr(prometheus_client, kind)
+        return Series(cls(name, doc, [*LABELS, *extra], registry=self.registry), self.run, self.worker)
+
+    def counter(self, name: str, doc: str, extra: Sequence[str] = ()) -> Series:
+        return self._series("Counter", name, doc, extra)
+
+    def gauge(self, name: str, doc: str, extra: Sequence[str] = ()) -> Series:
+        return self._series("Gauge", name, doc, extra)
+
+    def histogram(self, name: str, doc: str) -> Series:
+        return self._series("Histogram", name, doc)
+
+    def serve(self, host: str, port: int, setting: str) -> None:
+        """Serve `/metrics` on `host:port` from a daemon thread; port 0: serve nothing. A port that cannot
+        be bound is a ConfigError naming `setting` (two workers on one host given the same port)."""
+        if not port:
+            return
+        from prometheus_client import start_http_server
+
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise ConfigError(f"{setting}: cannot serve /metrics on {host}:{port}: {e.strerror}") from None
+
+    @property
+    def port(self) -> int | None:
+        """The port being served, if any."""
+        return self._server.server_address[1] if self._server is not None else None
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class StreamMetrics:
+    """The `metrics` stream entries a worker writes, as its Prometheus series: a trainer's steps
+    (`kind=trainer`), or a dataflow's collected rollouts (`kind=rollouts`) and scored eval rows
+    (`kind=eval`). The series of `policies` exist (at 0) before the first entry, so a scrape shows them."""
+
+    def __init__(self, metrics: WorkerMetrics, role: Literal["trainer", "dataflow"], policies: Iterable[str]):
+        m, self.metrics, self.kinds = metrics, metrics, {}
+        if role == "trainer":
+            self.version = m.gauge("astraflow_trainer_version", "Newest version trained")
+            self.steps = m.counter("astraflow_trainer_steps", "Trainer steps (batches trained) since start")
+            self.step_stat = m.gauge(
+                "astraflow_trainer_step_stat", "The last step's statistics (loss, reward_mean, ...)", ["stat"]
+            )
+            self.kinds["trainer"] = self._trainer
+            seeded = [self.version, self.steps]
+        else:
+            self.groups = m.counter("astraflow_dataflow_rollout_groups", "Rollout groups collected")
+            self.samples = m.counter("astraflow_dataflow_samples", "Trajectories collected")
+            self.reward = m.gauge(
+                "astraflow_dataflow_reward_mean", "Mean reward of the last rollouts collected"
+            )
+            self.eval_rows = m.counter("astraflow_dataflow_eval_rows", "Eval rows scored", ["dataset"])
+            self.kinds.update(rollouts=self._rollouts, eval=self._eval)
+            seeded = [self.groups, self.samples, self.reward]
+        for policy in policies:
+            for series in seeded:
+                series.of(policy)
+
+    def observe(self, entries: Iterable[Mapping[str, str]]) -> None:
+        """Count entries just written to the `metrics` stream (other kinds are ignored)."""
+        for fields in entries:
+            handler = self.kinds.get(fields.get("kind", ""))
+            if handler is not None:
+                handler(fields["model"], fields)
+
+    def _trainer(self, policy: str, f: Mapping[str, str]) -> None:
+        self.version.of(policy).set(int(f["version"]))
+        self.steps.of(policy).inc()
+        for stat, value in json.loads(f["data"]).items():
+            if isinstance(value, int | float):
+                self.step_stat.of(policy, stat=stat).set(value)
+
+    def _rollouts(self, policy: str, f: Mapping[str, str]) -> None:
+        self.groups.of(policy).inc(int(f["groups"]))
+        self.samples.of(policy).inc(int(f["samples"]))
+        if int(f["samples"]):
+            self.reward.of(policy).set(float(f["reward_sum"]) / int(f["samples"]))
+
+    def _eval(self, policy: str, f: Mapping[str, str]) -> None:
+        self.eval_rows.of(policy, dataset=f["dataset"]).inc(int(f["rows"]))
+
+
+def serve_stream_metrics(
+    run: str,
+    worker: str,
+    role: Literal["trainer", "dataflow"],
+    policies: Iterable[str],
+    endpoint: tuple[str, int, str],
+) -> StreamMetrics:
+    """A trainer's or dataflow's series, served on `endpoint` (host, port, the port's setting; port 0:
+    kept, not served)."""
+    metrics = WorkerMetrics(run, worker)
+    stream = StreamMetrics(metrics, role, policies)
+    metrics.serve(*endpoint)
+    return stream

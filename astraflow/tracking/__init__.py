@@ -1,0 +1,1 @@
+"""Experiment trackers (TensorBoard, W&B, MLflow) fed from the run's `metrics` stream by one process."""

@@ -1,0 +1,107 @@
+"""The run's `metrics` stream as tracker records: each trainer step and each eval result once, by version.
+
+`Feed.consume` turns entries (read in stream order) into `(policy, step, scalars)` records, as the
+launcher's progress view reads them: a step's `reward` is the mean reward of the rollouts collected since
+that policy's previous step (`kind=rollouts`, before any filter), else the batch's; an eval result is
+the mean of its metrics over its rows (`kind=eval` entries added up), logged once every row of its
+dataset was scored (`kind=eval_submitted` says how many), or at the end of the run with those scored.
+The whole state is plain data (`as_dict`/`from_dict`): saved with the cursor, a restarted feed neither
+repeats nor loses a step, and a version a restarted trainer trains again is not logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+Record = tuple[str, int, dict[str, float]]
+"""(policy, step: its version, scalars)."""
+DONE_KEPT = 1000
+"""Eval results remembered as logged (the newest), so late rows of one are not logged again."""
+
+
+@dataclass
+class Feed:
+    models: list[str]
+    """The trained policies (a step is one of theirs)."""
+    run: str = ""
+    """The nonce of the run the state belongs to (a new run of the same name starts over)."""
+    cursor: str = "0-0"
+    """The id of the last entry consumed."""
+    logged: dict[str, int] = field(default_factory=dict)
+    """Per policy, the newest version logged."""
+    pending: dict[str, list[float]] = field(default_factory=dict)
+    """Per policy, [reward sum, samples] of rollouts collected since its last step."""
+    pending_metrics: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """Per policy, per workflow metric, [sum, trajectories] since its last step."""
+    evals: dict[str, list] = field(default_factory=dict)
+    """`["model", "dataset", version]` (as JSON) -> [rows, {metric: sum}] of an eval result not logged yet."""
+    sizes: dict[str, int] = field(default_factory=dict)
+    """`dataset|version` -> rows its eval has."""
+    done: list[str] = field(default_factory=list)
+    """Eval results logged (keys as in `evals`)."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Feed:
+        return cls(**data)
+
+    def consume(self, entries: Iterable[tuple[str, dict[str, str]]]) -> list[Record]:
+        """Records of `(entry id, fields)` entries after the cursor, in stream order."""
+        out: list[Record] = []
+        for entry_id, f in entries:
+            self.cursor = entry_id
+            kind, model = f.get("kind"), f.get("model", "")
+            if kind == "eval_submitted":
+                self.sizes[f"{f['dataset']}|{f['version']}"] = int(f["rows"])
+            elif kind == "eval":
+                self._eval(f, out)
+            elif model not in self.models:
+                continue
+            elif kind == "rollouts":
+                acc = self.pending.setdefault(model, [0.0, 0])
+                acc[0], acc[1] = acc[0] + float(f["reward_sum"]), acc[1] + int(f["samples"])
+                for name, (total, n) in json.loads(f.get("metrics", "{}")).items():
+                    m = self.pending_metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
+                    m[0], m[1] = m[0] + total, m[1] + n
+            elif kind == "trainer":
+                self._step(model, f, out)
+        return out
+
+    def _step(self, model: str, f: dict[str, str], out: list[Record]) -> None:
+        stats = json.loads(f["data"])
+        reward_sum, samples = self.pending.pop(model, [0.0, 0])
+        metrics = self.pending_metrics.pop(model, {})
+        version = int(f["version"])
+        if version <= self.logged.get(model, -1):  # trained again after a trainer restart: logged once
+            return
+        scalars = {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
+        scalars["reward"] = reward_sum / samples if samples else float(stats.get("reward_mean", 0.0))
+        scalars.update({f"rollout_{name}": total / n for name, (total, n) in metrics.items() if n})
+        self.logged[model] = version
+        out.append((model, version, scalars))
+
+    def _eval(self, f: dict[str, str], out: list[Record]) -> None:
+        key = json.dumps([f["model"], f["dataset"], int(f["version"])])
+        if key in self.done:
+            return
+        rows, sums = self.evals.setdefault(key, [0, {}])
+        for name, total in json.loads(f["sums"]).items():
+            sums[name] = sums.get(name, 0.0) + total
+        self.evals[key][0] = rows = rows + int(f["rows"])
+        size = self.sizes.get(f"{f['dataset']}|{f['version']}")
+        if size is not None and rows >= size:
+            out.append(self._logged(key))
+
+    def finish(self) -> list[Record]:
+        """The eval results not complete yet, with the rows scored (the run has stopped)."""
+        return [self._logged(key) for key in list(self.evals)]
+
+    def _logged(self, key: str) -> Record:
+        rows, sums = self.evals.pop(key)
+        self.done = [*self.done, key][-DONE_KEPT:]
+        model, dataset, version = json.loads(key)
+        return model, version, {f"eval/{dataset}/{name}": total / rows for name, total in sums.items()}
