@@ -343,9 +343,13 @@ class Bus:
     # -- housekeeping ----------------------------------------------------------------------------------
 
     async def trim(self, stream: str) -> int:
-        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams); forget
-        consumers that hold nothing and were not seen for CONSUMER_FORGET_MS."""
+        """Drop entries the run's group has acknowledged (grouped streams: other groups are not waited
+        for, see `Keys.group_of`) or old ones (capped streams); forget consumers of the run's group that
+        hold nothing and were not seen for CONSUMER_FORGET_MS."""
         if stream in self.keys.capped_streams():
             maxlen = self.settings.capped_maxlen
             return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
-        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS]))
+        group = self.keys.group_of(stream)
+        if group is None:
+            raise ValueError(f"{stream} is not a stream of run {self.keys.run!r} that can be trimmed")
+        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS, group]))
