@@ -18,6 +18,7 @@ from astraflow.dataflow.curators import make_curator
 from astraflow.dataflow.store import Store, SubmitItem
 from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
+from astraflow.streams.strays import Strays
 
 if TYPE_CHECKING:
     from astraflow.dataflow.evaluation import Evals
@@ -41,6 +42,7 @@ class Feeder:
         self.curator = make_curator(self.bus, self.feeder)
         self._perm: tuple[int, list[int]] | None = None
         self._pool: tuple[float, int] = (0.0, 0)
+        self.strays = Strays(self.bus)
 
     def row_at(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.rows))
@@ -91,6 +93,7 @@ class Feeder:
 
     async def step(self) -> tuple[str, int]:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
+        await self.strays.sweep()  # (at most every half lease)
         state = await self.store.state()
         if self.evals is not None and (due := self.evals.due(state)) is not None:
             await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)

@@ -16,7 +16,11 @@ BLOCK_MS = 2_000
 CONSUMER_FORGET_MS = 3600 * 1000
 """A consumer holding nothing and unseen this long is removed from its group when its stream is trimmed."""
 DEDUP_TTL_MS = 24 * 3600 * 1000
-"""How long an idempotency key remembers that its entry was published."""
+"""Longest an idempotency key remembers that its entry was published; it lives the lease budget of its
+group (`Bus.dedup_ttl_ms`), at most this."""
+STRAY_GRACE_MS = 30_000
+"""How long past the lease a prompt group may stay in flight with no prompt or rollout entry behind it
+(stranded) before the dataflow dead-letters it; the ledger is not balanced while one is stranded."""
 
 # Consumer groups, by the stream they read.
 GROUP_RAAS = "raas"
