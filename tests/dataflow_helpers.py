@@ -81,20 +81,23 @@ async def roll_out(
     return uids
 
 
-async def heartbeat(bus: Bus, worker: str, slots: int) -> None:
-    """Announce a live RaaS with `slots` slots."""
+async def heartbeat(bus: Bus, worker: str, slots: int, in_flight: int = 0, groups: int = 0) -> None:
+    """Announce a live RaaS with `slots` slots, holding its name as a running worker would."""
     now = time.time()
     beat = Heartbeat(
         uid=worker,
         region="local",
         capacity=slots,
-        in_flight=0,
+        in_flight=in_flight,
         versions={},
         endpoint=None,
-        started_at=now,
+        started_at=now - 60,
         updated_at=now,
+        groups=groups,
     )
-    await bus.redis.hset(bus.keys.raas(worker), mapping=encode(beat))
+    holder = f"sim 1 {worker}"
+    await bus.redis.set(bus.keys.consumer_name(worker), holder)
+    await bus.redis.hset(bus.keys.raas(worker), mapping={**encode(beat), "holder": holder})
 
 
 async def publish_version(bus: Bus, model: str, version: int, eval_: bool = False) -> None:
