@@ -64,8 +64,9 @@ class Strays:
 async def stranded_at_least(bus: Bus) -> int | None:
     """How many groups in flight have no entry behind them, at least: in-flight groups beyond the
     unacknowledged entries of the tracked streams (each in-flight group has one or more), read in one
-    transaction with read-only commands (the observer's). None when Redis does not tell a group's lag
-    (Redis 6.2, or deleted entries in its range): then it is unchecked."""
+    transaction with commands every role's user may send (SCARD, XINFO GROUPS). None when Redis does not
+    tell: a group's lag (Redis 6.2, or deleted entries in its range), or a stream without the run's group
+    (not bootstrapped yet): then it is unchecked."""
     k = bus.keys
     streams = k.tracked_streams()
 
@@ -73,19 +74,16 @@ async def stranded_at_least(bus: Bus) -> int | None:
         async with bus.redis.pipeline(transaction=True) as pipe:
             pipe.scard(k.in_flight)
             for stream in streams:
-                pipe.xlen(stream).xinfo_groups(stream)
+                pipe.xinfo_groups(stream)
             return await pipe.execute(raise_on_error=False)
 
     in_flight, *replies = await bus.call(read)
     unacked = 0
-    for stream, length, groups in zip(streams, replies[::2], replies[1::2], strict=True):
-        if isinstance(groups, Exception):  # no such stream yet
+    for stream, groups in zip(streams, replies, strict=True):
+        if isinstance(groups, Exception):  # no such stream yet: nothing in flight through it
             continue
         mine = [g for g in groups if g["name"].decode() == k.group_of(stream)]
-        if not mine:
-            unacked += int(length)  # nobody read any of it yet
-        elif mine[0].get("lag") is None:
+        if not mine or mine[0].get("lag") is None:
             return None
-        else:
-            unacked += int(mine[0]["pending"]) + int(mine[0]["lag"])
+        unacked += int(mine[0]["pending"]) + int(mine[0]["lag"])
     return max(0, int(in_flight) - unacked)
