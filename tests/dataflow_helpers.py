@@ -18,7 +18,7 @@ from astraflow.messages import (
     decode,
     encode,
 )
-from astraflow.streams import Bus, Out
+from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS, GROUP_TRAINER
 
 RewardFn = Callable[[PromptGroup, int], float]
@@ -120,3 +120,32 @@ async def train(bus: Bus, model: str, count: int = 100) -> list:
     if entries:
         await bus.redis.xack(bus.keys.batches(model), GROUP_TRAINER, *[e.id for e in entries])
     return batches
+
+
+SMALL_RUN = [
+    "run.name=t",
+    "dataflow.feeder.n_samples=2",
+    "dataflow.dataset.size=50",
+    "dataflow.batch.size=64",
+]
+"""A small run on fakeredis: groups of 2 samples from 50 rows, batches large enough to form none."""
+
+
+def fake_bus(settings) -> Bus:
+    """A bus of run `t` on a fresh fakeredis."""
+    import fakeredis
+
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)), protocol=2)
+    return Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
+
+
+async def small_dataflow(*overrides: str):
+    """(bus, dataflow) of a bootstrapped SMALL_RUN with `overrides`."""
+    from astraflow.config import load_settings
+    from astraflow.dataflow.service import Dataflow
+    from astraflow.launch.build import dataflow_setup
+
+    settings = load_settings(None, [*SMALL_RUN, *overrides])
+    bus = fake_bus(settings)
+    await bus.bootstrap(["policy"])
+    return bus, Dataflow(dataflow_setup(settings), bus, "df")

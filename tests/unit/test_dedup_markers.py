@@ -3,27 +3,13 @@ in flight (no entry left to settle it) dead-lettered after its lease (issue 20, 
 
 from __future__ import annotations
 
-import fakeredis
-
-from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger, read_trace
 from astraflow.dataflow.service import Dataflow
-from astraflow.launch.build import dataflow_setup
-from astraflow.streams import Bus, Consumer, Keys, Out
+from astraflow.streams import Consumer, Out
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.streams.strays import Strays
-from tests.dataflow_helpers import roll_out
+from tests.dataflow_helpers import roll_out, small_dataflow
 from tests.unit.test_bus import fill
-
-BASE = ["run.name=t", "dataflow.feeder.n_samples=2", "dataflow.dataset.size=50", "dataflow.batch.size=64"]
-
-
-async def make(*overrides: str) -> tuple[Bus, Dataflow]:
-    settings = load_settings(None, [*BASE, *overrides])
-    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)), protocol=2)
-    bus = Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
-    await bus.bootstrap(["policy"])
-    return bus, Dataflow(dataflow_setup(settings), bus, "df")
 
 
 async def collect_all(df: Dataflow) -> None:
@@ -32,7 +18,7 @@ async def collect_all(df: Dataflow) -> None:
 
 
 async def test_guessed_dedup_markers_do_not_discard_rollouts():
-    bus, df = await make("dataflow.feeder.min_backlog=8")
+    bus, df = await small_dataflow("dataflow.feeder.min_backlog=8")
     await df.feeder.step()
     # Group uids are predictable (e<epoch>r<row>): a RaaS credential may write every marker in advance.
     for row in range(50):
@@ -60,7 +46,7 @@ async def test_a_retried_handoff_still_finds_its_own_marker(bus):
 
 
 async def test_a_stranded_group_unbalances_the_ledger_and_is_dead_lettered_after_its_lease():
-    bus, df = await make("dataflow.feeder.min_backlog=3")
+    bus, df = await small_dataflow("dataflow.feeder.min_backlog=3")
     await df.feeder.step()
     entries = await bus.read(bus.keys.prompts, GROUP_RAAS, "raas", 1, None)
     stranded = entries[0].fields["uid"].decode()
@@ -80,7 +66,7 @@ async def test_a_stranded_group_unbalances_the_ledger_and_is_dead_lettered_after
 
 
 async def test_the_feeder_dead_letters_stranded_groups_on_its_own():
-    bus, df = await make("dataflow.feeder.min_backlog=2", "streams.lease_ms=50")
+    bus, df = await small_dataflow("dataflow.feeder.min_backlog=2", "streams.lease_ms=50")
     await df.feeder.step()
     entries = await bus.read(bus.keys.prompts, GROUP_RAAS, "raas", 1, None)
     await bus.redis.xdel(bus.keys.prompts, entries[0].id)  # deleted while pending

@@ -5,29 +5,16 @@ from __future__ import annotations
 
 import time
 
-import fakeredis
-
 from astraflow.config import load_settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import Heartbeat, encode
-from astraflow.streams import Bus, Keys
 from astraflow.streams.names import hold_name, write_heartbeat
-from tests.dataflow_helpers import heartbeat
-
-BASE = ["run.name=t", "dataflow.feeder.n_samples=2", "dataflow.dataset.size=50", "dataflow.batch.size=64"]
-
-
-async def make(*overrides: str) -> tuple[Bus, Dataflow]:
-    settings = load_settings(None, [*BASE, *overrides])
-    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)), protocol=2)
-    bus = Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
-    await bus.bootstrap(["policy"])
-    return bus, Dataflow(dataflow_setup(settings), bus, "df")
+from tests.dataflow_helpers import SMALL_RUN, fake_bus, heartbeat, small_dataflow
 
 
 async def test_a_forged_heartbeat_does_not_inflate_the_backlog():
-    bus, df = await make("dataflow.feeder.min_backlog=8")
+    bus, df = await small_dataflow("dataflow.feeder.min_backlog=8")
     now = time.time()
     forged = Heartbeat(
         uid="evil", region="x", capacity=100_000, in_flight=0, versions={}, endpoint=None,
@@ -44,8 +31,8 @@ async def test_a_forged_heartbeat_does_not_inflate_the_backlog():
 
 
 def test_what_a_heartbeat_counts_for_grows_with_what_its_worker_shows():
-    settings = load_settings(None, [*BASE, "dataflow.feeder.max_worker_slots=100"])
-    feeder = Dataflow(dataflow_setup(settings), _bus(settings), "df").feeder
+    settings = load_settings(None, [*SMALL_RUN, "dataflow.feeder.max_worker_slots=100"])
+    feeder = Dataflow(dataflow_setup(settings), fake_bus(settings), "df").feeder
 
     def beat(capacity: int, in_flight: int = 0, groups: int = 0, uptime_s: float = 60.0) -> Heartbeat:
         return Heartbeat(
@@ -58,11 +45,6 @@ def test_what_a_heartbeat_counts_for_grows_with_what_its_worker_shows():
     assert feeder.counted(beat(64, in_flight=20)) == 40  # twice what it holds
     assert feeder.counted(beat(64, groups=30)) == 30  # 0.5 groups/s over the 60 s horizon
     assert feeder.counted(beat(10**6, in_flight=10**6)) == 100  # feeder.max_worker_slots
-
-
-def _bus(settings) -> Bus:
-    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)), protocol=2)
-    return Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
 
 
 async def test_a_heartbeat_is_written_only_by_the_holder_of_its_name(bus):
