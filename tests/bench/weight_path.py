@@ -126,7 +126,7 @@ async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dic
                     "kind": manifest.kind,
                     "blocked": t1 - t0,
                     "background": t2 - t1,
-                    **rx.timings,
+                    **getattr(rx, "timings", {}),  # (stage split: not in older versions)
                     "receive": t3 - t2,
                     "load": t4 - t3,
                     "end to end": t4 - t0,
@@ -160,12 +160,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="tokens in the real step's batch")
     ap.add_argument("--emulate-step", action="store_true", help="Adam's first step without its state")
     ap.add_argument("--dir", type=Path, default=None, help="buffers here (default: /dev/shm)")
+    ap.add_argument("--model-dir", type=Path, default=None, help="the shape, built before (tiny.build_shape)")
     args = ap.parse_args()
     if args.shape == "qwen2.5-1.5b":
         args.emulate_step = True  # fp32 weights, gradients and AdamW state: 25 GB
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=args.dir or "/dev/shm") as shm:
-        print(f"building {args.shape} ...", flush=True)
-        model_dir = tiny.build_shape(Path(tmp) / "model", args.shape)
+        model_dir = args.model_dir
+        if model_dir is None:
+            print(f"building {args.shape} ...", flush=True)
+            model_dir = tiny.build_shape(Path(tmp) / "model", args.shape)
         server = redis_server.start(Path(tmp) / "redis")
         try:
             rows, sparsity = asyncio.run(measure(args, model_dir, server.url, Path(shm)))
