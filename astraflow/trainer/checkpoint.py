@@ -135,8 +135,8 @@ def load(
     if "run" not in meta and not adopt:
         raise ForeignCheckpointError(
             f"checkpoint {path} names no run (it predates run nonces), so it may be any run's: if it is"
-            f" this run's, adopt it deliberately (`astraflow.trainer.checkpoint.adopt_into(path, {run!r})`"
-            " writes this run's nonce into it), else point trainer.checkpoint_dir elsewhere"
+            " this run's, adopt it deliberately (set trainer.adopt_checkpoint), else point"
+            " trainer.checkpoint_dir elsewhere"
         )
     if meta.get("run", run) != run:
         raise ForeignCheckpointError(
