@@ -122,9 +122,9 @@ async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dic
                     await engine.pause()
                     await engine.load_weights(str(half.dir), v)
                     await engine.resume()
-                t4 = time.perf_counter()
+                assert engine.version == v
+            t4 = time.perf_counter()
             manifest = decode(await bus.redis.hgetall(bus.keys.weights("policy", v)), WeightManifest)
-            assert engine.version == v
             rows.append(
                 {
                     "version": v,
