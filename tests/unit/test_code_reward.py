@@ -1,4 +1,4 @@
-"""The `code_tests` reward: the share of a sample's tests that pass, counted outside the solution's process."""
+"""The `code_tests` reward: the share of tests that pass, counted outside the solution's process."""
 
 import pytest
 
@@ -8,7 +8,9 @@ TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 0) == 
 
 
 def test_code_tests_scores_the_share_of_tests_passed():
-    assert code_tests("", "```python\ndef add(a, b):\n    return a + b\n```", tests=TESTS) == pytest.approx(2 / 3)
+    assert code_tests("", "```python\ndef add(a, b):\n    return a + b\n```", tests=TESTS) == pytest.approx(
+        2 / 3
+    )
 
 
 def test_a_solution_that_rewrites_the_harness_counter_scores_at_most_one():
