@@ -215,7 +215,8 @@ class TrainerService:
         from its checkpoint. The step may have been half applied (an earlier minibatch stepped, ranks
         mid-collective), and an exception does not tell bad data from a bad device or a lost rank; the
         data faults known to be deterministic are refused by the step itself without raising. The restart
-        costs one retry of a batch that really is bad: the second death sets it aside (BatchReader.begin).
+        costs one retry of a batch that really is bad: after its second death it is set aside at the next
+        start (BatchReader.begin).
         """
         why = await self.batches.begin(received)
         if why is None:
