@@ -29,7 +29,8 @@ log = structlog.get_logger(__name__)
 
 BATCH_ATTEMPTS = 2
 """Steps a batch may be tried in: one during which the trainer died that many times is set aside (a
-poison batch crash-loops the trainer otherwise; two tell a bad batch from one unlucky crash)."""
+poison batch crash-loops the trainer otherwise; two tell a bad batch from one unlucky crash). Fewer when
+`streams.max_deliveries` would dead-letter the batch first (at its claim, without the ledger's move)."""
 
 
 async def fetch_batch(bus: Bus, fields: Mapping, max_bytes: int | None = None) -> Batch:
@@ -116,10 +117,11 @@ class BatchReader:
                 return await pipe.execute()
 
         attempt, error = await self.bus.call(count)
-        if attempt <= BATCH_ATTEMPTS:
+        if attempt <= max(1, min(BATCH_ATTEMPTS, self.bus.settings.max_deliveries - 1)):
             return None
         last = error.decode(errors="replace") if error else "none recorded (killed, or crashed natively)"
-        return f"the trainer died during {attempt - 1} steps on it; last error: {last}"
+        n = attempt - 1
+        return f"the trainer died during {n} step{'s' if n > 1 else ''} on it; last error: {last}"
 
     async def failed(self, received: Received, error: str) -> None:
         """Record why a step on `received` failed (the trainer is going down): its dead letter says it."""

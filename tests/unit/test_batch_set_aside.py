@@ -17,9 +17,11 @@ from tests.dataflow_helpers import roll_out
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
 
 
-async def two_batches() -> Bus:
+async def two_batches(*overrides: str) -> Bus:
     """A run whose dataflow formed two batches of two groups each for `policy`."""
-    settings = load_settings(None, [*BASE, "run.models=['policy']", "dataflow.feeder.min_backlog=4"])
+    settings = load_settings(
+        None, [*BASE, "run.models=['policy']", "dataflow.feeder.min_backlog=4", *overrides]
+    )
     server = fakeredis.FakeServer(version=(7, 0))
     client = fakeredis.FakeAsyncRedis(server=server, protocol=2)
     bus = Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
@@ -89,3 +91,19 @@ async def test_attempts_of_a_batch_whose_steps_ended_are_forgotten():
         assert await reader.begin(batch) is None
         await reader.finished(batch)
     assert await bus.redis.hlen(bus.keys.errors) == 0
+
+
+async def test_with_max_deliveries_two_a_batch_is_set_aside_before_the_claim_would_dead_letter_it():
+    bus = await two_batches("streams.max_deliveries=2")
+    first = BatchReader(bus, "policy", "trainer-policy")
+    [poison] = await first.read(1, block_ms=10)
+    assert await first.begin(poison) is None  # the process dies during this step
+    second = BatchReader(bus, "policy", "trainer-policy")
+    [again] = await second.read(1, block_ms=10)  # the claim hands it out (a third delivery it would not)
+    why = await second.begin(again)
+    assert why is not None and why.startswith(
+        "the trainer died during 1 step on it; last error: none recorded"
+    )
+    assert await second.set_aside(again, why) == "ok"
+    ledger = await balanced(bus)
+    assert ledger.models["policy"].dead == 2
