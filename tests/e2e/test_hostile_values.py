@@ -18,7 +18,7 @@ import torch
 
 from astraflow import redis_server
 from astraflow.messages import Heartbeat, WeightManifest, decode, encode
-from tests.e2e.test_chaos import steps_done, wait_for
+from tests.e2e.test_chaos import end_kept_run, steps_done, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 STEPS = 60
@@ -74,12 +74,7 @@ def test_nan_rewards_forged_heartbeats_foreign_groups_and_silent_peers_do_not_ru
     finally:
         for s in silent:
             s.close()
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        server = server or redis_server.load(run_dir / "redis")
-        if server is not None and server.alive():
-            server.stop()
+        end_kept_run(launcher, server, run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] == f"{STEPS} steps" and summary["ledger"]["balanced"], summary
     policy = summary["models"]["policy"]
