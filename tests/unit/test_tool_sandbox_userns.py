@@ -119,7 +119,9 @@ def unprivileged(argv: list[str]) -> list[str]:
     """`argv` run as uid NOBODY. The interpreter may live under a directory only root may enter (a home
     directory): then a private mount namespace of the test shows it there through a bind mount, as a
     machine whose Python is installed system-wide would (the worker itself gets no privilege)."""
-    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
+    # as the shipped pod runs it: no capability, no privilege escalation (deploy/k8s/raas.yaml)
+    no_privilege = ["--no-new-privs", "--bounding-set=-all", "--inh-caps=-all"]
+    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *no_privilege, "--", *argv]
     home = Path(os.path.realpath(sys.base_prefix))
     closed = next((p for p in reversed(home.parents) if not os.stat(p).st_mode & 0o001), None)
     if closed is None:
