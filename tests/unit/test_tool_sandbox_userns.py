@@ -101,6 +101,15 @@ WORKER = textwrap.dedent(
             time.sleep(0.05)
         got["setsid_left"] = [p for p in pids if os.path.exists(f"/proc/{{p}}")]
 
+        with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:  # the worker's weight buffers
+            weights = os.path.join(shm, "model.safetensors")
+            open(weights, "wb").write(b"weights")
+            read = (
+                f"try:\\n    print(open({{weights!r}}, 'rb').read())\\n"
+                "except OSError as e:\\n    print(type(e).__name__)"
+            )
+            got["weights"] = (await run_python(read)).output
+
         with socket.create_server(("127.0.0.1", 0)) as server:
             port = server.getsockname()[1]
             net = (
@@ -181,3 +190,7 @@ def test_a_setsid_child_does_not_outlive_the_call(seen):
 
 def test_tool_cannot_reach_a_loopback_server(seen):
     assert "connected" not in seen["net"] and seen["net"].strip()
+
+
+def test_tool_cannot_read_the_workers_weight_buffers(seen):
+    assert seen["weights"] == "FileNotFoundError\n"
