@@ -222,8 +222,6 @@ def available() -> str | None:
 
 
 def _probe(uid: int | None) -> str | None:
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="astraflow-probe-") as scratch:
         argv = command(Path(scratch), uid, [interpreter(), "-I", "-c", "pass"], disk_mb=1)
         try:
