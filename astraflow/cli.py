@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     fresh.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
     fresh.add_argument("--overwrite", action="store_true", help="replace what run.dir holds (not a live run)")
     command("top", cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
+    record = command("record", _cmd_record, "write a run's metrics.jsonl, summary.json, reward.png (any run)")
+    record.add_argument("--dir", metavar="D", help="where to write them (default: run.dir)")
+    record.add_argument("--once", action="store_true", help="record what the run holds now, then exit")
     command("inspect", cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
     redis = command(
@@ -160,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
     tiny.set_defaults(handler=cmd_model_tiny)
     return p
+
+
+def _cmd_record(args) -> int:
+    from astraflow.launch.record import cmd_record
+
+    return cmd_record(args)
 
 
 def _cmd_config(args) -> int:

@@ -87,13 +87,17 @@ class RunSettings(BaseModel):
     raas_workers: int = Field(1, ge=1)
     """RaaS worker processes `astraflow run` starts."""
     target_reward: float | None = 0.8
-    """`astraflow run` stops once every model's moving-average reward reaches this."""
+    """The run stops once every model's moving-average reward reaches this (`astraflow run`, or the
+    dataflow and trainer of workers started on their own: `launch.stops`)."""
     reward_window: int = Field(10, ge=1)
     """Trainer steps in the moving average."""
     max_steps: int | None = Field(None, ge=1)
-    """`astraflow run` stops after this many versions of every model."""
+    """The run stops after this many versions of every model."""
     max_time_s: float | None = Field(None, gt=0)
-    """`astraflow run` stops after this long."""
+    """The run stops this long after it was created."""
+    supervised: bool = False
+    """Set by `astraflow run` on the workers it starts: it judges the stop conditions and stops them
+    itself. A worker started on its own (False) judges them and follows the run's stop notice."""
     max_restarts: int = Field(5, ge=0)
     """`astraflow run` restarts a worker that dies at most this many times within `restart_window_s`;
     one more death in that window stops the run (with its report)."""
