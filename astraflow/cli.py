@@ -24,12 +24,20 @@ from astraflow.commands import (
 from astraflow.export import cmd_export
 from astraflow.tracking.command import cmd_track
 
-DEFAULT_RECIPE = "recipes/addition-tiny.yaml"
+DEFAULT_RECIPE = "addition-tiny"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "recipe_flag", None):  # deprecated spelling
+        if args.recipe is not None:
+            parser.error(f"the recipe twice: {args.recipe} and --recipe {args.recipe_flag}")
+        print(
+            "astraflow: warning: --recipe is deprecated: name the recipe first (COMMAND RECIPE)",
+            file=sys.stderr,
+        )
+        args.recipe = args.recipe_flag
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
@@ -71,12 +79,17 @@ def one_line(e: BaseException) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="astraflow", description="RL of LLMs as a dataflow on Redis Streams.")
+    p.add_argument("--version", action="version", version=f"astraflow {_version()}")
     sub = p.add_subparsers(metavar="COMMAND")
 
     def command(name: str, handler, help: str, recipe: bool = True) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
         if recipe:
-            c.add_argument("recipe", nargs="?", help="recipe YAML")
+            c.add_argument(
+                "recipe", nargs="?", help="recipe YAML, or a shipped recipe's name (addition-tiny)"
+            )
+            # the first positional in every command; `--recipe` as it was in `trace` and `workflow`
+            c.add_argument("--recipe", dest="recipe_flag", help=argparse.SUPPRESS)
         c.add_argument(
             "--set",
             action="append",
@@ -134,14 +147,12 @@ def _parser() -> argparse.ArgumentParser:
     scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
     scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
     scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
-    push = command("workflow", cmd_workflow, "push a workflow class to a running run's RaaS", False)
+    push = command("workflow", cmd_workflow, "push a workflow class to a running run's RaaS")
     push.add_argument("action", choices=["push"])
     push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
     push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
-    push.add_argument("--recipe", help="recipe YAML (for the run's settings)")
-    trace = command("trace", cmd_trace, "show the path of one prompt group", recipe=False)
+    trace = command("trace", cmd_trace, "show the path of one prompt group")
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
-    trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
     track = command("track", cmd_track, "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)")
     track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
     export = command("export", cmd_export, "a checkpoint as a Hugging Face directory (transformers, vLLM)")
@@ -163,6 +174,17 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
     tiny.set_defaults(handler=cmd_model_tiny)
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("astraflow")
+    except PackageNotFoundError:  # a source checkout on PYTHONPATH
+        from astraflow import __version__
+
+        return __version__
 
 
 def _cmd_record(args) -> int:

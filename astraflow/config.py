@@ -260,14 +260,35 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+SHIPPED = Path(__file__).parent / "recipes"
+"""The recipes installed with the package (the repository's `recipes/`)."""
+
+
+def recipe_path(recipe: str | Path) -> Path:
+    """The recipe file `recipe` names: that path when it exists, else the shipped recipe of that name
+    (`addition-tiny`, `addition-tiny.yaml`, or `recipes/addition-tiny.yaml` run outside the repository)."""
+    path = Path(recipe)
+    if path.exists() or not (len(path.parts) == 1 or path.parent == Path("recipes")):
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    return SHIPPED / name if (SHIPPED / name).is_file() else path
+
+
+def shipped() -> list[str]:
+    """The names of the shipped recipes."""
+    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+
+
 def load_settings(recipe: str | Path | None = None, overrides: list[str] | None = None) -> Settings:
     """Build the settings from a recipe file, the environment and `--set` overrides."""
     data: dict[str, Any] = {}
     if recipe is not None:
-        path = Path(recipe)
+        path = recipe_path(recipe)
         try:
             data = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read recipe: {e} (shipped: {', '.join(shipped())})") from None
+        except yaml.YAMLError as e:
             raise ConfigError(f"{path}: cannot read recipe: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
