@@ -28,6 +28,9 @@ DEFAULT_RECIPE = "addition-tiny"
 
 
 def main(argv: list[str] | None = None) -> int:
+    from astraflow import logs
+
+    logs.configure()  # JSON off a terminal from the first event on (a worker sets its level later)
     parser = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "recipe_flag", None):  # deprecated spelling

@@ -128,6 +128,15 @@ class RunSettings(BaseModel):
         return self.dir if self.dir is not None else Path("runs") / self.name
 
 
+class LogSettings(BaseModel):
+    """Logging (`logs.configure`; its settings live here, so that `astraflow --help` needs no pydantic)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe event a worker process logs (`astraflow run`'s own view logs warnings only)."""
+
+
 class DemoSettings(BaseModel):
     """The bus demo (`recipes/bus-demo.yaml`, `run.kind: demo`): the bus alone, with a worker killed."""
 
@@ -175,6 +184,8 @@ class Settings(BaseSettings):
     """Evaluation as a service: datasets scored at every `eval.every`-th version, for every policy."""
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     """Experiment trackers (TensorBoard, W&B, MLflow) fed from the run's metrics stream."""
+    log: LogSettings = Field(default_factory=LogSettings)
+    """Logging: JSON lines when not on a terminal, at `log.level`."""
 
     @model_validator(mode="after")
     def _rules(self) -> Settings:

@@ -56,7 +56,7 @@ async def run_until_signalled(
     consumer name `worker` throughout (`names.hold_name`; `name_setting` is what a clash should change).
     A worker whose parent died (the launcher killed: its workers get SIGTERM) ends a stop that overruns
     `stop_grace_s` itself, as the launcher would have: its Redis may have died with the launcher."""
-    logs.configure(worker=worker, run=settings.run.name)
+    logs.configure(settings.log.level, worker=worker, run=settings.run.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handler = stopper(stop, loop, stop_grace_s(settings))
