@@ -203,14 +203,22 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def worker_start(url: str, settings, resume: bool):
+    """`launch.runs.worker_start` (imported when a worker command runs)."""
+    from astraflow.launch.runs import worker_start
+
+    return worker_start(url, settings, resume)
+
+
 def _cmd_raas(args) -> int:
     from astraflow.launch.services import run_raas
     from astraflow.launch.tiny import build_tiny
 
     settings = settings_from(args)
-    url = _joined(args, settings)
-    build_tiny(settings)
-    run_raas(settings, url)
+    url = redis_url(settings)
+    with worker_start(url, settings, args.resume):
+        build_tiny(settings)
+        run_raas(settings, url)
     return 0
 
 
@@ -219,9 +227,10 @@ def _cmd_trainer(args) -> int:
     from astraflow.launch.tiny import build_tiny
 
     settings = settings_from(args)
-    url = _joined(args, settings)
-    build_tiny(settings)
-    run_trainer(settings, url, args.model)
+    url = redis_url(settings)
+    with worker_start(url, settings, args.resume):
+        build_tiny(settings)
+        run_trainer(settings, url, args.model)
     return 0
 
 
@@ -229,17 +238,10 @@ def _cmd_dataflow(args) -> int:
     from astraflow.launch.services import run_dataflow
 
     settings = settings_from(args)
-    run_dataflow(settings, _joined(args, settings))
-    return 0
-
-
-def _joined(args, settings) -> str:
-    """The Redis of a worker command, once it may start there: joining the run, or creating it."""
-    from astraflow.launch.runs import check_start
-
     url = redis_url(settings)
-    asyncio.run(check_start(url, settings, fresh=False, resume=args.resume))
-    return url
+    with worker_start(url, settings, args.resume):
+        run_dataflow(settings, url)
+    return 0
 
 
 def _cmd_health(args) -> int:
