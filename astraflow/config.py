@@ -226,8 +226,9 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data with every secret masked (also a password inside a Redis URL)."""
         data = self.model_dump(mode="json")
-        if self.redis.url:
-            data["redis"]["url"] = redact_url(self.redis.url)
+        for field in ("url", "replica_url"):
+            if getattr(self.redis, field, None):
+                data["redis"][field] = redact_url(getattr(self.redis, field))
         data["policies"] = {name: self.policy(name).model_dump(mode="json") for name in self.run.models}
         return data
 
