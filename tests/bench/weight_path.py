@@ -45,7 +45,8 @@ from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 
 LR = 1e-6
-STAGES = ("blocked", "background", "pull", "verify", "apply", "receive", "load", "end to end")
+STAGES = ("blocked", "background", "scan", "encode", "pull", "verify", "apply", "receive", "load")
+STAGES += ("end to end",)
 
 
 def memcpy_s(nbytes: int, rounds: int = 5) -> float:
@@ -131,7 +132,8 @@ async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dic
                     "kind": manifest.kind,
                     "blocked": t1 - t0,
                     "background": t2 - t1,
-                    **getattr(rx, "timings", {}),  # (stage split: not in older versions)
+                    **getattr(rx, "timings", {}),  # (stage splits: not in older versions)
+                    **{"encode" if k == "delta" else k: x for k, x in getattr(pub, "timings", {}).items()},
                     "receive": t3 - t2,
                     "load": t4 - t3,
                     "end to end": t4 - t0,
