@@ -2,10 +2,21 @@
 
 Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
-    collected[m] == ready[m] + trained[m] + sum(dropped[m][reason])  (each model's part of a group)
-With one model these are `submitted == in_flight + ready + trained + dropped + dead + eval` (eval groups
-are collected with no model parts: `eval` counts them). `ready[m]` must also
+    collected[m] == ready[m] + trained[m] + sum(dropped[m][reason]) + dead[m]  (each model's part)
+`dead[m]` counts the groups of batches the trainer set aside (dead-lettered, never trained); they were
+counted `trained` when the batch was formed and move to `dead[m]` then. With one model these are
+`submitted == in_flight + ready + trained + dropped + dead + eval` (`dead` both the prompt groups
+dead-lettered before collection and those of set-aside batches; eval groups are collected with no model
+parts: `eval` counts them). `ready[m]` must also
 equal the size of the ready set, and `replayed` counts replay on purpose, outside the identity.
+
+Balanced also requires that no group counted in flight is stranded: in flight with no prompt or rollout
+entry behind it (`streams.strays`). A group in flight always has such an entry - every step that moves a
+group changes its entries and the in-flight set atomically - so one without can never settle and would
+hide lost work inside `in_flight` for good (as guessed dedup markers once made it). The dataflow
+dead-letters a group stranded longer than its lease + `STRAY_GRACE_MS`; until then the ledger names it.
+The check is a lower bound read in one transaction: in-flight groups beyond the unacknowledged prompt and
+rollout entries (unchecked where Redis does not report a group's lag, e.g. Redis 6.2).
 
 After a failover the counters are those the promoted replica had: a consistent, earlier state of the run
 (replication keeps the order of writes, and every script's writes together). What the old primary
@@ -23,6 +34,7 @@ from datetime import UTC, datetime
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
+from astraflow.streams.strays import stranded_at_least
 
 
 @dataclass
@@ -34,6 +46,8 @@ class ModelLedger:
     dropped: dict[str, int] = field(default_factory=dict)
     ready_set: int = 0
     """Groups actually in the ready set (cross-check of `ready`)."""
+    dead: int = 0
+    """Groups of batches the trainer set aside (dead letters): collected, never trained."""
 
     @property
     def dropped_total(self) -> int:
@@ -55,6 +69,8 @@ class Ledger:
     """Eval groups collected but not scored, by reason (`wrong_version`, `failed`)."""
     failover_offset: int | None = None
     """Replication offset at which this Redis was promoted from a replica (None: no failover known)."""
+    stranded: int | None = 0
+    """Groups in flight with no prompt or rollout entry behind them, at least (None: unchecked)."""
 
     def problems(self) -> list[str]:
         """Every way the identity fails; empty when the ledger balances."""
@@ -63,11 +79,16 @@ class Ledger:
         if self.submitted != rhs:
             out.append(f"submitted {self.submitted} != in_flight + dead + collected = {rhs}")
         for name, m in self.models.items():
-            parts = m.ready + m.trained + m.dropped_total
+            parts = m.ready + m.trained + m.dropped_total + m.dead
             if m.collected != parts:
-                out.append(f"{name}: collected {m.collected} != ready + trained + dropped = {parts}")
+                out.append(f"{name}: collected {m.collected} != ready + trained + dropped + dead = {parts}")
             if m.ready != m.ready_set:
                 out.append(f"{name}: ready counter {m.ready} != {m.ready_set} groups in the ready set")
+        if self.stranded:
+            out.append(
+                f"{self.stranded} groups in flight have no prompt or rollout entry behind them (stranded;"
+                " the dataflow dead-letters them after their lease + grace)"
+            )
         return out
 
     def as_dict(self) -> dict:
@@ -84,6 +105,7 @@ class Ledger:
             "balanced": not self.problems(),
             "problems": self.problems(),
             "failover_offset": self.failover_offset,
+            "stranded": self.stranded,
         }
 
     def render(self) -> str:
@@ -103,13 +125,14 @@ class Ledger:
             lines.append(
                 f"  {name}: ready {m.ready}, trained {m.trained}, dropped {m.dropped_total}"
                 + (f" ({reasons})" if reasons else "")
+                + (f", dead in set-aside batches {m.dead}" if m.dead else "")
                 + f"; replayed {m.replayed}"
             )
         if len(self.models) == 1:
             (m,) = self.models.values()
             lines.append(
                 f"identity: submitted {self.submitted} = in_flight {self.in_flight} + ready {m.ready}"
-                f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead}"
+                f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead + m.dead}"
                 + (f" + eval {self.eval}" if self.eval else "")
             )
         problems = self.problems()
@@ -144,6 +167,7 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
             replayed=counts.get(f"{m}:replayed", 0),
             dropped=dropped,
             ready_set=ready_set,
+            dead=counts.get(f"{m}:dead", 0),
         )
     return Ledger(
         submitted=counts.get("submitted", 0),
@@ -158,6 +182,7 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
         },
         models=per_model,
         failover_offset=await failover_offset(bus),
+        stranded=await stranded_at_least(bus),
     )
 
 
