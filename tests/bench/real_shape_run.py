@@ -12,8 +12,11 @@ version where the time went, read from what the run leaves:
 - pull, load: the RaaS's `weights_loaded` of that version (logs/raas-*.log: receiving and verifying the
   version; pausing vLLM, reloading the weights, resuming).
 
-Also the peaks a sampler saw every second: the run's processes' resident memory, /dev/shm use above what
-it was at the start, the least memory available. See docs/real-sizes.md for what this shows and what not.
+Also the peaks a sampler saw every second: the run's processes' memory (proportional set size: shared
+pages counted once), /dev/shm use above what it was at the start, the least memory available on the
+machine. The reward (`digit_share`, the share of digits in a completion) only has to vary: a random
+model's groups would all score 0 on the task, their advantages would be 0, and no version would change
+a weight. See docs/real-sizes.md for what this shows and what not.
 
     python tests/bench/real_shape_run.py [--shape qwen2.5-0.5b] [--keep DIR]
 """
@@ -41,27 +44,36 @@ RECIPE = ROOT / "recipes" / "real-shape-cpu.yaml"
 GIB = 2**30
 
 
-def tree_rss(root: int) -> int:
-    """Resident bytes of `root` and every process below it."""
+def digit_share(prompt: str, completion: str, answer: str = "", **sample) -> float:
+    """The run's reward: the share of digits in the completion (it varies on a random model's output)."""
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+def tree_pss(root: int) -> int:
+    """Proportional set size of `root` and every process below it (shared memory counted once)."""
     parents: dict[int, int] = {}
-    rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            parents[int(entry)] = int(fields[1])
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            continue
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
     mine, frontier = {root}, [root]
     while frontier:
         pid = frontier.pop()
         children = [p for p, parent in parents.items() if parent == pid and p not in mine]
         mine.update(children)
         frontier.extend(children)
-    return sum(rss.get(p, 0) for p in mine)
+    total = 0
+    for pid in mine:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total
 
 
 def available() -> int:
@@ -83,7 +95,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            self.rss = max(self.rss, tree_rss(self.pid))
+            self.rss = max(self.rss, tree_pss(self.pid))
             self.shm = max(self.shm, shutil.disk_usage("/dev/shm").used - self.shm0)
             self.avail = min(self.avail, available())
 
@@ -103,8 +115,10 @@ def events(path: Path, *names: str) -> list[dict]:
 
 
 def split(run_dir: Path) -> list[dict]:
-    """Per trained version: generate, train, publish, pull and load seconds (None where not logged)."""
-    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    """Per trained version: generate, train, publish, pull and load seconds (None where not logged). A
+    version trained again (a restarted trainer) counts once: its last training and what followed it."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    steps = list({s["version"]: s for s in (json.loads(x) for x in lines if x.strip())}.values())
     logs = run_dir / "logs"
     trainer = [
         e for p in sorted(logs.glob("trainer-*.log")) for e in events(p, "trained", "weights_published")
@@ -113,15 +127,19 @@ def split(run_dir: Path) -> list[dict]:
     rows = []
     for s in steps:
         v = s["version"]
-        trained = [e["t"] for e in trainer if e["event"] == "trained" and e["version"] == v]
-        published = [e["t"] for e in trainer if e["event"] == "weights_published" and e["version"] == v]
-        loaded = [e for e in loads if e["version"] == v]
+        trained = [e["t"] for e in trainer if e["event"] == "trained" and e["version"] == v][-1:]
+        published = [
+            e["t"]
+            for e in trainer
+            if e["event"] == "weights_published" and e["version"] == v and trained and e["t"] >= trained[0]
+        ]
+        loaded = [e for e in loads if e["version"] == v and published and e["t"] >= published[0]]
         rows.append(
             {
                 "version": v,
                 "generate": s.get("wait_s"),
                 "train": s.get("step_s"),
-                "publish": published[-1] - trained[-1] if trained and published else None,
+                "publish": published[0] - trained[0] if published else None,
                 "pull": loaded[0]["pull_s"] if loaded else None,
                 "load": loaded[0]["load_s"] if loaded else None,
             }
@@ -136,6 +154,12 @@ def lost_workers(run_dir: Path, output: str) -> list[str]:
     return [line[:300] for line in text.splitlines() if any(k in line for k in keys)]
 
 
+def env() -> dict[str, str]:
+    """This checkout first on PYTHONPATH: the RaaS's reward pool imports `digit_share` from here."""
+    kept = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + kept if kept else "")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
@@ -146,8 +170,9 @@ def main() -> int:
     try:
         started = time.perf_counter()
         model = work / "model"
-        if not (model / "config.json").exists():
-            tiny.build_shape(model, args.shape)
+        if not (model / "config.json").exists():  # in a child: its memory is not held during the run
+            build = f"from astraflow import tiny; tiny.build_shape({str(model)!r}, {args.shape!r})"
+            subprocess.run([sys.executable, "-c", build], cwd=ROOT, env=env(), check=True)
         print(f"built {args.shape} in {time.perf_counter() - started:.0f} s", flush=True)
         run_dir = work / "run"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -157,7 +182,7 @@ def main() -> int:
         log = work / "launcher.out"
         started = time.perf_counter()
         with log.open("w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
             sampler = Sampler(proc.pid)
             sampler.start()
             code = proc.wait()
@@ -176,10 +201,10 @@ def main() -> int:
             print(f"{r['version']:>8}" + "".join(f"{c:>11}" for c in cells))
         lost = lost_workers(run_dir, output) if run_dir.exists() else []
         rss, shm, avail = sampler.rss / GIB, sampler.shm / GIB, sampler.avail / GIB
-        print(f"\npeaks: run processes {rss:.1f} GiB resident, /dev/shm +{shm:.1f} GiB, ", end="")
+        print(f"\npeaks: run processes {rss:.1f} GiB (PSS), /dev/shm +{shm:.1f} GiB, ", end="")
         print(f"least memory available {avail:.1f} GiB")
         print("workers lost: " + ("none" if not lost else "\n  " + "\n  ".join(lost)))
-        done = code == 0 and len(rows) >= args.versions and not lost
+        done = code == 0 and {r["version"] for r in rows} >= set(range(1, args.versions + 1)) and not lost
         print(
             f"real-shape run {args.shape}: {len(rows)} of {args.versions} versions, "
             + ("completed, no OOM, no SIGBUS" if done else "FAILED (see above)")

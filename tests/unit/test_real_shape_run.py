@@ -20,11 +20,17 @@ def at(second: float) -> str:
 
 def test_split_per_version(tmp_path):
     (tmp_path / "logs").mkdir()
-    steps = [{"version": 1, "wait_s": 30.0, "step_s": 12.5}, {"version": 2, "wait_s": 4.0, "step_s": 11.0}]
+    steps = [
+        {"version": 1, "wait_s": 99.0, "step_s": 99.0},  # trained, then the trainer was restarted
+        {"version": 1, "wait_s": 30.0, "step_s": 12.5},
+        {"version": 2, "wait_s": 4.0, "step_s": 11.0},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     log(
         tmp_path / "logs" / "trainer-policy.log",
         {"event": "weights_published", "version": 0, "timestamp": at(1)},
+        {"event": "trained", "version": 1, "timestamp": at(2)},
+        {"event": "weights_published", "version": 1, "timestamp": at(3)},
         {"event": "trained", "version": 1, "timestamp": at(10)},
         {"event": "weights_published", "version": 1, "timestamp": at(12.5)},
         {"event": "trained", "version": 2, "timestamp": at(30)},
@@ -32,9 +38,11 @@ def test_split_per_version(tmp_path):
     log(
         tmp_path / "logs" / "raas-0.log",
         {"event": "weights_loaded", "version": 0, "pull_s": 9.0, "load_s": 9.0, "timestamp": at(2)},
+        {"event": "weights_loaded", "version": 1, "pull_s": 9.0, "load_s": 9.0, "timestamp": at(4)},
         {"event": "weights_loaded", "version": 1, "pull_s": 0.5, "load_s": 3.0, "timestamp": at(16)},
     )
     rows = real_shape_run.split(tmp_path)
+    assert len(rows) == 2  # version 1 once: its last training and what followed it
     assert rows[0] == {
         "version": 1,
         "generate": 30.0,
@@ -55,3 +63,7 @@ def test_split_per_version(tmp_path):
     assert real_shape_run.lost_workers(tmp_path, "") == []
     (tmp_path / "logs" / "launcher.log").write_text('{"event": "worker_restarting", "exit": -7}\n')
     assert real_shape_run.lost_workers(tmp_path, "")
+
+
+def test_the_reward_varies_on_random_output():
+    assert real_shape_run.digit_share("", "<|filler_42|>ab") != real_shape_run.digit_share("", "abc") == 0
