@@ -4,8 +4,10 @@ recipes/real-shape-cpu.yaml with a random-weight model of Qwen2.5-0.5B's shape (
 of 2 prompts x 2 samples. It must finish with no worker lost (no OOM kill, no SIGBUS), and prints per
 version where the time went, read from what the run leaves:
 
-- generate: the trainer's wait for the version's batch (`wait_s` in metrics.jsonl: the RaaS generating it,
-  plus the dataflow's hand-off);
+- waited: the trainer's wait for the version's batch (`wait_s` in metrics.jsonl): the generation that
+  training did not hide (the recipe runs async, one version of staleness: the RaaS generates the next
+  batch while the trainer trains); the RaaS's generating time over the whole run (`generating_s` in
+  summary.json) follows the table, per version trained;
 - train: the trainer step (`step_s`);
 - publish: from the trainer's `trained` to its `weights_published` of that version (logs/trainer-*.log:
   the cast and copy into the buffer, digests, delta, announcement);
@@ -137,7 +139,7 @@ def split(run_dir: Path) -> list[dict]:
         rows.append(
             {
                 "version": v,
-                "generate": s.get("wait_s"),
+                "waited": s.get("wait_s"),
                 "train": s.get("step_s"),
                 "publish": published[0] - trained[0] if published else None,
                 "pull": loaded[0]["pull_s"] if loaded else None,
@@ -154,6 +156,25 @@ def lost_workers(run_dir: Path, output: str) -> list[str]:
     return [line[:300] for line in text.splitlines() if any(k in line for k in keys)]
 
 
+def report(run_dir: Path) -> list[dict]:
+    """Print the per-version split of the run in `run_dir` and the RaaS's generating time; the rows."""
+    rows = split(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    heads = ("waited s", "train s", "publish s", "pull s", "load s")
+    print("\n version" + "".join(f"{h:>11}" for h in heads))
+    for r in rows:
+        cells = [f"{r[k]:.1f}" if r[k] is not None else "-" for k in ("waited", "train", "publish")]
+        cells += [f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("pull", "load")]
+        print(f"{r['version']:>8}" + "".join(f"{c:>11}" for c in cells))
+    path = run_dir / "summary.json"
+    if rows and path.exists():
+        summary = json.loads(path.read_text())
+        gen, wall = summary.get("generating_s", 0.0), summary.get("wall_s", 0.0)
+        per = gen / len(rows)
+        print(f"generate: the RaaS generated for {gen:.0f} s of the run's {wall:.0f} s, ", end="")
+        print(f"{per:.1f} s per version trained, while the trainer trained (async, max staleness 1)")
+    return rows
+
+
 def env() -> dict[str, str]:
     """This checkout first on PYTHONPATH: the RaaS's reward pool imports `digit_share` from here."""
     kept = os.environ.get("PYTHONPATH")
@@ -165,7 +186,16 @@ def main() -> int:
     ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--versions", type=int, default=5)
     ap.add_argument("--keep", type=Path, help="build the model and run here, and keep them")
+    ap.add_argument(
+        "--report", type=Path, metavar="DIR", help="only print the split of a kept run (--keep DIR)"
+    )
     args = ap.parse_args()
+    if args.report:
+        report(args.report / "run")
+        out = args.report / "launcher.out"
+        lost = lost_workers(args.report / "run", out.read_text(errors="replace") if out.exists() else "")
+        print("workers lost: " + ("none" if not lost else "\n  " + "\n  ".join(lost)))
+        return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="real-shape-"))
     try:
         started = time.perf_counter()
@@ -191,24 +221,16 @@ def main() -> int:
         output = log.read_text(errors="replace")
         print(f"astraflow run: exit {code} after {wall:.0f} s; its last lines:")
         print("\n".join("  " + line for line in output.splitlines()[-8:]))
-        print("(version 1's generate includes the engine's start: the trainer waits from its own start)")
-        rows = split(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-        heads = ("generate s", "train s", "publish s", "pull s", "load s")
-        print("\n version" + "".join(f"{h:>11}" for h in heads))
-        for r in rows:
-            cells = [f"{r[k]:.1f}" if r[k] is not None else "-" for k in ("generate", "train", "publish")]
-            cells += [f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("pull", "load")]
-            print(f"{r['version']:>8}" + "".join(f"{c:>11}" for c in cells))
+        rows = report(run_dir)
         lost = lost_workers(run_dir, output) if run_dir.exists() else []
         rss, shm, avail = sampler.rss / GIB, sampler.shm / GIB, sampler.avail / GIB
         print(f"\npeaks: run processes {rss:.1f} GiB (PSS), /dev/shm +{shm:.1f} GiB, ", end="")
         print(f"least memory available {avail:.1f} GiB")
         print("workers lost: " + ("none" if not lost else "\n  " + "\n  ".join(lost)))
         done = code == 0 and {r["version"] for r in rows} >= set(range(1, args.versions + 1)) and not lost
-        print(
-            f"real-shape run {args.shape}: {len(rows)} of {args.versions} versions, "
-            + ("completed, no OOM, no SIGBUS" if done else "FAILED (see above)")
-        )
+        verdict = "completed, no OOM, no SIGBUS" if done else "FAILED (see above)"
+        trained = f"{len(rows)} versions trained (run.max_steps {args.versions})"
+        print(f"real-shape run {args.shape}: {trained}, {verdict}")
         return 0 if done else 1
     finally:
         if args.keep is None:

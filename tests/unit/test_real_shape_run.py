@@ -45,7 +45,7 @@ def test_split_per_version(tmp_path):
     assert len(rows) == 2  # version 1 once: its last training and what followed it
     assert rows[0] == {
         "version": 1,
-        "generate": 30.0,
+        "waited": 30.0,
         "train": 12.5,
         "publish": 2.5,
         "pull": 0.5,
@@ -54,7 +54,7 @@ def test_split_per_version(tmp_path):
     # Version 2 was trained but neither published nor loaded before the run stopped: not made up.
     assert rows[1] == {
         "version": 2,
-        "generate": 4.0,
+        "waited": 4.0,
         "train": 11.0,
         "publish": None,
         "pull": None,
