@@ -9,6 +9,17 @@ import sys
 import structlog
 
 
+class _Stderr:
+    """Whatever `sys.stderr` is at each write: a caller that swaps it (a test capturing a command's
+    output) must not leave loggers writing to the closed one."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str = "info", *, worker: str | None = None, run: str | None = None) -> None:
     """Configure structlog for this process and bind `worker` and `run` into every event."""
     renderer = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
@@ -21,7 +32,7 @@ def configure(level: str = "info", *, worker: str | None = None, run: str | None
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.clear_contextvars()
