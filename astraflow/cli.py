@@ -123,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--max-idle-s", type=float, help="bound on the consumer's idle s (default: by role)")
     clear = command("clear", cmd_clear, "delete every Redis key of a run (--run NAME)", recipe=False)
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    clear.add_argument(
+        "--unknown-groups", action="store_true", help="only remove consumer groups that are not the run's"
+    )
     ledger = command("ledger", cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
     scale = command("scale", cmd_scale, "how many RaaS workers the run needs, and why (--serve: for KEDA)")

@@ -136,8 +136,20 @@ def cmd_clear(args) -> int:
     if not args.run:
         raise ConfigError("name the run to clear: astraflow clear --run NAME")
     settings = settings_from(args)
+    if args.unknown_groups:
+        return asyncio.run(with_bus(settings, _clear_unknown_groups))
     url = redis_url(settings)
     return asyncio.run(with_bus(settings, lambda bus: clear_run(bus, url, args.yes)))
+
+
+async def _clear_unknown_groups(bus) -> int:
+    from astraflow.streams.inspect import remove_unknown_groups
+
+    removed = await remove_unknown_groups(bus)
+    for key, group in removed:
+        print(f"removed group {group!r} of {bus.keys.short(key)}")
+    print(f"removed {len(removed)} consumer groups that are not the run's; its keys are kept")
+    return 0
 
 
 def cmd_workflow(args) -> int:

@@ -18,7 +18,7 @@ from astraflow.messages import (
     decode,
     encode,
 )
-from astraflow.streams import Bus, Out
+from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS, GROUP_TRAINER
 
 RewardFn = Callable[[PromptGroup, int], float]
@@ -81,20 +81,23 @@ async def roll_out(
     return uids
 
 
-async def heartbeat(bus: Bus, worker: str, slots: int) -> None:
-    """Announce a live RaaS with `slots` slots."""
+async def heartbeat(bus: Bus, worker: str, slots: int, in_flight: int = 0, groups: int = 0) -> None:
+    """Announce a live RaaS with `slots` slots, holding its name as a running worker would."""
     now = time.time()
     beat = Heartbeat(
         uid=worker,
         region="local",
         capacity=slots,
-        in_flight=0,
+        in_flight=in_flight,
         versions={},
         endpoint=None,
-        started_at=now,
+        started_at=now - 60,
         updated_at=now,
+        groups=groups,
     )
-    await bus.redis.hset(bus.keys.raas(worker), mapping=encode(beat))
+    holder = f"sim 1 {worker}"
+    await bus.redis.set(bus.keys.consumer_name(worker), holder)
+    await bus.redis.hset(bus.keys.raas(worker), mapping={**encode(beat), "holder": holder})
 
 
 async def publish_version(bus: Bus, model: str, version: int, eval_: bool = False) -> None:
@@ -117,3 +120,32 @@ async def train(bus: Bus, model: str, count: int = 100) -> list:
     if entries:
         await bus.redis.xack(bus.keys.batches(model), GROUP_TRAINER, *[e.id for e in entries])
     return batches
+
+
+SMALL_RUN = [
+    "run.name=t",
+    "dataflow.feeder.n_samples=2",
+    "dataflow.dataset.size=50",
+    "dataflow.batch.size=64",
+]
+"""A small run on fakeredis: groups of 2 samples from 50 rows, batches large enough to form none."""
+
+
+def fake_bus(settings) -> Bus:
+    """A bus of run `t` on a fresh fakeredis."""
+    import fakeredis
+
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=(7, 0)), protocol=2)
+    return Bus(Keys("t"), settings.streams, client, client, reconnect_max_s=1)
+
+
+async def small_dataflow(*overrides: str):
+    """(bus, dataflow) of a bootstrapped SMALL_RUN with `overrides`."""
+    from astraflow.config import load_settings
+    from astraflow.dataflow.service import Dataflow
+    from astraflow.launch.build import dataflow_setup
+
+    settings = load_settings(None, [*SMALL_RUN, *overrides])
+    bus = fake_bus(settings)
+    await bus.bootstrap(["policy"])
+    return bus, Dataflow(dataflow_setup(settings), bus, "df")

@@ -18,6 +18,8 @@ from astraflow.dataflow.curators import make_curator
 from astraflow.dataflow.store import Store, SubmitItem
 from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
+from astraflow.streams.names import heartbeat_holder
+from astraflow.streams.strays import Strays
 
 if TYPE_CHECKING:
     from astraflow.dataflow.evaluation import Evals
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 STEP_POSITIONS = 32
 """Most dataset positions considered per submit call."""
+START_SLOTS = 8
+"""Slots a heartbeat counts for before its worker has shown it uses more (the RaaS default `slots`)."""
 
 
 class Feeder:
@@ -41,6 +45,8 @@ class Feeder:
         self.curator = make_curator(self.bus, self.feeder)
         self._perm: tuple[int, list[int]] | None = None
         self._pool: tuple[float, int] = (0.0, 0)
+        self._refused: set[bytes] = set()
+        self.strays = Strays(self.bus)
 
     def row_at(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.rows))
@@ -55,7 +61,8 @@ class Feeder:
         return f"e{epoch}r{self.row_at(position)}"
 
     async def pool_slots(self) -> int:
-        """Slots of the live RaaS pool (from unexpired heartbeats), re-read at most once a second."""
+        """Slots of the live RaaS pool (from unexpired heartbeats, each as `counted`), re-read at most
+        once a second. A heartbeat not written by the worker holding its name counts for nothing."""
         at, slots = self._pool
         if time.monotonic() - at < 1.0:
             return slots
@@ -64,12 +71,32 @@ class Feeder:
         keys = await self.bus.call(lambda: _scan(redis, pattern))
         for key in keys:
             fields = await self.bus.call(lambda k=key: redis.hgetall(k))
+            if not fields:
+                continue
             try:
-                slots += decode(fields, Heartbeat).capacity if fields else 0
+                beat = decode(fields, Heartbeat)
             except DecodeError as e:
                 log.warning("bad_heartbeat", key=key, error=str(e))
+                continue
+            if self.bus.keys.raas(beat.uid).encode() != key or not await heartbeat_holder(
+                self.bus, beat.uid, fields
+            ):
+                if key not in self._refused:
+                    self._refused.add(key)
+                    log.warning("heartbeat_ignored", key=key, reason="not written by the holder of its name")
+                continue
+            slots += self.counted(beat)
         self._pool = (time.monotonic(), slots)
         return slots
+
+    def counted(self, beat: Heartbeat) -> int:
+        """Slots `beat` counts for: what it advertises, at most `feeder.max_worker_slots` and at most what
+        its worker has shown it uses (`feeder.capacity_horizon_s`): a forged or wrong capacity cannot
+        flood `prompts`, and a real worker's count grows as fast as it takes work."""
+        f = self.feeder
+        uptime_s = max(beat.updated_at - beat.started_at, 1.0)
+        shown = max(START_SLOTS, 2 * beat.in_flight, math.ceil(beat.groups / uptime_s * f.capacity_horizon_s))
+        return max(0, min(beat.capacity, f.max_worker_slots, shown))
 
     async def limits(self) -> tuple[int, int]:
         """(backlog limit in prompt groups, ready-set limit in groups)."""
@@ -91,6 +118,7 @@ class Feeder:
 
     async def step(self) -> tuple[str, int]:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
+        await self.strays.sweep()  # (at most every half lease)
         state = await self.store.state()
         if self.evals is not None and (due := self.evals.due(state)) is not None:
             await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)

@@ -7,6 +7,14 @@ With one model these are `submitted == in_flight + ready + trained + dropped + d
 are collected with no model parts: `eval` counts them). `ready[m]` must also
 equal the size of the ready set, and `replayed` counts replay on purpose, outside the identity.
 
+Balanced also requires that no group counted in flight is stranded: in flight with no prompt or rollout
+entry behind it (`streams.strays`). A group in flight always has such an entry - every step that moves a
+group changes its entries and the in-flight set atomically - so one without can never settle and would
+hide lost work inside `in_flight` for good (as guessed dedup markers once made it). The dataflow
+dead-letters a group stranded longer than its lease + `STRAY_GRACE_MS`; until then the ledger names it.
+The check is a lower bound read in one transaction: in-flight groups beyond the unacknowledged prompt and
+rollout entries (unchecked where Redis does not report a group's lag, e.g. Redis 6.2).
+
 After a failover the counters are those the promoted replica had: a consistent, earlier state of the run
 (replication keeps the order of writes, and every script's writes together). What the old primary
 acknowledged after that point is gone from Redis - with `redis.min_replicas_ack` 0 a hand-off may be among
@@ -23,6 +31,7 @@ from datetime import UTC, datetime
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
+from astraflow.streams.strays import stranded_at_least
 
 
 @dataclass
@@ -55,6 +64,8 @@ class Ledger:
     """Eval groups collected but not scored, by reason (`wrong_version`, `failed`)."""
     failover_offset: int | None = None
     """Replication offset at which this Redis was promoted from a replica (None: no failover known)."""
+    stranded: int | None = 0
+    """Groups in flight with no prompt or rollout entry behind them, at least (None: unchecked)."""
 
     def problems(self) -> list[str]:
         """Every way the identity fails; empty when the ledger balances."""
@@ -68,6 +79,11 @@ class Ledger:
                 out.append(f"{name}: collected {m.collected} != ready + trained + dropped = {parts}")
             if m.ready != m.ready_set:
                 out.append(f"{name}: ready counter {m.ready} != {m.ready_set} groups in the ready set")
+        if self.stranded:
+            out.append(
+                f"{self.stranded} groups in flight have no prompt or rollout entry behind them (stranded;"
+                " the dataflow dead-letters them after their lease + grace)"
+            )
         return out
 
     def as_dict(self) -> dict:
@@ -84,6 +100,7 @@ class Ledger:
             "balanced": not self.problems(),
             "problems": self.problems(),
             "failover_offset": self.failover_offset,
+            "stranded": self.stranded,
         }
 
     def render(self) -> str:
@@ -158,6 +175,7 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
         },
         models=per_model,
         failover_offset=await failover_offset(bus),
+        stranded=await stranded_at_least(bus),
     )
 
 

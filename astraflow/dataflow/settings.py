@@ -36,6 +36,12 @@ class FeederSettings(BaseModel):
     """Submit while undelivered + pending prompt groups < factor x the slots of the live RaaS pool."""
     min_backlog: int = Field(8, ge=1)
     """Backlog allowed even when no RaaS is alive (a worker that joins finds work at once)."""
+    max_worker_slots: int = Field(1024, ge=1)
+    """Most slots one RaaS heartbeat counts for, whatever it advertises."""
+    capacity_horizon_s: float = Field(60.0, gt=0)
+    """A heartbeat counts at most the groups its worker hands off in this long at its measured rate
+    (`groups` since `started_at`), or twice what it holds now, if either is more than a new worker's
+    allowance (`feeder.START_SLOTS`): advertised slots it has not shown it can use do not feed the backlog."""
     max_ready_batches: float = Field(4.0, ge=1)
     """Stop submitting while the ready sets hold this many batches' worth of groups (a slow trainer); at
     least one, or no batch could ever form."""

@@ -29,6 +29,7 @@ from astraflow.raas.settings import RaasSettings
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
+from astraflow.streams.names import write_heartbeat
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.workflows.api import (
     RolloutWorkflow,
@@ -168,6 +169,7 @@ class RaasWorker:
 
     async def _heartbeat_loop(self) -> None:
         key, period = self.bus.keys.raas(self.id), self.settings.raas.heartbeat_ms
+        unowned = False
         while True:
             beat = Heartbeat(
                 uid=self.id,
@@ -183,9 +185,10 @@ class RaasWorker:
                 groups=self.runner.handed_off,
             )
             self.metrics.slots(self.runner.held, self.settings.raas.slots)
-            try:
-                async with self.bus.redis.pipeline(transaction=True) as pipe:
-                    await pipe.hset(key, mapping=encode(beat)).pexpire(key, 3 * period).execute()
+            try:  # only while this process holds its name: no other process can beat for it
+                if not await write_heartbeat(self.bus, self.id, encode(beat), 3 * period) and not unowned:
+                    unowned = True
+                    log.warning("heartbeat_not_written", key=key, reason="this process holds no name")
             except Exception as e:  # a missed beat is not fatal; the next one may get through
                 raise_if_cancelled()
                 log.warning("heartbeat_failed", error=repr(e))

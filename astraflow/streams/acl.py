@@ -40,12 +40,13 @@ COMMANDS: dict[str, list[str]] = {
     # heartbeat (hset + pexpire, del), notices (xread), weight manifests and peer sets
     # and the run state's newest published versions (the notice retry), pushed workflows (hexists)
     "raas": [*_WORKER, *"xread pexpire del hgetall hmget hexists zadd zrevrange zrem expire".split()],
-    # feeder, collector, batch former, barrier (the dataflow scripts), live pool (SCAN of heartbeats);
+    # feeder, collector, batch former, barrier (the dataflow scripts), live pool (SCAN of heartbeats),
+    # stranded groups (SMEMBERS of the in-flight set, strays.lua);
     # `astraflow scale` under this user (the ledger's counts, the replication state it reports)
     "dataflow": [
         *_WORKER,
-        *"sadd hexists hgetall hmget expire scan zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
-        "zrevrange del zremrangebyrank scard info".split(),
+        *"sadd smembers hexists hgetall hmget expire scan zadd zcard zlexcount zrange zrangebylex "
+        "zrangebyscore zrem zrevrange del zremrangebyrank scard info".split(),
     ],
     # batches and their samples, the weight manifest it publishes, metrics
     "trainer": [*_WORKER, *"hgetall hmget del expire".split()],

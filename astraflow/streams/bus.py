@@ -8,21 +8,39 @@ entry whole in one of them.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import uuid
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+import structlog
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.chunks import arg_bytes, chunked
 from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
-from astraflow.streams.keys import CONSUMER_FORGET_MS, Keys
+from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
 from astraflow.streams.replica import ReplicaReads, connect_clients
 from astraflow.streams.runs import RunIdentity, new_identity_args
 from astraflow.streams.settings import RedisSettings, StreamsSettings
+
+log = structlog.get_logger(__name__)
+BINDING_CHARS = 32
+"""Hex digits of a dedup marker's binding (`binding_of`)."""
+
+
+def binding_of(stream: str, input_id: str, out: Out) -> str:
+    """What binds an output's dedup marker to the hand-off that writes it: a digest of the input (stream,
+    id) and the output (stream, fields). Nobody without the output's bytes can write a marker that passes
+    for it, so a guessed dedup key cannot make a hand-off drop its output."""
+    h = hashlib.blake2b(digest_size=BINDING_CHARS // 2)
+    for part in (stream, input_id, out.stream, *(x for kv in out.fields.items() for x in kv)):
+        data = bytes(part) if isinstance(part, bytes | bytearray | memoryview) else str(part).encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
 
 
 class Bus:
@@ -176,7 +194,7 @@ class Bus:
         """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones."""
         args = [item.input.id if isinstance(item.input, Entry) else item.input, item.dead_uid, 0]
         for out in item.outs:
-            args += [out.stream, self.keys.dedup(out.dedup) if out.dedup else "", 0, 0, 0]
+            args += [out.stream, self.keys.dedup(out.dedup) if out.dedup else "", 0, "0" * BINDING_CHARS, 0]
             for name, value in out.fields.items():
                 args += [name, value]
         return len(args), arg_bytes(args)
@@ -192,19 +210,32 @@ class Bus:
                 index[key] = len(keys)
             return index[key]
 
-        args: list[bytes | str | int] = [group, consumer, self.settings.dedup_ttl_ms, len(items)]
+        args: list[bytes | str | int] = [group, consumer, self.dedup_ttl_ms, len(items)]
         for entry, outs, dead_uid in items:
-            args += [entry.id if isinstance(entry, Entry) else entry, dead_uid, len(outs)]
+            input_id = entry.id if isinstance(entry, Entry) else entry
+            args += [input_id, dead_uid, len(outs)]
             for out in outs:
                 dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
-                args += [key_index(out.stream), dedup, len(out.fields)]
+                binding = binding_of(stream, input_id, out) if out.dedup and input_id else ""
+                args += [key_index(out.stream), dedup, binding, len(out.fields)]
                 for name, value in out.fields.items():
                     args += [name, value]
         try:
-            replies = await self.hand_off_script(self._scripts["handoff"], keys, args)
+            replies, ignored = await self.hand_off_script(self._scripts["handoff"], keys, args)
         except ResponseError as e:
             raise BusError(f"hand-off refused: {e}") from None
+        for key in ignored:
+            log.warning("dedup_marker_ignored", key=key.decode(), reason="not written by this hand-off")
         return [(r[0].decode(), [i.decode() for i in r[1:]]) for r in replies]
+
+    @property
+    def dedup_ttl_ms(self) -> int:
+        """How long a dedup marker lives: the group's lease budget - `lease_ms` x `max_deliveries`, the
+        longest its input is delivered before it is dead-lettered, plus STRAY_GRACE_MS - capped by
+        `streams.dedup_ttl_ms`. A retried hand-off needs no longer: its input, once acknowledged, answers
+        'dup' by itself."""
+        budget = self.settings.lease_ms * self.settings.max_deliveries + STRAY_GRACE_MS
+        return min(self.settings.dedup_ttl_ms, budget)
 
     async def hand_off_script(self, script, keys: list[str], args: list):
         """Run an idempotent script that hands work off (through reconnects), returning its reply only
@@ -343,9 +374,13 @@ class Bus:
     # -- housekeeping ----------------------------------------------------------------------------------
 
     async def trim(self, stream: str) -> int:
-        """Drop entries every group has acknowledged (grouped streams) or old ones (capped streams); forget
-        consumers that hold nothing and were not seen for CONSUMER_FORGET_MS."""
+        """Drop entries the run's group has acknowledged (grouped streams: other groups are not waited
+        for, see `Keys.group_of`) or old ones (capped streams); forget consumers of the run's group that
+        hold nothing and were not seen for CONSUMER_FORGET_MS."""
         if stream in self.keys.capped_streams():
             maxlen = self.settings.capped_maxlen
             return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
-        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS]))
+        group = self.keys.group_of(stream)
+        if group is None:
+            raise ValueError(f"{stream} is not a stream of run {self.keys.run!r} that can be trimmed")
+        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS, group]))

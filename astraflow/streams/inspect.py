@@ -21,6 +21,8 @@ class GroupView:
     oldest_pending_idle_ms: int | None
     lag: int | None
     """Entries not yet delivered to the group; None when more than LAG_SCAN_LIMIT (Redis 6.2 count)."""
+    known: bool = True
+    """Whether it is the run's group of its stream (`Keys.group_of`); an unknown one holds nothing back."""
 
 
 @dataclass
@@ -50,8 +52,28 @@ async def _stream_view(bus: Bus, key: str) -> StreamView:
         if lag is None:  # Redis 6.2 does not report it: count what lies after the last delivered id.
             after = await r.xrange(key, b"(" + g["last-delivered-id"], "+", count=LAG_SCAN_LIMIT + 1)
             lag = len(after) if len(after) <= LAG_SCAN_LIMIT else None
-        view.groups.append(GroupView(name, g["consumers"], summary["pending"], oldest, lag))
+        known = bus.keys.group_of(key) == name
+        view.groups.append(GroupView(name, g["consumers"], summary["pending"], oldest, lag, known))
     return view
+
+
+async def unknown_groups(bus: Bus) -> list[tuple[str, str]]:
+    """(stream key, group) of every consumer group on a stream of the run that is not the run's."""
+    keys = [k.decode() async for k in bus.redis.scan_iter(match=bus.keys.prefix + "*", _type="stream")]
+    found = []
+    for key in sorted(keys):
+        for g in await bus.call(lambda k=key: bus.redis.xinfo_groups(k)):
+            if bus.keys.group_of(key) != g["name"].decode():
+                found.append((key, g["name"].decode()))
+    return found
+
+
+async def remove_unknown_groups(bus: Bus) -> list[tuple[str, str]]:
+    """`astraflow clear --unknown-groups`: destroy every group `unknown_groups` finds; returns them."""
+    found = await unknown_groups(bus)
+    for key, group in found:
+        await bus.call(lambda k=key, g=group: bus.redis.xgroup_destroy(k, g))
+    return found
 
 
 def render(views: list[StreamView], dead_count: int) -> str:
@@ -67,6 +89,13 @@ def render(views: list[StreamView], dead_count: int) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append(f"dead letters: {dead_count}")
+    for v in views:
+        for g in v.groups:
+            if not g.known:
+                lines.append(
+                    f"WARNING: group {g.name!r} on {v.key} is not one of the run's: trimming ignores it"
+                    " (it may miss entries); remove it with `astraflow clear --run RUN --unknown-groups`"
+                )
     return "\n".join(lines)
 
 

@@ -16,7 +16,11 @@ BLOCK_MS = 2_000
 CONSUMER_FORGET_MS = 3600 * 1000
 """A consumer holding nothing and unseen this long is removed from its group when its stream is trimmed."""
 DEDUP_TTL_MS = 24 * 3600 * 1000
-"""How long an idempotency key remembers that its entry was published."""
+"""Longest an idempotency key remembers that its entry was published; it lives the lease budget of its
+group (`Bus.dedup_ttl_ms`), at most this."""
+STRAY_GRACE_MS = 30_000
+"""How long past the lease a prompt group may stay in flight with no prompt or rollout entry behind it
+(stranded) before the dataflow dead-letters it; the ledger is not balanced while one is stranded."""
 
 # Consumer groups, by the stream they read.
 GROUP_RAAS = "raas"
@@ -168,13 +172,20 @@ class Keys:
 
     def grouped_streams(self, models: list[str]) -> dict[str, str]:
         """Stream -> the consumer group that reads it, for a run training `models`."""
-        groups = {
-            self.prompts: GROUP_RAAS,
-            self.rollouts: GROUP_DATAFLOW,
-            self.versions: GROUP_DATAFLOW,
-        }
-        groups.update({self.batches(m): GROUP_TRAINER for m in models})
-        return groups
+        streams = [self.prompts, self.rollouts, self.versions, *(self.batches(m) for m in models)]
+        return {s: group for s in streams if (group := self.group_of(s))}
+
+    def group_of(self, stream: str) -> str | None:
+        """The one consumer group of the run that reads `stream` (None: not a grouped stream of the run).
+
+        The run's groups are part of its data model, not something Redis tells: trimming waits only for
+        these, and any other group on a run's stream (an operator's `XGROUP CREATE`, a stray worker) is
+        unknown - reported by `astraflow inspect`, removed by `astraflow clear --unknown-groups`."""
+        if stream.startswith(self._k("batches:")):
+            return GROUP_TRAINER
+        return {self.prompts: GROUP_RAAS, self.rollouts: GROUP_DATAFLOW, self.versions: GROUP_DATAFLOW}.get(
+            stream
+        )
 
     def tracked_streams(self) -> list[str]:
         """Streams whose entries each carry one in-flight prompt group (header `uid`)."""

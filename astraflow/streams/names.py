@@ -6,6 +6,10 @@ holder's TTL to run out (a holder that was killed stops renewing), taking it ove
 of its own host and PID namespace (the supervisor restarting a worker under its fixed name); a name still
 renewed after that belongs to a live process, and the start is refused. A process whose name another took
 over (it expired while Redis was unreachable) stops.
+
+What a worker publishes about itself under its name - its heartbeat `raas:<name>` - is written only
+while it holds the name (`write_heartbeat`, checked in the same script) and carries the holder, so a
+reader counts a heartbeat only when its `holder` field is the name's current holder (`heartbeat_holder`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,18 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return false
 """
 _FREE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
+# Write the heartbeat hash KEYS[2] (fields ARGV[3..], plus `holder`), expiring in ARGV[2] ms, only while
+# the name KEYS[1] holds ARGV[1]. Returns 1 if written.
+_BEAT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'holder', ARGV[1], unpack(ARGV, 3))
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+HOLDER_FIELD = "holder"
+_held: dict[str, str] = {}
+"""Name key -> this process's holder value, for each name it holds now."""
 
 
 class NameInUse(AstraflowError):
@@ -69,6 +85,7 @@ async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> Asy
             )
         log.info("name_held_waiting", name=name, holder=held)
         await asyncio.sleep(min(1.0, ttl_ms / 3000))
+    _held[key] = me
     lost: list[str] = []
     renew = asyncio.create_task(_renew(bus, take, key, me, ttl_ms, asyncio.current_task(), lost))
     try:
@@ -80,6 +97,7 @@ async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> Asy
             ) from None
         raise
     finally:
+        _held.pop(key, None)
         renew.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await renew
@@ -103,3 +121,25 @@ async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: li
             log.error("name_taken_over", key=key, holder=lost[0])
             owner.cancel()
             return
+
+
+def held(bus: Bus, name: str) -> str | None:
+    """This process's holder value of consumer name `name`, or None when it does not hold it."""
+    return _held.get(bus.keys.consumer_name(name))
+
+
+async def write_heartbeat(bus: Bus, name: str, fields: dict, ttl_ms: int) -> bool:
+    """Replace the heartbeat `raas:<name>` with `fields` (expiring in `ttl_ms`), only while this process
+    holds `name`; False (nothing written) otherwise. One attempt: a missed beat is not retried."""
+    me = held(bus, name)
+    if me is None:
+        return False
+    keys = [bus.keys.consumer_name(name), bus.keys.raas(name)]
+    args = [me, ttl_ms, *(x for kv in fields.items() for x in kv)]
+    return bool(await bus.redis.register_script(_BEAT)(keys=keys, args=args))
+
+
+async def heartbeat_holder(bus: Bus, name: str, fields: dict) -> bool:
+    """Whether the heartbeat `fields` of worker `name` was written by the name's current holder."""
+    holder = await bus.call(lambda: bus.redis.get(bus.keys.consumer_name(name)))
+    return holder is not None and fields.get(HOLDER_FIELD.encode(), fields.get(HOLDER_FIELD)) == holder

@@ -122,13 +122,22 @@ def latest(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load(path: Path, run: str) -> tuple[State, dict, dict, dict, list[dict[str, torch.Tensor]]]:
+def load(
+    path: Path, run: str, adopt: bool = False
+) -> tuple[State, dict, dict, dict, list[dict[str, torch.Tensor]]]:
     """(state, model state dict, optimizer state dict, scheduler state dict, every rank's RNG states for
     `restore_rng`; a checkpoint from before per-rank states has rank 0's CPU state only).
     Raises ForeignCheckpointError, before loading anything, for a checkpoint of a run other than `run`
-    (a nonce). A checkpoint written before runs had a nonce has none: it is taken as this run's (a run
-    resumed across the upgrade), and its next checkpoint carries the nonce."""
+    (a nonce), and for one that names no run (written before runs had a nonce: it could be any run's)
+    unless `adopt` - or `adopt_into` wrote this run's nonce into it - and its next checkpoint carries the
+    nonce."""
     meta = json.loads((path / META).read_text())
+    if "run" not in meta and not adopt:
+        raise ForeignCheckpointError(
+            f"checkpoint {path} names no run (it predates run nonces), so it may be any run's: if it is"
+            " this run's, adopt it deliberately (set trainer.adopt_checkpoint), else point"
+            " trainer.checkpoint_dir elsewhere"
+        )
     if meta.get("run", run) != run:
         raise ForeignCheckpointError(
             f"checkpoint {path} belongs to another run (nonce {meta.get('run')!r}, this run {run!r}):"
@@ -142,3 +151,15 @@ def load(path: Path, run: str) -> tuple[State, dict, dict, dict, list[dict[str, 
     last_batch = meta.get("last_batch", "0-0")
     state = State(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch)
     return state, model_state, optim["optimizer"], optim["scheduler"], rng.get("ranks", [rng])
+
+
+def adopt_into(path: Path, run: str) -> None:
+    """Make a checkpoint that names no run this run's (`run`, a nonce), so that `load` takes it; refuses
+    one that names a run already."""
+    meta = json.loads((path / META).read_text())
+    if "run" in meta:
+        raise ForeignCheckpointError(f"checkpoint {path} already names run {meta['run']!r}")
+    tmp = path / (META + ".tmp")
+    tmp.write_text(json.dumps({**meta, "run": run}))
+    _fsync(tmp)
+    os.replace(tmp, path / META)

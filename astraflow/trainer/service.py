@@ -136,7 +136,9 @@ class TrainerService:
         await self.batches.open()
         latest = checkpoint.latest(self.ckpt_root)
         if latest is not None:
-            restored = await asyncio.to_thread(checkpoint.load, latest, identity.nonce)
+            restored = await asyncio.to_thread(
+                checkpoint.load, latest, identity.nonce, self.trainer.adopt_checkpoint
+            )
             self.state = restored[0]
             await asyncio.to_thread(self._all, "restore", restored)
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))

@@ -76,6 +76,9 @@ class TrainerSettings(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     checkpoint_dir: Path | None = None
     """Default `<run dir>/checkpoints/<model>`."""
+    adopt_checkpoint: bool = False
+    """Resume from a checkpoint that names no run (written before runs had a nonce): it could be any
+    run's, so it is refused unless this is set (`--set trainer.adopt_checkpoint=true`)."""
     max_steps: int | None = Field(None, ge=1)
     """Stop after this many versions; None = run until stopped."""
     threads: int = Field(0, ge=0)

@@ -9,38 +9,62 @@ tells whether this machine grants them (`available`).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 TOOL_UID_BASE = 1_000_000_000
-"""Tool calls run as uids from here up, one per concurrent call (no user of the machine has them), so one
-call's processes count against its own RLIMIT_NPROC and no other call's files are its own."""
+"""Tool calls run as uids from here up, one per concurrent call on the host (no user of the machine has
+them), so one call's processes count against its own RLIMIT_NPROC and no other call's files are its own."""
+UID_LOCK_DIR = Path(tempfile.gettempdir()) / "astraflow-tool-uids"
+"""Lock files of the tool uids in use on this host: a call holds an flock on `<uid>`, so two processes
+(two RaaS workers, a reward pool) never run calls as the same uid; the kernel drops it if the process dies."""
 TMPFS_SIZE = "64m"
 """Size of the tool's fresh `/tmp` and `/dev/shm` (their pages are memory that RLIMIT_AS does not count)."""
 WORKDIR = "/sandbox"
 """Where the tool's root shows its scratch directory (its cwd)."""
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _DEVICES = ("null", "zero", "random", "urandom")
-_in_use: set[int] = set()
+_held: dict[int, int] = {}
+"""Tool uid -> the descriptor of its lock file, for the uids this process holds."""
+_lock = threading.Lock()
 
 
 def take_uid() -> int:
-    """The lowest tool uid no running call holds; hand it back with `release_uid`."""
-    uid = TOOL_UID_BASE
-    while uid in _in_use:
-        uid += 1
-    _in_use.add(uid)
-    return uid
+    """The lowest tool uid no running call on this host holds (in any process); hand it back with
+    `release_uid`."""
+    UID_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(PermissionError):  # (another user's directory: already shared)
+        UID_LOCK_DIR.chmod(0o1777)
+    with _lock:
+        uid = TOOL_UID_BASE
+        while True:
+            if uid not in _held:
+                fd = os.open(UID_LOCK_DIR / str(uid), os.O_CREAT | os.O_RDWR, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                else:
+                    _held[uid] = fd
+                    return uid
+            uid += 1
 
 
 def release_uid(uid: int) -> None:
-    _in_use.discard(uid)
+    with _lock:
+        fd = _held.pop(uid, None)
+    if fd is not None:
+        os.close(fd)  # (drops the lock; the file stays, for the next call to lock)
 
 
 def _readable_trees() -> list[str]:

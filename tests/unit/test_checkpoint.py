@@ -127,16 +127,23 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         checkpoint.load(path, "n2")  # a checkpoint directory shared by two runs of one name
 
 
-def test_a_checkpoint_from_before_run_nonces_is_resumed_as_this_runs(tmp_path):
-    """A run resumed across the upgrade: its checkpoints have no nonce and no newest batch id."""
+def test_a_checkpoint_that_names_no_run_is_refused_unless_adopted(tmp_path):
+    """A checkpoint from before run nonces (no nonce, no newest batch id) could be any run's: a run takes
+    it only when told to (`adopt`), or once `adopt_into` wrote the run's nonce into it."""
     import json
 
     path = save(tmp_path, run="n1")[0]
     meta = json.loads((path / "meta.json").read_text())
     del meta["run"], meta["last_batch"]
     (path / "meta.json").write_text(json.dumps(meta))
-    state = checkpoint.load(path, "n2")[0]
+    with pytest.raises(ForeignCheckpointError, match="names no run"):
+        checkpoint.load(path, "n2")
+    state = checkpoint.load(path, "n2", adopt=True)[0]
     assert (state.version, state.run, state.last_batch) == (2, "n2", "0-0")
+    checkpoint.adopt_into(path, "n2")
+    assert checkpoint.load(path, "n2")[0].run == "n2"
+    with pytest.raises(ForeignCheckpointError, match="belongs to another run"):
+        checkpoint.load(path, "n3")  # adopted by n2: no longer anyone's
 
 
 def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_trained():

@@ -4,7 +4,13 @@
 -- consumer that owns it in the group's pending list: a consumer whose entry was reclaimed by another
 -- gets 'lost' and nothing of that item is written. That check alone makes a hand-off exactly-once: a
 -- retried call (the reply was lost) finds its input acknowledged and writes nothing ('dup'). An output
--- with a dedup key is written at most once while the key lives, whichever entry or call produces it.
+-- with a dedup key is written at most once while the key lives. Its marker (the dedup key) holds the
+-- output's id and, for an item with an input, the binding the caller computed: a digest of the input and
+-- the output's fields. Such an output counts as written only when the marker holds the same binding: a
+-- marker someone else wrote (a guessed key) is ignored and replaced, and reported, rather than answering
+-- 'dup' and acknowledging an input whose output was never written. A plain publish (no input) has
+-- nothing to bind to: any marker of its key counts (a trainer restarted with another incarnation
+-- announces a version once).
 -- Every check runs before the first write: Redis does not roll back a script that fails half-way.
 --
 -- An item may also settle a prompt group as dead (its entry is being dead-lettered): the group's uid
@@ -14,10 +20,11 @@
 -- set, KEYS[4] ledger hash, KEYS[5..] output streams and dedup keys, referenced by index from ARGV.
 -- ARGV: group, consumer, dedup_ttl_ms, n_items, then per item:
 --   input_id, dead_uid ('' = none), n_outputs, then per output: stream_index, dedup_index (0 = none),
---   n_fields, f1, v1, ...
+--   binding ('' = none), n_fields, f1, v1, ...
 -- An acknowledged input's recorded error (errors hash, written by release and claim) is removed with it.
--- Returns one reply per item: {status, id of each output ('' when unknown)}; status 'ok', 'dup' (already
--- done: every output existed, or the input was already acknowledged) or 'lost' (another consumer has it).
+-- Returns {replies, ignored}: one reply per item, {status, id of each output ('' when unknown)}, status
+-- 'ok', 'dup' (already done: every output existed, or the input was already acknowledged) or 'lost'
+-- (another consumer has it); and the dedup keys whose markers were ignored (not this hand-off's).
 
 local input, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, ttl, n_items = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -28,7 +35,7 @@ for _ = 1, n_items do
   local n_out = tonumber(ARGV[pos + 2])
   pos = pos + 3
   for _ = 1, n_out do
-    local stream, n_fields = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 2])
+    local stream, n_fields = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 3])
     if n_fields < 1 or n_fields > 1000 then
       return redis.error_reply('ERR output to ' .. stream .. ' has ' .. n_fields .. ' fields (1 to 1000)')
     end
@@ -40,12 +47,12 @@ for _ = 1, n_items do
       end
       checked[stream] = true
     end
-    pos = pos + 3 + 2 * n_fields
+    pos = pos + 4 + 2 * n_fields
   end
 end
 
 -- Pass 2: per item, decide and write.
-local replies = {}
+local replies, ignored = {}, {}
 pos = 5
 for i = 1, n_items do
   local id, dead_uid, n_out = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
@@ -53,11 +60,20 @@ for i = 1, n_items do
   local owned = id == '' or #redis.call('XPENDING', input, group, id, id, 1, consumer) > 0
   local reply, first, all_done = {'ok'}, pos, n_out > 0
   for j = 1, n_out do
-    local dedup = tonumber(ARGV[pos + 1])
+    local dedup, binding = tonumber(ARGV[pos + 1]), ARGV[pos + 2]
     local existing = dedup > 0 and redis.call('GET', KEYS[dedup])
+    if existing then
+      local marked, bound = string.match(existing, '^(%S+) ?(%S*)$')
+      if marked and (binding == '' or bound == binding) then
+        existing = marked
+      else
+        if owned then ignored[#ignored + 1] = KEYS[dedup] end
+        existing = false
+      end
+    end
     reply[j + 1] = existing or ''
     all_done = all_done and existing ~= false
-    pos = pos + 3 + 2 * tonumber(ARGV[pos + 2])
+    pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
   end
   if all_done or (not owned and #redis.call('XPENDING', input, group, id, id, 1) == 0) then
     reply[1] = 'dup'
@@ -67,14 +83,17 @@ for i = 1, n_items do
   if owned then
     local p = first
     for j = 1, n_out do
-      local n_fields = tonumber(ARGV[p + 2])
+      local n_fields = tonumber(ARGV[p + 3])
       if reply[j + 1] == '' then
-        local dedup = tonumber(ARGV[p + 1])
-        local new_id = redis.call('XADD', KEYS[tonumber(ARGV[p])], '*', unpack(ARGV, p + 3, p + 2 + 2 * n_fields))
-        if dedup > 0 then redis.call('SET', KEYS[dedup], new_id, 'PX', ttl) end
+        local dedup, binding = tonumber(ARGV[p + 1]), ARGV[p + 2]
+        local new_id = redis.call('XADD', KEYS[tonumber(ARGV[p])], '*', unpack(ARGV, p + 4, p + 3 + 2 * n_fields))
+        if dedup > 0 then
+          local marker = binding == '' and new_id or new_id .. ' ' .. binding
+          redis.call('SET', KEYS[dedup], marker, 'PX', ttl)
+        end
         reply[j + 1] = new_id
       end
-      p = p + 3 + 2 * n_fields
+      p = p + 4 + 2 * n_fields
     end
     if dead_uid ~= '' and redis.call('SREM', in_flight, dead_uid) == 1 then
       redis.call('HINCRBY', ledger, 'dead', 1)
@@ -86,4 +105,4 @@ for i = 1, n_items do
   end
   replies[i] = reply
 end
-return replies
+return {replies, ignored}

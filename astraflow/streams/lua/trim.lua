@@ -1,11 +1,13 @@
--- Trim a grouped stream up to what every group has acknowledged, never further.
--- An entry is safe to drop when, for every group, it was delivered (id <= last-delivered-id) and is not
--- pending. MINID trims entries strictly below the smallest id some group still needs.
--- It also removes from each group the consumers that hold nothing and have not been seen for
+-- Trim a grouped stream up to what the run's group has acknowledged, never further.
+-- An entry is safe to drop when the run's group (ARGV[2], `Keys.group_of`) delivered it (id <=
+-- last-delivered-id) and it is not pending there. MINID trims entries strictly below the smallest id that
+-- group still needs. Other groups on the stream are not the run's (anyone allowed XGROUP CREATE may add
+-- one): waiting for them would let one idle group stop all trimming, so they are ignored.
+-- It also removes from the group the consumers that hold nothing and have not been seen for
 -- `forget_idle_ms`: every process start uses a new consumer name, and the old names would pile up in
 -- XINFO CONSUMERS. (A live consumer removed this way is recreated by its next read; it held nothing.)
--- KEYS[1] stream; ARGV[1] forget_idle_ms. Returns the number of entries removed.
-local stream, forget_idle = KEYS[1], tonumber(ARGV[1])
+-- KEYS[1] stream; ARGV[1] forget_idle_ms, ARGV[2] the run's group. Returns the number of entries removed.
+local stream, forget_idle, run_group = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -18,23 +20,22 @@ local function less(a, b)
 end
 
 if redis.call('EXISTS', stream) == 0 then return 0 end
-local groups = redis.call('XINFO', 'GROUPS', stream)
-if #groups == 0 then return 0 end
-local keep = nil
-for _, g in ipairs(groups) do
-  local info = {}
-  for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-  local ms, seq = string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')
-  local need = ms .. '-' .. string.format('%.0f', tonumber(seq) + 1)
-  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, info['name'])) do
-    local consumer = {}
-    for i = 1, #c, 2 do consumer[c[i]] = c[i + 1] end
-    if tonumber(consumer['pending']) == 0 and tonumber(consumer['idle']) > forget_idle then
-      redis.call('XGROUP', 'DELCONSUMER', stream, info['name'], consumer['name'])
-    end
-  end
-  local pending = redis.call('XPENDING', stream, info['name'])
-  if tonumber(pending[1]) > 0 and less(pending[2], need) then need = pending[2] end
-  if keep == nil or less(need, keep) then keep = need end
+local info = nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  local fields = {}
+  for i = 1, #g, 2 do fields[g[i]] = g[i + 1] end
+  if fields['name'] == run_group then info = fields end
 end
+if info == nil then return 0 end
+local ms, seq = string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')
+local keep = ms .. '-' .. string.format('%.0f', tonumber(seq) + 1)
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, run_group)) do
+  local consumer = {}
+  for i = 1, #c, 2 do consumer[c[i]] = c[i + 1] end
+  if tonumber(consumer['pending']) == 0 and tonumber(consumer['idle']) > forget_idle then
+    redis.call('XGROUP', 'DELCONSUMER', stream, run_group, consumer['name'])
+  end
+end
+local pending = redis.call('XPENDING', stream, run_group)
+if tonumber(pending[1]) > 0 and less(pending[2], keep) then keep = pending[2] end
 return redis.call('XTRIM', stream, 'MINID', keep)
