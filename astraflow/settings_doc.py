@@ -16,8 +16,7 @@ import types
 import typing
 from pathlib import Path
 
-from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
+from pydantic import BaseModel, TypeAdapter
 
 from astraflow.config import Settings
 
@@ -74,7 +73,8 @@ def default_text(field: typing.Any) -> str:
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)
-    return "" if isinstance(value, BaseModel) else json.dumps(to_jsonable_python(value))
+    shown = TypeAdapter(field.annotation).dump_python(value, mode="json")
+    return "" if isinstance(value, BaseModel) else json.dumps(shown)
 
 
 def rows(model: type[BaseModel], prefix: str) -> list[str]:
