@@ -18,9 +18,10 @@ A worker with a default name is found by its host prefix (a pod's hostname is it
 recently seen one counts, so a container restarted in place is judged by its new process.
 
 Readiness: Redis answers, the run exists and was not stopped, the worker's consumer was seen within the
-bound (and a RaaS's heartbeat is fresh). Liveness (`--live`) judges only the worker's own signal: when
-Redis itself is unreachable the worker is not at fault (it waits the outage out), so the probe passes
-rather than have every worker restarted during a Redis outage.
+bound (and a RaaS's heartbeat is fresh). A RaaS's line also says how its tool calls are sandboxed
+(`isolation.mode`: root-namespaces, user-namespaces or none). Liveness (`--live`) judges only the
+worker's own signal: when Redis itself is unreachable the worker is not at fault (it waits the outage
+out), so the probe passes rather than have every worker restarted during a Redis outage.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ async def check(
     """The one-line state of the worker; raises Unhealthy with the reason."""
     t = target(settings, role, bus, name, model)
     bound = max_idle_s if max_idle_s is not None else t.max_idle_s
+    suffix = ""
     try:
         if not live:
             run = await existing(bus)
@@ -98,13 +100,24 @@ async def check(
             )
         if role == "raas":
             await _heartbeat(bus, settings, consumer)
+            suffix = f"; tool sandbox: {await _sandbox()}"
     except BusConnectionError as e:
         if live:
             return f"alive: not judged, {e} (the worker waits Redis out)"
         raise Unhealthy(str(e)) from None
     except (AuthenticationError, AuthorizationError) as e:  # not an outage: the worker cannot use Redis
         raise Unhealthy(f"Redis refused the credentials: {e}") from None
-    return f"{'alive' if live else 'ready'}: {consumer} read {bus.keys.short(t.stream)} {idle_s:.1f}s ago"
+    line = f"{'alive' if live else 'ready'}: {consumer} read {bus.keys.short(t.stream)} {idle_s:.1f}s ago"
+    return line + suffix
+
+
+async def _sandbox() -> str:
+    """The mode tool calls run in on this host: the probe runs beside the worker, with its rights."""
+    import asyncio
+
+    from astraflow.workflows import isolation
+
+    return (await asyncio.to_thread(isolation.mode)).describe()
 
 
 async def _seen(bus: Bus, t: Target) -> tuple[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -16,7 +18,14 @@ def behaviour(model, seq: list[int]) -> np.ndarray:
     return np.concatenate([[0.0], logp.numpy()]).astype(np.float32)
 
 
-def make_batch(model, seqs: list[list[int]], rewards: list[float]) -> Batch:
+def make_batch(
+    model,
+    seqs: list[list[int]],
+    rewards: list[float],
+    spoil: Callable[[int, Trajectory], Trajectory] | None = None,
+) -> Batch:
+    """A batch of one group; `spoil(i, trajectory)` may change each trajectory (after the behaviour logprobs
+    were computed, so token ids outside the vocabulary can be put in)."""
     trajs = []
     for s, r in zip(seqs, rewards, strict=True):
         n = len(s)
@@ -32,6 +41,8 @@ def make_batch(model, seqs: list[list[int]], rewards: list[float]) -> Batch:
                 reward=r,
             )
         )
+    if spoil is not None:
+        trajs = [spoil(i, t) for i, t in enumerate(trajs)]
     r = np.array(rewards)
     adv = ((r - r.mean()) / (r.std() + 1e-6)).astype(np.float32)
     rollout = RolloutGroup(uid="g", raas="r", version=0, trajectories=trajs)

@@ -3,6 +3,11 @@
 The dataflow owns the batch entry's layout (headers, `refs` into the `samples:<model>` hash, see
 `messages.encode_batch`), so it alone reads it: a trainer sees `Received` batches, never stream keys.
 A batch's samples stay in Redis until it is acknowledged; after that they may be gone.
+
+A batch the trainer cannot train on is set aside: dead-lettered with the reason, and its groups counted
+`dead` instead of `trained` in the ledger. So is one it died training BATCH_ATTEMPTS times: each step's
+attempt is counted in Redis before it starts (`begin`) and forgotten when it ends (`finished`), so the
+count survives the crash it is counting and counts no other batch.
 """
 
 from __future__ import annotations
@@ -16,9 +21,16 @@ import structlog
 from astraflow.errors import DecodeError
 from astraflow.messages import Batch, batch_refs, decode_batch
 from astraflow.streams import LOST, Bus, Consumer, Entry
+from astraflow.streams.connection import register_scripts
+from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES
 from astraflow.streams.keys import GROUP_TRAINER
 
 log = structlog.get_logger(__name__)
+
+BATCH_ATTEMPTS = 2
+"""Steps a batch may be tried in: one during which the trainer died that many times is set aside (a
+poison batch crash-loops the trainer otherwise; two tell a bad batch from one unlucky crash). Fewer when
+`streams.max_deliveries` would dead-letter the batch first (at its claim, without the ledger's move)."""
 
 
 async def fetch_batch(bus: Bus, fields: Mapping, max_bytes: int | None = None) -> Batch:
@@ -52,6 +64,9 @@ class BatchReader:
         self.stream = bus.keys.batches(model)
         self._consumer = Consumer(bus, self.stream, GROUP_TRAINER, name)
         self._next_trim = time.monotonic() + bus.settings.trim_interval_ms / 1000
+        self._scripts = register_scripts(
+            bus.redis, "astraflow.dataflow", ("set_aside",), prelude="common.lua"
+        )
 
     async def open(self) -> None:
         """Create the trainer group if it is missing (only this stream: a trainer's ACL user has no other)."""
@@ -86,3 +101,45 @@ class BatchReader:
             self._next_trim = time.monotonic() + self.bus.settings.trim_interval_ms / 1000
             await self.bus.trim(self.stream)
         return refused
+
+    def _fields(self, received: Received) -> tuple[str, str]:
+        """The errors-hash fields of a batch's step attempts and of the last error of one."""
+        return f"{self.stream}|{received.id}|attempts", f"{self.stream}|{received.id}|error"
+
+    async def begin(self, received: Received) -> str | None:
+        """Count an attempt to train `received`; returns why it must be set aside instead (the trainer
+        died during BATCH_ATTEMPTS steps on it already), else None."""
+        attempts_field, error_field = self._fields(received)
+
+        async def count():
+            async with self.bus.redis.pipeline(transaction=True) as pipe:
+                pipe.hincrby(self.bus.keys.errors, attempts_field, 1).hget(self.bus.keys.errors, error_field)
+                return await pipe.execute()
+
+        attempt, error = await self.bus.call(count)
+        if attempt <= max(1, min(BATCH_ATTEMPTS, self.bus.settings.max_deliveries - 1)):
+            return None
+        last = error.decode(errors="replace") if error else "none recorded (killed, or crashed natively)"
+        n = attempt - 1
+        return f"the trainer died during {n} step{'s' if n > 1 else ''} on it; last error: {last}"
+
+    async def failed(self, received: Received, error: str) -> None:
+        """Record why a step on `received` failed (the trainer is going down): its dead letter says it."""
+        _, error_field = self._fields(received)
+        await self.bus.call(lambda: self.bus.redis.hset(self.bus.keys.errors, error_field, error[:2000]))
+
+    async def finished(self, received: Received) -> None:
+        """The step on `received` ended (trained or refused): forget its attempts."""
+        fields = self._fields(received)
+        await self.bus.call(lambda: self.bus.redis.hdel(self.bus.keys.errors, *fields))
+
+    async def set_aside(self, received: Received, reason: str) -> str:
+        """Dead-letter `received` with `reason` and count its groups dead, not trained, in the ledger (see
+        set_aside.lua); returns 'ok', 'dup' (it was already) or 'lost' (another consumer owns it now)."""
+        k = self.bus.keys
+        keys = [self.stream, k.dead, k.errors, k.ledger]
+        args = [GROUP_TRAINER, self._consumer.name, received.id, self.model, reason]
+        args += [self.bus.settings.capped_maxlen, DEAD_FIELD_MAX_BYTES, *self._fields(received)]
+        status = await self.bus.hand_off_script(self._scripts["set_aside"], keys, args)
+        self._consumer.settled([received.id])
+        return status.decode()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import structlog
 
 from astraflow.dataflow.evaluation import score
-from astraflow.dataflow.policies import Judge
+from astraflow.dataflow.policies import Judge, check_values, vocab_size
 from astraflow.dataflow.store import Collected, EvalRow, Store
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, decode
@@ -24,12 +24,21 @@ UID = re.compile(r"[^\s]{1,200}")
 
 class Collector:
     def __init__(
-        self, store: Store, name: str, untrained: Collection[str] = (), eval_metrics: Sequence[str] = ()
+        self,
+        store: Store,
+        name: str,
+        untrained: Collection[str] = (),
+        eval_metrics: Sequence[str] = (),
+        model_paths: Mapping[str, str] | None = None,
     ) -> None:
         """`untrained`: policies that serve but are not trained (`train: false`); their trajectories
-        go into no batch. `eval_metrics`: what an eval row is scored by (`eval.metrics`)."""
+        go into no batch. `eval_metrics`: what an eval row is scored by (`eval.metrics`). `model_paths`:
+        each policy's starting weights; token ids are checked against the vocabulary of their
+        `config.json` (read here, once) where there is one."""
         self.store, self.settings, self.untrained = store, store.settings.collector, frozenset(untrained)
         self.eval_metrics = list(eval_metrics)
+        sizes = {m: vocab_size(p) for m, p in (model_paths or {}).items()}
+        self.vocab = {m: n for m, n in sizes.items() if n is not None}
         self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
         self.judge = Judge(self.settings, store.models)
         self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
@@ -44,10 +53,11 @@ class Collector:
     async def prepare(self, block_ms: int | None) -> tuple[int, list[Collected]]:
         """Read and judge the next entries (bad ones are dead-lettered); returns (entries read, decisions).
         The caller may prepare the next entries while the last decisions are being committed."""
+        newest = await self._newest()  # first: a failure here leaves no entry read and unsettled
         entries = await self.consumer.read(self.settings.read_count, block_ms)
         items: list[Collected] = []
         for entry in entries:
-            item = await self._judge(entry)
+            item = await self._judge(entry, newest)
             if item is not None:
                 items.append(item)
         return len(entries), items
@@ -153,18 +163,24 @@ class Collector:
             eval=EvalRow(group.eval_version, group.eval_dataset, scores, reason),
         )
 
-    async def _judge(self, entry: Entry) -> Collected | None:
+    async def _newest(self) -> dict[str, int]:
+        """The trainer version recorded for each trained policy (0 before its first)."""
+        state, fields = self.store.keys.state, [f"v:{m}" for m in self.store.models]
+        values = await self.store.bus.call(lambda: self.store.bus.redis.hmget(state, fields))
+        return {m: int(v or 0) for m, v in zip(self.store.models, values, strict=True)}
+
+    async def _judge(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released (or settling that
         failed: then the next read takes it back)."""
         try:
-            return await self._decide(entry)
+            return await self._decide(entry, newest)
         except Exception as e:
             raise_if_cancelled()
             log.error("rollout_unsettled", id=entry.id, error=repr(e))
             await self.consumer.give_back([entry.id], e)
             return None
 
-    async def _decide(self, entry: Entry) -> Collected | None:
+    async def _decide(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
         try:
             group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
             if not UID.fullmatch(group.uid):
@@ -172,12 +188,13 @@ class Collector:
             unknown = {t.model for t in group.trajectories} - set(self.store.models) - self.untrained
             if unknown:
                 raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
+            check_values(group, newest, self.vocab)  # no NaN, no out-of-range value reaches a batch
             if group.eval_version >= 0:
                 return self._eval(entry.id, group)
             return self.judge(entry.id, group, entry.fields["data"])
-        except DecodeError as e:
+        except DecodeError as e:  # (InvalidRollout too: its values are bad)
             log.error("rollout_dead_lettered", id=entry.id, error=str(e))
-            await self.consumer.dead_letter(entry, f"DecodeError: {e}")
+            await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
         except Exception as e:  # a user filter raised: retried, dead after max_deliveries
             log.warning("rollout_failed", id=entry.id, error=repr(e))
             await self.consumer.release(entry, f"{type(e).__name__}: {e}")

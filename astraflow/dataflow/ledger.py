@@ -2,9 +2,12 @@
 
 Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
-    collected[m] == ready[m] + trained[m] + sum(dropped[m][reason])  (each model's part of a group)
-With one model these are `submitted == in_flight + ready + trained + dropped + dead + eval` (eval groups
-are collected with no model parts: `eval` counts them). `ready[m]` must also
+    collected[m] == ready[m] + trained[m] + sum(dropped[m][reason]) + dead[m]  (each model's part)
+`dead[m]` counts the groups of batches the trainer set aside (dead-lettered, never trained); they were
+counted `trained` when the batch was formed and move to `dead[m]` then. With one model these are
+`submitted == in_flight + ready + trained + dropped + dead + eval` (`dead` both the prompt groups
+dead-lettered before collection and those of set-aside batches; eval groups are collected with no model
+parts: `eval` counts them). `ready[m]` must also
 equal the size of the ready set, and `replayed` counts replay on purpose, outside the identity.
 
 Balanced also requires that no group counted in flight is stranded: in flight with no prompt or rollout
@@ -43,6 +46,8 @@ class ModelLedger:
     dropped: dict[str, int] = field(default_factory=dict)
     ready_set: int = 0
     """Groups actually in the ready set (cross-check of `ready`)."""
+    dead: int = 0
+    """Groups of batches the trainer set aside (dead letters): collected, never trained."""
 
     @property
     def dropped_total(self) -> int:
@@ -74,9 +79,9 @@ class Ledger:
         if self.submitted != rhs:
             out.append(f"submitted {self.submitted} != in_flight + dead + collected = {rhs}")
         for name, m in self.models.items():
-            parts = m.ready + m.trained + m.dropped_total
+            parts = m.ready + m.trained + m.dropped_total + m.dead
             if m.collected != parts:
-                out.append(f"{name}: collected {m.collected} != ready + trained + dropped = {parts}")
+                out.append(f"{name}: collected {m.collected} != ready + trained + dropped + dead = {parts}")
             if m.ready != m.ready_set:
                 out.append(f"{name}: ready counter {m.ready} != {m.ready_set} groups in the ready set")
         if self.stranded:
@@ -120,13 +125,14 @@ class Ledger:
             lines.append(
                 f"  {name}: ready {m.ready}, trained {m.trained}, dropped {m.dropped_total}"
                 + (f" ({reasons})" if reasons else "")
+                + (f", dead in set-aside batches {m.dead}" if m.dead else "")
                 + f"; replayed {m.replayed}"
             )
         if len(self.models) == 1:
             (m,) = self.models.values()
             lines.append(
                 f"identity: submitted {self.submitted} = in_flight {self.in_flight} + ready {m.ready}"
-                f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead}"
+                f" + trained {m.trained} + dropped {m.dropped_total} + dead {self.dead + m.dead}"
                 + (f" + eval {self.eval}" if self.eval else "")
             )
         problems = self.problems()
@@ -161,6 +167,7 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
             replayed=counts.get(f"{m}:replayed", 0),
             dropped=dropped,
             ready_set=ready_set,
+            dead=counts.get(f"{m}:dead", 0),
         )
     return Ledger(
         submitted=counts.get("submitted", 0),

@@ -4,12 +4,16 @@ trainer version at the instant of the write)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.store import Collected, Part
+from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, SampleGroup, Trajectory, pack
 from astraflow.workflows.api import _resolve
 
@@ -19,6 +23,66 @@ FILTERS: dict[str, GroupFilter] = {}
 
 # Drop reasons counted in the ledger (plus `stale_ingest`/`stale_wait` from the scripts, `filter:<name>`).
 FAILED, ZERO_VARIANCE = "failed", "zero_variance"
+
+
+VERSIONS_AHEAD = 1000
+"""How far a trained token's weight version may be ahead of the newest version recorded for its policy.
+A RaaS loads only announced versions, so a token is ahead of the record only after a rollback (a restarted
+trainer announces its checkpoint's older version: fewer than `trainer.checkpoint_every` back) or while a
+read of the record races a newer one; this allows every such case and refuses what no run produces (a
+forged or corrupted version such as 2**31 - 1)."""
+LOGPROB_SLACK = 1e-3
+"""A sampled token's logprob is <= 0; an engine's log-softmax may round its top token a hair above."""
+
+
+class InvalidRollout(DecodeError):
+    """A rollout with values no trainer may take: not finite, or out of their range."""
+
+
+def vocab_size(model_path: str) -> int | None:
+    """`vocab_size` of the `config.json` in the local directory `model_path`; None when there is none (a
+    hub id, an `openai` engine's served name): nothing is downloaded."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return None
+    size = json.loads(config.read_text()).get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else None
+
+
+def check_values(group: RolloutGroup, newest: Mapping[str, int], vocab: Mapping[str, int]) -> None:
+    """Raise InvalidRollout unless every trajectory that did not fail has a finite reward and metrics,
+    finite logprobs <= 0, token ids in its policy's vocabulary (`vocab`, where known), and versions of
+    its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known)."""
+    for i, t in enumerate(group.trajectories):
+        if t.error is not None:
+            continue
+        where = f"trajectory {i} ({t.model})"
+        if not math.isfinite(t.reward):
+            raise InvalidRollout(f"{where}: reward {t.reward} is not finite")
+        bad = [k for k, v in t.metrics.items() if not math.isfinite(v)]
+        if bad:
+            raise InvalidRollout(f"{where}: metric {bad[0]!r} is not finite")
+        if len(t.token_ids) == 0:
+            continue
+        if not np.isfinite(t.logprobs).all():
+            raise InvalidRollout(f"{where}: logprobs are not finite")
+        if t.logprobs.max() > LOGPROB_SLACK:
+            raise InvalidRollout(f"{where}: logprob {float(t.logprobs.max())} > 0")
+        n = vocab.get(t.model)
+        low, high = int(t.token_ids.min()), int(t.token_ids.max())
+        if low < 0 or (n is not None and high >= n):
+            token = low if low < 0 else high
+            raise InvalidRollout(f"{where}: token id {token} outside the vocabulary [0, {n or 'inf'})")
+        trained = t.versions[t.loss_mask != 0]
+        if len(trained) == 0:
+            continue
+        if int(trained.min()) < 0:
+            raise InvalidRollout(f"{where}: token version {int(trained.min())} < 0 on a trained token")
+        top = newest.get(t.model)
+        if top is not None and int(trained.max()) > top + VERSIONS_AHEAD:
+            raise InvalidRollout(
+                f"{where}: token version {int(trained.max())} > newest version {top} + {VERSIONS_AHEAD}"
+            )
 
 
 def group_filter(name: str):
@@ -121,6 +185,10 @@ class Judge:
         for name, keep in self.filters:
             if not keep(model, ok):
                 return Part(model, f"filter:{name}", min_version, len(ok)), versions
+        with np.errstate(over="ignore", invalid="ignore"):  # checked below
+            adv = advantages(np.array(rewards), self.settings.normalize, self.settings.epsilon)
+        if not np.isfinite(adv).all():  # finite rewards so large that their spread overflows
+            raise InvalidRollout(f"advantages of {model} are not finite (rewards {rewards[:8]})")
         samples = SampleGroup(
             uid=group.uid,
             model=model,
@@ -128,7 +196,7 @@ class Judge:
             max_version=max_version,
             rollout=raw,
             indices=mine,
-            advantages=advantages(np.array(rewards), self.settings.normalize, self.settings.epsilon),
+            advantages=adv,
             submitted_version=group.version,
             raas=group.raas,
         )

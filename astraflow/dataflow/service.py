@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -48,6 +48,9 @@ class DataflowSetup:
     """The `module:Name` code the recipe names, the only code a dataset row may pick by name."""
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
     """What is evaluated at eval versions (none when `eval.every` is 0)."""
+    model_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Each policy's starting weights (`Settings.policy(name).engine.model`): the collector checks token
+    ids against their vocabulary."""
 
 
 class BatchFormer:
@@ -80,7 +83,7 @@ class Dataflow:
         evals = Evals(e, settings.dataflow.feeder.workflow, settings.models) if e.every else None
         self.feeder = Feeder(settings, self.store, rows, evals)
         untrained = set(settings.models) - set(settings.trained)
-        self.collector = Collector(self.store, name, untrained, e.metrics)
+        self.collector = Collector(self.store, name, untrained, e.metrics, settings.model_paths)
         self.barrier = Barrier(self.store, name, synchronous=settings.sync, evals=evals)
         self.former = BatchFormer(self.store)
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work

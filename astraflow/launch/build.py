@@ -37,6 +37,7 @@ def dataflow_setup(settings: Settings) -> DataflowSetup:
         sync=settings.trainer.mode == "sync",
         named_code=settings.named_code,
         eval=settings.eval,
+        model_paths={m: settings.policy(m).engine.model for m in settings.run.models},
     )
 
 

@@ -192,7 +192,9 @@ class TrainerService:
             await self._ack([received])
             log.info("batch_already_trained", batch=batch.uid)
             return
-        stats = await asyncio.to_thread(self._all, "train", batch)
+        stats = await self._train(received)
+        if stats is None:  # set aside: no version, nothing published
+            return
         self.state.version += 1
         self.state.step += self.trainer.minibatches
         self.state.add(batch.uid, received.id)
@@ -213,6 +215,38 @@ class TrainerService:
             model_state = await asyncio.to_thread(self._all, "model_state")
             v = self.state.version
             await self.publisher.publish(model_state, v, self.state.step, eval_=self._eval(v), once=False)
+
+    async def _train(self, received: Received) -> dict[str, float] | None:
+        """Train on `received`; None when it was set aside instead (dead letter, ledger `dead`): it was
+        refused (non-finite values or step) or the trainer died during its steps too often.
+
+        A step that raises is recorded against the batch and the exception goes on: the trainer restarts
+        from its checkpoint. The step may have been half applied (an earlier minibatch stepped, ranks
+        mid-collective), and an exception does not tell bad data from a bad device or a lost rank; the
+        data faults known to be deterministic are refused by the step itself without raising. The restart
+        costs one retry of a batch that really is bad: after its second death it is set aside at the next
+        start (BatchReader.begin).
+        """
+        why = await self.batches.begin(received)
+        if why is None:
+            try:
+                stats = await asyncio.to_thread(self._all, "train", received.batch)
+            except Exception as e:
+                await self.batches.failed(received, f"{type(e).__name__}: {e}")
+                raise
+            await self.batches.finished(received)
+            if self.policy.skipped is None:
+                return stats
+            why = f"step refused: {self.policy.skipped}"
+        await self._set_aside(received, why)
+        return None
+
+    async def _set_aside(self, received: Received, reason: str) -> None:
+        """Dead-letter a batch that is not trained on; its groups count `dead` in the ledger."""
+        status = await self.batches.set_aside(received, reason)
+        log.error(
+            "batch_set_aside", model=self.model_name, batch=received.batch.uid, reason=reason, status=status
+        )
 
     async def _commit(self) -> None:
         """Snapshot the state; then, while the next batch trains, write it as a durable checkpoint (the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import replace
 
@@ -38,16 +39,30 @@ class PolicyTrainer:
         )
         cfg = settings.loss
         self.needs_prox = cfg.decoupled or cfg.correction != "none" or cfg.m2po_threshold is not None
+        self.vocab = model.get_input_embeddings().num_embeddings
+        self.skipped: str | None = None
+        """Why the last `step` applied nothing (None: it was applied)."""
 
     def step(self, batch: Batch) -> dict[str, float]:
-        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics."""
+        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics.
+
+        Nothing non-finite is ever applied: a batch with a non-finite advantage or behaviour logprob, or a
+        token id outside the embedding, is refused before any forward (the weights stay as they were); a
+        minibatch whose loss or gradient norm is not finite is not applied (its gradients are zeroed, the
+        optimizer and scheduler do not step) and the rest of the batch is skipped - minibatches before it
+        (`minibatches` > 1) stay applied, they were finite. Either way `skipped` says why and the
+        returned statistics are `{"skipped": 1.0}`. Every rank decides alike (the data is the same on
+        all; the loss verdict is reduced over the ranks)."""
         started = time.perf_counter()
         items = samples(batch)
+        self.skipped = refusal(items, self.vocab)
+        if self.skipped is not None:
+            return {"skipped": 1.0}
         stats: dict[str, list[float]] = {}
         tokens = 0
         rank, size = world()
         cfg = self.settings.loss
-        for part in split(items, self.settings.minibatches):
+        for index, part in enumerate(split(items, self.settings.minibatches)):
             # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
             # ranks, so each rank's share of the mean is scaled by the world size.
             denominator = (
@@ -64,6 +79,7 @@ class PolicyTrainer:
             refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
             for mb, p, r in zip(mbs, prox, refs, strict=True):
                 with self.autocast():
                     logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
@@ -71,6 +87,7 @@ class PolicyTrainer:
                 loss.backward()
                 n = mb.mask.sum().clamp(min=1)
                 s["loss"] = float(loss.detach())
+                loss_sum += s["loss"]
                 s["entropy"] = float((entropy * mb.mask).sum() / n)
                 s["engine_mismatch"] = float(((logp.detach() - mb.behav).abs() * mb.mask).sum() / n)
                 for k, v in s.items():
@@ -82,6 +99,13 @@ class PolicyTrainer:
                 grads = [p.grad for p in self.model.parameters() if p.grad is not None]
                 norm = torch.nn.utils.get_total_norm(grads)
             stats.setdefault("grad_norm", []).append(float(norm))
+            if sync_max(int(not (math.isfinite(loss_sum) and math.isfinite(float(norm))))):
+                self.optimizer.zero_grad(set_to_none=True)
+                self.model.eval()
+                self.skipped = (
+                    f"minibatch {index}: loss {loss_sum} or gradient norm {float(norm)} is not finite"
+                )
+                return {"skipped": 1.0}
             self.optimizer.step()
             self.scheduler.step()
         self.model.eval()
@@ -124,3 +148,16 @@ class PolicyTrainer:
         model.eval()
         with self.autocast():
             return token_logprobs(model, mb)[0]
+
+
+def refusal(items: list[Sample], vocab: int) -> str | None:
+    """Why a batch of `items` cannot be trained on by a model of `vocab` token embeddings (None: it can)."""
+    for i, s in enumerate(items):
+        if not math.isfinite(s.advantage):
+            return f"sample {i}: advantage {s.advantage} is not finite"
+        if not np.isfinite(s.behav).all():
+            return f"sample {i}: behaviour logprobs are not finite"
+        if len(s.tokens) and (int(s.tokens.min()) < 0 or int(s.tokens.max()) >= vocab):
+            low, high = int(s.tokens.min()), int(s.tokens.max())
+            return f"sample {i}: token id {low if low < 0 else high} outside the embedding [0, {vocab})"
+    return None

@@ -1,10 +1,18 @@
-"""Namespaces for tool calls: each call runs as an unprivileged uid of its own in fresh PID, mount, network,
-IPC and UTS namespaces, under a root filesystem that holds only the system's programs and the interpreter
-(read-only), a fresh `/tmp` and `/dev/shm`, a minimal `/dev`, its own `/proc` and its scratch directory.
+"""Namespaces for tool calls: each call runs in fresh PID, mount, network, IPC and UTS namespaces, under a
+root filesystem that holds only the system's programs and the interpreter (read-only), a minimal `/dev`,
+its own `/proc`, and one size-capped tmpfs (`disk_mb`) behind its only writable places: `/sandbox` (its
+cwd), `/tmp` and `/dev/shm`. What it writes never reaches the host's disk, and no more than `disk_mb`.
 
-Built from util-linux (`unshare`, `setpriv`, `mount`) and coreutils' `chroot`: nothing to install. It needs
-the rights to create those namespaces (root, or CAP_SYS_ADMIN and CAP_SETUID); one probe per process
-tells whether this machine grants them (`available`).
+Two ways in, probed once per process (`mode`):
+- `root-namespaces` (the worker is root): the call runs as an unprivileged uid of its own (`take_uid`);
+- `user-namespaces` (any user, where the kernel allows unprivileged user namespaces): a user namespace
+  maps the worker's uid to root inside it, the setup runs as that root, and the tool runs as it with
+  every capability dropped for good (empty bounding, inheritable and ambient sets, locked `noroot`
+  securebits, no new privileges); it cannot make another user namespace (the kernel refuses one to a
+  chrooted process), so it cannot get capabilities back.
+Elsewhere (`none`) `sandbox` runs tools as the worker's user in a process group.
+
+Built from util-linux (`unshare`, `setpriv`, `mount`) and coreutils' `chroot`: nothing to install.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 TOOL_UID_BASE = 1_000_000_000
@@ -28,10 +37,11 @@ them), so one call's processes count against its own RLIMIT_NPROC and no other c
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "astraflow-tool-uids"
 """Lock files of the tool uids in use on this host: a call holds an flock on `<uid>`, so two processes
 (two RaaS workers, a reward pool) never run calls as the same uid; the kernel drops it if the process dies."""
-TMPFS_SIZE = "64m"
-"""Size of the tool's fresh `/tmp` and `/dev/shm` (their pages are memory that RLIMIT_AS does not count)."""
 WORKDIR = "/sandbox"
 """Where the tool's root shows its scratch directory (its cwd)."""
+DISK_MB = 64
+"""Default size of the tmpfs behind the tool's `/sandbox`, `/tmp` and `/dev/shm` together (its pages are
+memory that RLIMIT_AS does not count)."""
 _PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 _DEVICES = ("null", "zero", "random", "urandom")
 _held: dict[int, int] = {}
@@ -77,58 +87,72 @@ def _readable_trees() -> list[str]:
     return trees
 
 
-def _setup_script(root: Path, workdir: Path, uid: int, argv: Sequence[str]) -> str:
-    """The shell that runs as root inside the new namespaces: build the tool's root, then drop to `uid`
-    (no groups, no capabilities, no new privileges) and run `argv` in it. `set -e`: any step failing
-    stops the call before the tool runs."""
+def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Sequence[str]) -> str:
+    """The shell that runs as root inside the new namespaces: build the tool's root, then run `argv` in it
+    as `uid` (None: as the user namespace's root, capabilities dropped), no groups, no new privileges.
+    `set -e`: any step failing stops the call before the tool runs."""
     q = shlex.quote
-    r = q(str(root))
+    r, w = q(str(root)), q(str(rw))
     trees, links = list(_readable_trees()), []
     for top in ("/bin", "/lib", "/lib64", "/sbin"):  # merged-/usr links, or directories of their own
         if os.path.islink(top):
             links.append(f"ln -s {q(os.readlink(top))} {r}{top}")
         elif os.path.isdir(top):
             trees.append(top)
-    dirs = [*trees, "/proc", WORKDIR]
-    # Few commands: each is a process started on every tool call. The fresh /tmp and /dev/shm first: a
-    # tree that lives under one of them (an environment in /tmp) is then bound on top, not hidden.
+    dirs = [*trees, "/proc", "/tmp", "/dev/shm", WORKDIR]
+    owner = f"chown {uid}:{uid} {w}/work" if uid is not None else ":"  # userns: its root is the tool
+    if uid is None:  # stays root of its user namespace: no capability, none regained by exec; its
+        # groups cannot change there (setgroups is denied), and its root shows no file they would open
+        drop = "--ambient-caps=-all --securebits=+noroot,+noroot_locked,+no_setuid_fixup,+keep_caps_locked"
+    else:
+        drop = f"--reuid={uid} --regid={uid} --clear-groups"
+    # Few commands: each is a process started on every tool call. One tmpfs holds everything the tool can
+    # write, so `disk_mb` caps it all; it is mounted outside the tool's root, which shows three of its
+    # directories. /proc: a container whose /proc is masked refuses a fresh one (the tool goes without).
     lines = [
         "set -e",
         f"mount -t tmpfs -o mode=755,size=1m tool-root {r}",
-        f"mkdir -p {r}/dev/shm {r}/tmp",
-        f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-shm {r}/dev/shm",
-        f"mount -t tmpfs -o nosuid,nodev,mode=1777,size={TMPFS_SIZE} tool-tmp {r}/tmp",
+        f"mount -t tmpfs -o nosuid,nodev,mode=755,size={disk_mb}m tool-rw {w}",
+        f"mkdir -p {w}/work {w}/tmp {w}/shm",
+        f"chmod 1777 {w}/tmp {w}/shm",
+        owner,
         "mkdir -p " + " ".join(r + q(d) for d in dirs),
         "touch " + " ".join(f"{r}/dev/{d}" for d in _DEVICES),
         *links,
         *(f"mount --bind -o ro {q(t)} {r}{q(t)}" for t in trees),
-        f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc",  # this PID namespace's processes only
+        f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc || :",  # this PID namespace's processes only
         *(f"mount --bind /dev/{d} {r}/dev/{d}" for d in _DEVICES),
-        f"mount --bind {q(str(workdir))} {r}{WORKDIR}",
-        f"mount -o remount,ro {r}",
+        f"mount --bind {w}/work {r}{WORKDIR}",
+        f"mount --bind {w}/tmp {r}/tmp",
+        f"mount --bind {w}/shm {r}/dev/shm",
+        f"mount -o remount,bind,ro {r}",
         # Not exec'd: this shell stays the namespace's first process, so the tool is not (the kernel
         # shields a first process from its own signals, SIGXCPU and SIGXFSZ among them), and a tool
         # ended by a signal exits with 128 + its number (`exit_status`).
         "set +e",
-        f"chroot {r} setpriv --reuid={uid} --regid={uid} --clear-groups --no-new-privs "
-        f"--inh-caps=-all --bounding-set=-all -- {shlex.join(argv)}",
+        "unset PWD OLDPWD",  # the worker's cwd: the tool's environment is ENV alone
+        f"chroot {r} setpriv {drop} --no-new-privs --inh-caps=-all --bounding-set=-all -- {shlex.join(argv)}",
         'exit "$?"',
     ]
     return "\n".join(lines)
 
 
-def command(scratch: Path, workdir: Path, uid: int, argv: Sequence[str]) -> list[str]:
-    """The command that runs `argv` isolated, with `workdir` as its WORKDIR (`scratch` holds the root's
-    mount point). Ending it ends every process the tool started: they live in its PID namespace, whose
-    first process dies with `unshare` (--kill-child) and takes the rest with it; `unshare` dies with the
-    thread that started it."""
-    root = scratch / "root"
+def command(scratch: Path, uid: int | None, argv: Sequence[str], disk_mb: int = DISK_MB) -> list[str]:
+    """The command that runs `argv` isolated (`scratch` holds the mount points of its root and of its
+    writable tmpfs). `uid`: the call's uid (root-namespaces), or None to run in a user namespace of its
+    own as the worker's user (user-namespaces). Ending it ends every process the tool started: they live
+    in its PID namespace, whose first process dies with `unshare` (--kill-child) and takes the rest with
+    it; `unshare` dies with the thread that started it."""
+    root, rw = scratch / "root", scratch / "rw"
     root.mkdir()
+    rw.mkdir()
+    user = ["--user", "--map-root-user"] if uid is None else []
     return [
         "setpriv",
         "--pdeathsig=KILL",  # a worker that dies (kill -9 too) takes its tools' namespaces with it
         "--",
         "unshare",
+        *user,
         "--pid",
         "--fork",
         "--kill-child",
@@ -139,7 +163,7 @@ def command(scratch: Path, workdir: Path, uid: int, argv: Sequence[str]) -> list
         "--",
         "sh",
         "-c",
-        _setup_script(root, workdir, uid, argv),
+        _setup_script(root, rw, uid, disk_mb, argv),
     ]
 
 
@@ -156,20 +180,50 @@ def interpreter() -> str:
 ENV = {"PATH": _PATH}
 """The environment of an isolated call, its setup and the tool: a search path, nothing else."""
 
+ROOT, USER, NONE = "root-namespaces", "user-namespaces", "none"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How this machine isolates tool calls (`mode`)."""
+
+    name: str
+    """ROOT, USER or NONE."""
+    reason: str | None = None
+    """Why neither namespace mode works here (NONE), else None."""
+
+    def describe(self) -> str:
+        """One line for `astraflow health`: the mode and what bounds a call's memory."""
+        if self.name == NONE:
+            return f"{NONE} (tools run as the worker's user, unisolated: {self.reason})"
+        return f"{self.name} (memory: RLIMIT_AS per process and a process count per call; disk: tmpfs)"
+
 
 @functools.cache
-def available() -> str | None:
-    """None when tool calls can be isolated here, else why not (probed once per process: a trivial call
-    through the same command)."""
+def mode() -> Mode:
+    """The mode tool calls run in here, probed once per process: a trivial call through each command
+    (as root, root-namespaces first)."""
     missing = [p for p in ("unshare", "setpriv", "chroot", "mount") if shutil.which(p, path=_PATH) is None]
     if missing:
-        return f"not found: {', '.join(missing)}"
-    import tempfile
+        return Mode(NONE, f"not found: {', '.join(missing)}")
+    tried = [(ROOT, TOOL_UID_BASE)] if os.geteuid() == 0 else []
+    reasons = []
+    for name, uid in [*tried, (USER, None)]:
+        why = _probe(uid)
+        if why is None:
+            return Mode(name)
+        reasons.append(f"{name}: {why}")
+    return Mode(NONE, "; ".join(reasons))
 
+
+def available() -> str | None:
+    """None when tool calls can be isolated in namespaces here, else why not."""
+    return mode().reason
+
+
+def _probe(uid: int | None) -> str | None:
     with tempfile.TemporaryDirectory(prefix="astraflow-probe-") as scratch:
-        work = Path(scratch) / "work"
-        work.mkdir()
-        argv = command(Path(scratch), work, TOOL_UID_BASE, [interpreter(), "-I", "-c", "pass"])
+        argv = command(Path(scratch), uid, [interpreter(), "-I", "-c", "pass"], disk_mb=1)
         try:
             done = subprocess.run(argv, env=ENV, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as e:

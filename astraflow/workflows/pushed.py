@@ -4,8 +4,15 @@
 RaaS need not have it installed), and stores it in the hash `af:{R}:workflows` under the workflow's name
 with an HMAC-SHA256 signature under `raas.push_key`. The key is shared by the pusher and the RaaS that
 accept pushed code and is never stored in Redis, so a Redis writer alone cannot push code. The signature
-covers the payload's digest, the workflow name, the run's name and nonce (`af:{R}:run`), who pushed it,
-when, and the Python version: a payload copied to another run, or to another name, does not verify.
+covers the payload's digest, the workflow name, the run's name and identity (nonce and creation time,
+`af:{R}:run`), who pushed it, when, and the Python version: a payload copied to another run, or to
+another name, does not verify.
+
+The identity a RaaS verifies against is the one it saw first (its first prompt group), never re-read:
+a Redis writer who later rewrites a new run's nonce to an old run's, to replay the old run's pushes onto
+it, finds that RaaS refusing every pushed workflow (the run's identity changed under it) rather than
+accepting the old ones. A RaaS that first sees the run after such a rewrite cannot tell; that needs the
+identity to be written only by whoever creates the run (no worker ACL may write it).
 
 A RaaS loads a pushed workflow only with `raas.accept_pushed_code` on, and verifies before it unpickles:
 nothing unsigned, wrongly signed or meant for another run is ever passed to `cloudpickle.loads`.
@@ -28,7 +35,7 @@ import msgpack
 import structlog
 
 from astraflow.errors import ConfigError
-from astraflow.streams.runs import existing
+from astraflow.streams.runs import RunIdentity, existing
 from astraflow.workflows.api import RolloutWorkflow, UnknownName, load, resolve_workflow
 
 if TYPE_CHECKING:
@@ -37,7 +44,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-SCHEME = "astraflow-pushed-workflow-v1"
+SCHEME = "astraflow-pushed-workflow-v2"
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -60,9 +67,10 @@ class PushedWorkflow:
     python: str
     signature: bytes
 
-    def signed(self, run: str, nonce: str) -> bytes:
+    def signed(self, run: str, identity: RunIdentity) -> bytes:
         """What the signature covers: everything but the payload itself (its digest stands for it)."""
-        fields = [SCHEME, run, nonce, self.name, self.digest, self.pushed_by, self.pushed_at, self.python]
+        who = [run, identity.nonce, identity.created]
+        fields = [SCHEME, *who, self.name, self.digest, self.pushed_by, self.pushed_at, self.python]
         return msgpack.packb(fields)
 
     def pack(self) -> bytes:
@@ -115,21 +123,21 @@ async def push(bus: Bus, key: bytes, ref: str, name: str | None = None) -> Pushe
         python=PYTHON,
         signature=b"",
     )
-    signature = _mac(key, pushed.signed(bus.keys.run, run.nonce))
+    signature = _mac(key, pushed.signed(bus.keys.run, run))
     pushed = PushedWorkflow(**{**asdict(pushed), "signature": signature})
     await bus.call(lambda: bus.redis.hset(bus.keys.workflows, pushed.name, pushed.pack()))
     return pushed
 
 
-def verify(pushed: PushedWorkflow, key: bytes, run: str, nonce: str, name: str) -> None:
+def verify(pushed: PushedWorkflow, key: bytes, run: str, identity: RunIdentity, name: str) -> None:
     """Raise PushRefused unless `pushed` was signed with `key` for workflow `name` of this run."""
     why = None
     if pushed.name != name:
         why = f"it was pushed as {pushed.name!r}"
     elif hashlib.sha256(pushed.payload).hexdigest() != pushed.digest:
         why = "its payload does not match its digest"
-    elif not hmac.compare_digest(pushed.signature, _mac(key, pushed.signed(run, nonce))):
-        why = f"its signature does not verify for run {run!r} (nonce {nonce}) under raas.push_key"
+    elif not hmac.compare_digest(pushed.signature, _mac(key, pushed.signed(run, identity))):
+        why = f"its signature does not verify for run {run!r} (nonce {identity.nonce}) under raas.push_key"
     elif pushed.python != PYTHON:
         why = f"it was pickled by Python {pushed.python}, this is {PYTHON}"
     if why:
@@ -144,8 +152,11 @@ class PushedWorkflows:
         self.key = settings.push_key.get_secret_value().encode() if settings.push_key else b""
         self._loaded: dict[str, type[RolloutWorkflow]] = {}
         self._lock = asyncio.Lock()  # groups arriving together load a workflow once
+        self._joined: RunIdentity | None = None
 
     async def resolve(self, name: str, allowed: Collection[str]) -> type[RolloutWorkflow]:
+        if self.accept and self._joined is None:  # the identity pushes verify against, seen once
+            self._joined = await existing(self.bus)
         try:
             return resolve_workflow(name, allowed)
         except ValueError as e:
@@ -169,9 +180,8 @@ class PushedWorkflows:
         import cloudpickle
 
         pushed = PushedWorkflow.unpack(name, raw)
-        run = await self.bus.identity()
         try:
-            verify(pushed, self.key, self.bus.keys.run, run.nonce, name)
+            verify(pushed, self.key, self.bus.keys.run, await self._identity(), name)
         except PushRefused as e:
             log.error("pushed_workflow_refused", workflow=name, pushed_by=pushed.pushed_by, error=str(e))
             raise
@@ -187,3 +197,14 @@ class PushedWorkflows:
             cls=f"{cls.__module__}.{cls.__qualname__}",
         )
         return cls
+
+    async def _identity(self) -> RunIdentity:
+        """The run's identity as this RaaS first saw it; PushRefused if Redis now shows another."""
+        now, joined = await existing(self.bus), self._joined
+        if joined is None or now is None or (now.nonce, now.created) != (joined.nonce, joined.created):
+            was = f"nonce {joined.nonce}" if joined else "no identity"
+            raise PushRefused(
+                f"the run's identity changed under this RaaS ({was} when it first read the run, "
+                f"nonce {now.nonce if now else None} now): no pushed workflow is accepted"
+            )
+        return joined

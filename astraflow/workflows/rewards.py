@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import multiprocessing as mp
 import os
 import signal
@@ -54,7 +55,14 @@ def _score(
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     fields.update({k: v for k, v in ids.items() if takes_any or k in params})
-    return float(fn(prompt, completion, **fields))
+    value = float(fn(prompt, completion, **fields))
+    if not math.isfinite(value):  # a NaN reward would poison every advantage of its group
+        raise NonFiniteReward(f"returned {value}, not a finite number")
+    return value
+
+
+class NonFiniteReward(ValueError):
+    """A reward returned NaN or an infinity."""
 
 
 def _score_in_pool(

@@ -1,11 +1,16 @@
 """A sandboxed Python evaluator for tool calls: a fresh isolated interpreter per call, with CPU-time,
-memory, output and wall-clock limits, an environment of PATH alone and a scratch directory as its cwd.
+memory, process-count, disk, output and wall-clock limits, an environment of PATH alone (never the
+worker's: no secret of it is inherited) and a scratch directory as its cwd.
 
-Where the machine allows namespaces (`isolation.available`), the call runs as an unprivileged uid of its
-own in fresh PID, mount, network, IPC and UTS namespaces (see `isolation`): it sees none of the worker's
-processes, files, shared memory or network, and ending it ends everything it started. Elsewhere it runs
-as the worker's user in a process group of its own, with the same limits, and a warning is logged once:
-then it can read what the worker can, reach the network, and a child that leaves the group survives it.
+Where the machine allows namespaces (`isolation.mode`: as root, or unprivileged in a user namespace), the
+call runs in fresh PID, mount, network, IPC and UTS namespaces (see `isolation`): it sees none of the
+worker's processes, environment, files, shared memory or network, writes at most `disk_mb` (a tmpfs,
+never the host's disk), and ending it ends everything it started. Memory is bounded per call by
+RLIMIT_AS (`memory_mb`) on each of its processes and RLIMIT_NPROC (`max_processes`, counted per call:
+its own uid, or its own user namespace), so a call holds at most `memory_mb x max_processes + disk_mb`.
+Elsewhere (`none`) it runs as the worker's user in a process group of its own, with the CPU, memory and
+output limits, and a warning is logged once: then it can read what the worker can (its /proc/PID/environ
+too), reach the network, write the worker's disk, and a child that leaves the group survives it.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ class ToolResult:
 # The child sets its own hard limits before running the code (no preexec_fn: unsafe in a threaded parent).
 _RUNNER = """
 import os, resource, sys
-cpu, mem, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-os.chdir(sys.argv[4])
+cpu, mem, out, procs = (int(a) for a in sys.argv[1:5])
+os.chdir(sys.argv[5])
 code = sys.stdin.read()
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_FSIZE, (out, out))
-resource.setrlimit(resource.RLIMIT_NPROC, (64, 64))
+resource.setrlimit(resource.RLIMIT_NPROC, (procs, procs))
 exec(compile(code, "<tool>", "exec"), {"__name__": "__main__"})
 """
 
@@ -54,27 +59,30 @@ async def run_python(
     memory_mb: int = 256,
     wall_s: float = 5.0,
     max_output_chars: int = 2000,
+    max_processes: int = 16,
+    disk_mb: int = isolation.DISK_MB,
     namespaces: bool | None = None,
 ) -> ToolResult:
-    """Run `code`; `namespaces`: isolate it in namespaces (None: wherever this machine allows)."""
-    if namespaces is None:
-        namespaces = await _namespaces_available()
+    """Run `code`; `namespaces`: isolate it in namespaces (None: wherever this machine allows).
+    `max_processes` (RLIMIT_NPROC) counts threads too, and in user-namespaces the call's two setup
+    processes; where not isolated, every process of the worker's user."""
+    mode = await _mode()
+    isolated = mode.name != isolation.NONE if namespaces is None else namespaces
     with tempfile.TemporaryDirectory(prefix="astraflow-tool-") as scratch:
-        work = Path(scratch) / "work"
-        work.mkdir()
         source, output = Path(scratch) / "tool.py", Path(scratch) / "output"
         source.write_text(code)
-        limits = [str(cpu_s), str(memory_mb << 20), str(_OUTPUT_CAP_BYTES)]
-        uid = isolation.take_uid() if namespaces else None
+        limits = [str(cpu_s), str(memory_mb << 20), str(_OUTPUT_CAP_BYTES), str(max_processes)]
+        uid = isolation.take_uid() if isolated and mode.name == isolation.ROOT else None
         try:
-            if uid is not None:
-                os.chown(work, uid, uid)
+            if isolated:
                 argv = [isolation.interpreter(), "-I", "-c", _RUNNER, *limits, isolation.WORKDIR]
-                argv = isolation.command(Path(scratch), work, uid, argv)
+                argv = isolation.command(Path(scratch), uid, argv, disk_mb)
             else:
+                work = Path(scratch) / "work"
+                work.mkdir()
                 argv = [sys.executable, "-I", "-c", _RUNNER, *limits, str(work)]
             returncode, text = await _run(argv, source, output, wall_s)
-            if uid is not None and returncode is not None:
+            if isolated and returncode is not None:
                 returncode = isolation.exit_status(returncode)
         finally:
             if uid is not None:
@@ -117,14 +125,14 @@ async def _run(argv: list[str], source: Path, output: Path, wall_s: float) -> tu
 _warned = False
 
 
-async def _namespaces_available() -> bool:
-    """Whether tool calls are isolated in namespaces here (probed once per process); warns once if not."""
+async def _mode() -> isolation.Mode:
+    """How tool calls are isolated here (probed once per process); warns once if they are not."""
     global _warned
-    why = await asyncio.to_thread(isolation.available)
-    if why is not None and not _warned:
+    mode = await asyncio.to_thread(isolation.mode)
+    if mode.name == isolation.NONE and not _warned:
         _warned = True
-        log.warning("tool_sandbox_without_namespaces", reason=why)
-    return why is None
+        log.warning("tool_sandbox_without_namespaces", reason=mode.reason)
+    return mode
 
 
 def _end_group(pgid: int) -> None:

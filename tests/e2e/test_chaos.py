@@ -96,12 +96,17 @@ def test_run_survives_kill_9_of_each_worker_kind(tmp_path):
         trained = [g for b in consumed for g in groups[b]]
         assert len(trained) == len(set(trained)), "a group was trained twice"
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
-        server = server or redis_server.load(run_dir / "redis")
-        if server is not None and server.alive():
-            server.stop()
+        end_kept_run(launcher, server, run_dir)
+
+
+def end_kept_run(launcher: subprocess.Popen, server, run_dir) -> None:
+    """Kill a launcher still running and stop the Redis it kept (`--keep-redis`)."""
+    if launcher.poll() is None:
+        launcher.kill()
+        launcher.wait()
+    server = server or redis_server.load(run_dir / "redis")
+    if server is not None and server.alive():
+        server.stop()
 
 
 def start_run(run_dir, name: str) -> subprocess.Popen:

@@ -240,3 +240,26 @@ def test_every_process_that_holds_weights_gets_dev_shm_sized_for_a_half_billion_
     assert len(holders) == 5
     for name, role in holders.items():
         assert float(services[name]["shm_size"].removesuffix("gb")) * 1e9 / 2**30 >= need[role], name
+
+
+def test_every_raas_may_make_the_user_namespaces_its_tool_sandbox_needs():
+    """The images run the RaaS as a non-root user: its tools are sandboxed in user namespaces
+    (`isolation.mode`), which the runtime's default seccomp profile (unshare without CAP_SYS_ADMIN) and
+    default AppArmor profile (mount) refuse. Every RaaS gets profiles that allow them, and keeps no
+    capability and no privilege escalation of its own."""
+    from tests.e2e.test_deploy import compose_services
+
+    docs = k8s_docs()
+    raas = [(d, c) for d, c in containers(docs) if c.get("command", [])[1:2] == ["raas"]]
+    assert raas
+    for d, c in raas:
+        pod, own = d["spec"]["template"]["spec"], c["securityContext"]
+        assert pod["securityContext"]["seccompProfile"]["type"] in ("Unconfined", "Localhost")
+        assert own["appArmorProfile"]["type"] in ("Unconfined", "Localhost")
+        assert own["capabilities"]["drop"] == ["ALL"] and own["allowPrivilegeEscalation"] is False
+    services = compose_services("compose.yaml", "compose.two-region.yaml")
+    workers = [spec for spec in services.values() if spec.get("command", [])[1:2] == ["raas"]]
+    assert len(workers) == 4
+    for spec in workers:
+        assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(spec["security_opt"])
+        assert spec["cap_drop"] == ["ALL"]

@@ -14,6 +14,7 @@ import asyncio
 import random
 
 import fakeredis
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -258,6 +259,8 @@ async def scenario(opts: dict, actions: list) -> None:
     event(f"replayed: {min(ledger.models[MODEL].replayed, 1)}+")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # 200 crash interleavings: 60 s of CPU, several times that on a loaded machine
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SETTINGS, ACTIONS)
 def test_dataflow_survives_crashes_between_any_two_redis_calls(opts, actions):

@@ -12,6 +12,7 @@ from astraflow.launch.process import process_name
 from astraflow.messages import Heartbeat, encode
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
 from astraflow.streams.runs import mark_stopped
+from astraflow.workflows import isolation
 
 
 @pytest.fixture
@@ -78,7 +79,8 @@ async def test_a_raas_is_judged_by_its_heartbeat(bus, settings):
     with pytest.raises(Unhealthy, match="no heartbeat raas:r1"):
         await check(bus, settings, "raas")
     await beat(bus, "r1")
-    assert "r1" in await check(bus, settings, "raas")
+    line = await check(bus, settings, "raas")
+    assert "r1" in line and f"tool sandbox: {isolation.mode().name}" in line
     await beat(bus, "r1", age_s=3 * settings.raas.heartbeat_ms / 1000 + 1)
     with pytest.raises(Unhealthy, match="heartbeat raas:r1 is 16s old"):
         await check(bus, settings, "raas", live=True)

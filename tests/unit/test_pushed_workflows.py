@@ -1,6 +1,7 @@
 """Workflows pushed to a run: run by a RaaS that opted in, only when signed for this run and name; nothing
 else is ever unpickled, and a group naming a refused workflow is dead-lettered with the reason."""
 
+import asyncio
 import pickle
 import sys
 from hashlib import sha256
@@ -9,11 +10,15 @@ import cloudpickle
 import pytest
 from pydantic import SecretStr
 
-from astraflow.config import load_settings
+from astraflow.config import Settings, load_settings
 from astraflow.errors import ConfigError
-from astraflow.streams import Bus, Keys
+from astraflow.launch.build import raas_setup
+from astraflow.messages import encode
+from astraflow.raas.worker import RaasWorker
+from astraflow.streams import Bus, Keys, Out
+from astraflow.streams.runs import clear
 from astraflow.workflows.pushed import PushedWorkflow, push
-from tests.unit.test_code_from_data import group, run_groups
+from tests.unit.test_code_from_data import Idle, group, run_groups
 
 KEY = b"the-push-key"
 MODULE = """
@@ -56,15 +61,15 @@ def loads(monkeypatch):
     return calls
 
 
-async def pushed(bus, ref, tmp_path, key=KEY) -> bytes:
-    """Push `ref` from `tmp_path`, then forget the module: the RaaS has no such module."""
+async def pushed(bus, ref, tmp_path, key=KEY, name=None) -> bytes:
+    """Push `ref` from `tmp_path` (as `name`), then forget the module: the RaaS has no such module."""
     sys.path.insert(0, str(tmp_path))
     try:
-        await push(bus, key, ref)
+        await push(bus, key, ref, name)
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(ref.partition(":")[0], None)
-    return await bus.redis.hget(bus.keys.workflows, ref)
+    return await bus.redis.hget(bus.keys.workflows, name or ref)
 
 
 def accepting(key=KEY):
@@ -123,3 +128,39 @@ async def test_pushing_needs_the_key_and_accepting_needs_it_too(tmp_path):
     assert main(["workflow", "push", "tests.integration.user_code:Echo", "--run", "nope"]) == 1
     with pytest.raises(ConfigError, match="accept_pushed_code needs push_key"):
         load_settings(None, ["raas.accept_pushed_code=true"])
+
+
+async def test_a_push_to_run_a_is_refused_on_a_new_run_of_that_name_whose_nonce_was_rewritten_to_as(
+    bus, ref, tmp_path, loads
+):
+    old = await pushed(bus, ref, tmp_path, name="old")  # signed for run A
+    identity_a = await bus.redis.hgetall(bus.keys.identity)
+    await clear(bus)  # run A is over; a new run A' of the same name starts, and a RaaS works on it
+    await bus.bootstrap(["policy"])
+    await pushed(bus, ref, tmp_path, name="new")  # signed for A'
+    settings = Settings()
+    for k, v in accepting().items():
+        setattr(settings.raas, k, v)
+    worker = RaasWorker(raas_setup(settings), bus, {"policy": Idle()}, "raas-t", {})
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.runner.run(stop))
+
+    async def handled(g, stream):
+        await bus.publish_many([Out(bus.keys.prompts, encode(g), f"prompt:{g.uid}")])
+        async with asyncio.timeout(30):
+            while not await bus.redis.xlen(stream):
+                await asyncio.sleep(0.02)
+
+    try:
+        await handled(group("g-new", "new"), bus.keys.rollouts)
+        # an attacker who kept A's identity and push writes both into A'
+        await bus.redis.hset(bus.keys.identity, mapping=identity_a)
+        await bus.redis.hset(bus.keys.workflows, "old", old)
+        await handled(group("g-old", "old"), bus.keys.dead)
+    finally:
+        stop.set()
+        await task
+        worker.ctx.rewards.close()
+    ((_, dead),) = await bus.redis.xrange(bus.keys.dead)
+    assert b"the run's identity changed under this RaaS" in dead[b"reason"]
+    assert len(loads) == 1  # the push made for A', never A's

@@ -181,10 +181,26 @@ async def test_limits_hold_with_and_without_namespaces(namespaces):
 
 
 async def test_without_namespaces_tools_still_run_and_a_warning_is_logged_once(monkeypatch):
-    monkeypatch.setattr(isolation, "available", lambda: "unshare: not permitted")
+    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, "unshare: not permitted"))
     monkeypatch.setattr(sandbox, "_warned", False)
     with structlog.testing.capture_logs() as logs:
         results = [await run_python("import os; print(os.getuid())") for _ in range(2)]
     assert [r.output for r in results] == [f"{os.getuid()}\n"] * 2
     warnings = [e for e in logs if e["event"] == "tool_sandbox_without_namespaces"]
     assert [w["reason"] for w in warnings] == ["unshare: not permitted"]
+
+
+@needs_namespaces
+async def test_writing_100_mb_into_a_16_mb_sandbox_fails_with_enospc():
+    code = """
+import errno
+try:
+    for i in range(200):  # files of 512 KiB: one file is capped at 1 MiB (the output cap)
+        open(f"/tmp/big{i}" if i % 2 else f"big{i}", "wb").write(b"x" * (512 << 10))
+    print("wrote 100 MB")
+except OSError as e:
+    print(errno.errorcode[e.errno], i)
+"""
+    result = await run_python(code, disk_mb=16)
+    status, files = result.output.split()
+    assert status == "ENOSPC" and int(files) <= 32

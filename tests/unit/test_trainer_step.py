@@ -4,6 +4,7 @@ batch into micro-batches (gradient accumulation) gives the same update as one bi
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -100,3 +101,77 @@ def test_shared_prefix_gives_the_plain_update(model):
         trainer.step(batch)
         updated.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
     assert torch.allclose(updated[0], updated[1], atol=1e-5)
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def at(values: np.ndarray, i: int, value) -> np.ndarray:
+    out = values.copy()
+    out[i] = value
+    return out
+
+
+SEQS = [[5, 6, 7, 8, 9], [5, 6, 10, 11, 12], [5, 6, 13, 14], [5, 6, 15, 16, 17, 18]]
+
+
+def nan_advantage(model):
+    batch = make_batch(model, SEQS, [1, 0, 1, 0])
+    group = dataclasses.replace(batch.groups[0], advantages=at(batch.groups[0].advantages, 2, np.nan))
+    return dataclasses.replace(batch, groups=[group]), "sample 2: advantage nan is not finite"
+
+
+def nan_behaviour_logprob(model):
+    spoil = lambda i, t: dataclasses.replace(t, logprobs=at(t.logprobs, 3, np.nan)) if i == 1 else t  # noqa: E731
+    return make_batch(model, SEQS, [1, 0, 1, 0], spoil), "sample 1: behaviour logprobs are not finite"
+
+
+def token_outside_the_vocabulary(model):
+    vocab = model.get_input_embeddings().num_embeddings
+    spoil = lambda i, t: dataclasses.replace(t, token_ids=at(t.token_ids, 3, vocab)) if i == 0 else t  # noqa: E731
+    return make_batch(
+        model, SEQS, [1, 0, 1, 0], spoil
+    ), f"token id {vocab} outside the embedding [0, {vocab})"
+
+
+@pytest.mark.parametrize("spoiled", [nan_advantage, nan_behaviour_logprob, token_outside_the_vocabulary])
+def test_a_batch_with_non_finite_or_out_of_range_values_leaves_the_weights_bit_identical(model, spoiled):
+    from astraflow.trainer.step import PolicyTrainer
+
+    trainer = PolicyTrainer(model, TrainerSettings(lr=1e-2))
+    before = weights(model)
+    batch, reason = spoiled(model)
+    assert trainer.step(batch) == {"skipped": 1.0}
+    assert reason in trainer.skipped
+    after = weights(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state  # neither stepped
+    trainer.step(make_batch(model, SEQS, [1, 0, 1, 0]))  # the next good batch trains
+    assert trainer.skipped is None
+    assert any(not torch.equal(before[k], v) for k, v in weights(model).items())
+
+
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_a_step_whose_loss_is_nan_is_not_applied(model, minibatches):
+    from astraflow.trainer.step import PolicyTrainer
+
+    trainer = PolicyTrainer(model, TrainerSettings(lr=1e-2, minibatches=minibatches))
+    before = weights(model)
+    batch = make_batch(model, SEQS, [1, 0, 1, 0])
+
+    def nan_logits(module, args, output):  # a numerical blow-up in the forward
+        output.logits = output.logits * float("nan")
+        return output
+
+    hook = model.register_forward_hook(nan_logits)
+    try:
+        assert trainer.step(batch) == {"skipped": 1.0}
+    finally:
+        hook.remove()
+    assert "minibatch 0: loss nan or gradient norm nan is not finite" == trainer.skipped
+    after = weights(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())  # nothing left to leak into the next step
+    assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state

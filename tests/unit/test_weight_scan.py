@@ -41,20 +41,11 @@ def test_a_nan_or_inf_among_the_changed_elements_or_in_a_first_version_is_counte
 
 def manifest_of(data: bytes) -> WeightManifest:
     whole, chunks = layout.digests(data, CHUNK)
+    fields = dict(uid="m:1:x", model="m", version=1, kind="full", base_version=None, endpoints=[])
     return WeightManifest(
-        uid="m:1:x",
-        model="m",
-        version=1,
-        kind="full",
-        base_version=None,
-        endpoints=[],
-        nbytes=len(data),
-        digest=whole,
-        chunk_digests=chunks,
-        tensors=[],
-        incarnation="x",
+        **fields, nbytes=len(data), digest=whole, chunk_digests=chunks, tensors=[], incarnation="x",
         chunk_bytes=CHUNK,
-    )
+    )  # fmt: skip
 
 
 def arrive(verifier: ChunkVerifier, target: memoryview, data: bytes, pieces: int, seed: int) -> None:
