@@ -1,9 +1,11 @@
 """A run's identity: created once, when the run is bootstrapped, and checked by whoever starts one.
 
 The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R)
-and its `created` time; `astraflow run` adds `stopped` when it ends the run. The nonce is part of every
-batch uid and of every trainer checkpoint, so that nothing of another run of the same name (keys left
-on a shared Redis, a checkpoint directory outside the run directory) passes for this run's.
+and its `created` time; whoever ends the run adds `stopped` and `stop_reason` (`astraflow run`, or a
+worker that found a stop condition met: `launch.stops`), and every worker follows that notice. The
+nonce is part of every batch uid and of every trainer checkpoint, so that nothing of another run of the
+same name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for
+this run's.
 
 Starting a process of run R is one of:
 - fresh: no key of R exists; the first process to bootstrap creates the identity (the launcher, or on
@@ -89,16 +91,29 @@ async def open_run(bus: Bus, *, fresh: bool, resume: bool) -> RunIdentity:
     if resume:
         if current is None and not await _used(bus, fresh):
             raise RunExistsError(f"nothing to resume: no key of run {bus.keys.run!r} on this Redis")
-        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped"))
+        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped", "stop_reason"))
         return await bus.identity()
     if current is not None and (fresh or current.stopped is not None):
         raise RunExistsError(f"{_describe(bus, current)} {_how(bus)}")
     return await bus.identity()
 
 
-async def mark_stopped(bus: Bus) -> None:
-    """Record that the run was ended: a worker started later does not join it unless resuming."""
-    await bus.call(lambda: bus.redis.hset(bus.keys.identity, "stopped", f"{time.time():.3f}"))
+async def mark_stopped(bus: Bus, reason: str | None = None) -> None:
+    """Record that the run was ended (and why): its workers stop, and a worker started later does not
+    join it unless resuming."""
+    fields = {"stopped": f"{time.time():.3f}", **({"stop_reason": reason} if reason else {})}
+    await bus.call(lambda: bus.redis.hset(bus.keys.identity, mapping=fields))
+
+
+async def forget(bus: Bus, created: RunIdentity) -> bool:
+    """Delete the identity `created` (one this process made when it started a run that had no key), unless
+    anything else of the run exists meanwhile (another process joined and wrote to it). A start that
+    failed leaves no run behind, so a fresh `astraflow run` of that name is not refused."""
+    current = await existing(bus)
+    if current is None or current.nonce != created.nonce or await _used(bus, fresh=False):
+        return False
+    await bus.call(lambda: bus.redis.delete(bus.keys.identity))
+    return True
 
 
 async def clear(bus: Bus) -> int:

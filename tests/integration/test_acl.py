@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from astraflow.streams.keys import GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
 from astraflow.streams.runs import open_run
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
+from tests.redis7 import system_redis
 
 pytestmark = pytest.mark.integration
 RUN = "it"
@@ -38,12 +38,7 @@ RUN = "it"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A Redis 7 (key-level read/write selectors need it) with the default user as the admin."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is missing in CI")
-        pytest.skip("no redis-server")
-    s = redis_server.start(tmp_path_factory.mktemp("redis-acl"), binary=binary)
+    s = redis_server.start(tmp_path_factory.mktemp("redis-acl"), binary=system_redis())
     yield s
     s.stop()
 
