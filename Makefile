@@ -5,7 +5,7 @@ EXTRAS ?= dev,cpu
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup run test lint bench
+.PHONY: setup run test lint bench check
 
 setup: $(STAMP)
 
@@ -30,3 +30,13 @@ lint: setup
 
 bench: setup
 	$(PY) tests/bench/bus_throughput.py
+
+# The developer's loop (CONTRIBUTING.md): lint, the fitness tests, then the unit tests but the `slow` ones
+# and a warm-start run (with the dataflow property test, 2.7 of the unit suite's 6 minutes on 2 busy
+# cores), which `make test` runs.
+FITNESS := tests/unit/test_service_boundaries.py tests/unit/test_docs.py tests/unit/test_settings_doc.py
+CHECK_SKIP := tests/unit/test_tiny.py::test_warm_start_lowers_the_loss
+
+check: lint
+	$(VENV)/bin/pytest -q $(FITNESS)
+	$(VENV)/bin/pytest -q tests/unit -m "not slow" $(addprefix --deselect ,$(FITNESS) $(CHECK_SKIP))
