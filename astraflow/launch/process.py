@@ -45,10 +45,12 @@ async def run_until_signalled(
     worker: str,
     body: Callable[[Bus, asyncio.Event], Awaitable[None]],
     name_setting: str,
+    role: str,
 ) -> None:
     """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns). The bus waits
     out Redis outages (logging `redis_unreachable`) rather than ending the process. The process holds its
-    consumer name `worker` throughout (`names.hold_name`; `name_setting` is what a clash should change).
+    consumer name `worker` of `role` throughout (`names.hold_name`; `name_setting` is what a clash should
+    change).
     A worker whose parent died (the launcher killed: its workers get SIGTERM) ends a stop that overruns
     `stop_grace_s` itself, as the launcher would have: its Redis may have died with the launcher."""
     logs.configure(worker=worker, run=settings.run.name)
@@ -60,7 +62,7 @@ async def run_until_signalled(
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
         await warn_if_evicting(bus)
-        async with hold_name(bus, worker, name_setting):
+        async with hold_name(bus, worker, name_setting, role=role):
             await body(bus, stop)
     finally:
         await bus.close()

@@ -19,7 +19,7 @@ def run_dataflow(settings: Settings, url: str) -> None:
     """A dataflow replica; stateless, any number may run against one Redis."""
     name = process_name("dataflow", settings.dataflow.id)
     body = lambda bus, stop: build_dataflow(settings, bus, name).run(stop)  # noqa: E731
-    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id"))
+    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id", "dataflow"))
 
 
 def run_raas(settings: Settings, url: str) -> None:
@@ -30,7 +30,7 @@ def run_raas(settings: Settings, url: str) -> None:
         async with build_raas(settings, bus, wid) as worker:
             await worker.run(stop)
 
-    asyncio.run(run_until_signalled(settings, url, wid, body, "raas.id"))
+    asyncio.run(run_until_signalled(settings, url, wid, body, "raas.id", "raas"))
 
 
 def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
@@ -55,6 +55,7 @@ def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
             build_trainer(settings, bus, name).follow()
             return
         body = lambda bus, stop: build_trainer(settings, bus, name).run(stop)  # noqa: E731
-        asyncio.run(run_until_signalled(settings, url, f"trainer-{name}", body, "one trainer per policy"))
+        run = run_until_signalled(settings, url, f"trainer-{name}", body, "one trainer per policy", "trainer")
+        asyncio.run(run)
     finally:
         distributed.teardown()

@@ -1,9 +1,12 @@
 """A run's identity: created once, when the run is bootstrapped, and checked by whoever starts one.
 
-The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R)
-and its `created` time; `astraflow run` adds `stopped` when it ends the run. The nonce is part of every
-batch uid and of every trainer checkpoint, so that nothing of another run of the same name (keys left
-on a shared Redis, a checkpoint directory outside the run directory) passes for this run's.
+The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R) and
+its `created` time; `astraflow run` adds `stopped` when it ends the run. It is written by whoever creates
+the run and never by a worker role's ACL user (workers only read it): on a shared Redis with per-role
+users, `astraflow redis acl --apply` creates it (`provision`), with the weight-transfer secret. The nonce
+is part of every batch uid and of every trainer checkpoint, so that nothing of another run of the same
+name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for this
+run's.
 
 Starting a process of run R is one of:
 - fresh: no key of R exists; the first process to bootstrap creates the identity (the launcher, or on
@@ -19,9 +22,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from redis.exceptions import ResponseError
+
 from astraflow.errors import RunExistsError
+from astraflow.streams.keys import Keys
 
 if TYPE_CHECKING:
     from astraflow.streams.bus import Bus
@@ -89,11 +96,53 @@ async def open_run(bus: Bus, *, fresh: bool, resume: bool) -> RunIdentity:
     if resume:
         if current is None and not await _used(bus, fresh):
             raise RunExistsError(f"nothing to resume: no key of run {bus.keys.run!r} on this Redis")
-        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped"))
-        return await bus.identity()
+        if current is not None and current.stopped is not None:
+            await _unstop(bus)
+        return await _identity(bus, current)
     if current is not None and (fresh or current.stopped is not None):
         raise RunExistsError(f"{_describe(bus, current)} {_how(bus)}")
-    return await bus.identity()
+    return await _identity(bus, current)
+
+
+def _refused(e: ResponseError) -> bool:
+    """Whether `e` is an ACL refusal (of a command, or of a command inside a script)."""
+    return "perm" in str(e).lower() or "can't access" in str(e)
+
+
+async def _unstop(bus: Bus) -> None:
+    try:
+        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped"))
+    except ResponseError as e:
+        if not _refused(e):
+            raise
+        raise RunExistsError(
+            f"run {bus.keys.run!r} was stopped and this user may not resume it (a worker's ACL user only"
+            " reads the run identity): resume it with the admin's credentials (`astraflow run --resume`)"
+        ) from None
+
+
+async def _identity(bus: Bus, current: RunIdentity | None) -> RunIdentity:
+    """The identity read (`current`, unstopped now), else created: a worker ACL user may not create it."""
+    if current is not None:
+        return RunIdentity(current.nonce, current.created)
+    try:
+        return await bus.identity()
+    except ResponseError as e:  # NOPERM, from the script's HSET
+        if not _refused(e):
+            raise
+        raise RunExistsError(
+            f"run {bus.keys.run!r} has no identity and this user may not create it: whoever creates the run"
+            f" does (`astraflow redis acl --apply --run {bus.keys.run}` on a Redis with per-role users)"
+        ) from None
+
+
+async def provision(client, keys: Keys) -> RunIdentity:
+    """Create the run's identity and weight-transfer secret unless they exist (an admin `client`): what
+    workers under per-role ACL users read and may not write."""
+    script = (Path(__file__).parent / "lua" / "create_run.lua").read_text()
+    reply = await client.eval(script, 1, keys.identity, *new_identity_args())
+    await client.set(keys.weights_secret, secrets.token_hex(32), nx=True)
+    return RunIdentity.parse(*reply)
 
 
 async def mark_stopped(bus: Bus) -> None:
