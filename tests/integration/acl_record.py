@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import secrets
 from collections import defaultdict
 from fnmatch import fnmatchcase
 
@@ -63,7 +64,11 @@ def name_and_keys(args: list[str]) -> tuple[str, list[str]]:
 
 
 class Recorder:
-    """`sent[user]`: the (command, key) pairs each user sent, a key without the run's prefix."""
+    """`sent[user]`: the (command, key) pairs each user sent, a key without the run's prefix.
+
+    Addresses are told to users by CLIENT LIST, sent every 20 ms: each answer applies where its CLIENT LIST
+    ran in the MONITOR stream (marked by an ECHO in the same MULTI: MONITOR never shows CLIENT), and an AUTH
+    there (a new connection, maybe on a port a closed one had) forgets its address until the next answer."""
 
     def __init__(self, url: str, run: str) -> None:
         self.url, self.run, self.prefix = url, run, Keys(run).prefix
@@ -71,12 +76,14 @@ class Recorder:
         self.users: dict[str, str] = {}
         self.unknown: dict[str, list[list[str]]] = {}
         self._pending: dict[str, list[list[str]]] = defaultdict(list)
+        self._answers: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
         self._done = False
 
     async def __aenter__(self) -> Recorder:
-        self._admin = aioredis.Redis.from_url(self.url)
-        await self._poll_clients()
+        self._admin = aioredis.Redis.from_url(self.url, single_connection_client=True)
+        self._poller = aioredis.Redis.from_url(self.url)
+        self._mark = f"acl-record-{secrets.token_hex(4)}"
         self._monitor = self._admin.monitor()
         await self._monitor.__aenter__()
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._clients())]
@@ -87,7 +94,6 @@ class Recorder:
         self._done = True  # both tasks stop: MONITOR read to its end
         for t in self._tasks:
             await t
-        await self._poll_clients()
         for addr, lines in self._pending.items():  # gone before CLIENT LIST saw them (a shutdown's calls)
             sent = [name_and_keys(args) for args in lines if args[0].lower() not in _HANDSHAKE]
             pairs = {(name, k.removeprefix(self.prefix)) for name, keys in sent for k in keys or [""]}
@@ -100,10 +106,10 @@ class Recorder:
         with contextlib.suppress(Exception):
             await self._monitor.__aexit__(*exc)
         await self._admin.aclose()
+        await self._poller.aclose()
 
-    async def _poll_clients(self) -> None:
-        for c in await self._admin.client_list():
-            self.users[c["addr"]] = c["user"]
+    def _apply(self, answer: list[dict]) -> None:
+        self.users = {c["addr"]: c["user"] for c in answer}
         for addr in [a for a in self._pending if a in self.users]:
             for args in self._pending.pop(addr):
                 self._record(self.users[addr], args)
@@ -117,7 +123,9 @@ class Recorder:
 
     async def _clients(self) -> None:
         while not self._done:
-            await self._poll_clients()
+            async with self._poller.pipeline(transaction=True) as p:  # MONITOR never shows CLIENT LIST
+                _, answer = await p.echo(self._mark).client_list().execute()  # the ECHO marks its place
+            await self._answers.put(answer)
             await asyncio.sleep(0.02)
 
     async def _read(self) -> None:
@@ -135,8 +143,13 @@ class Recorder:
             if parsed is None or not parsed[1]:
                 continue
             addr, args = parsed
+            if args == ["ECHO", self._mark]:
+                self._apply(await self._answers.get())
+                continue
             if addr != "lua":
                 caller = addr
+                if args[0].lower() in _HANDSHAKE:
+                    self.users.pop(addr, None)
             if caller in self.users:
                 self._record(self.users[caller], args)
             else:  # connected since the last CLIENT LIST
