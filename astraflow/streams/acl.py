@@ -239,13 +239,14 @@ def render(users: list[AclUser]) -> str:
 
 async def apply(client, users: list[AclUser], run: str | None = None) -> None:
     """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them. With
-    `run`, create the run's identity and weight secret first (unless they exist): no worker user may.
+    `run`, create the run's identity and weight secret first (unless they exist; on a primary only): no
+    worker user may.
     Selectors and read-only key patterns (`%R~`) need Redis 7: an older server is refused with that
     reason."""
     version = (await client.info("server"))["redis_version"]
     if int(str(version).split(".")[0]) < 7:
         raise ConfigError(f"redis acl needs Redis 7 or newer (read-only key patterns); this one is {version}")
-    if run is not None:
+    if run is not None and (await client.info("replication"))["role"] == "master":  # a replica copies it
         from astraflow.streams.runs import provision
 
         await provision(client, Keys(run))

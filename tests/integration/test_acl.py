@@ -374,3 +374,26 @@ async def test_acl_users_are_refused_on_redis_6_with_the_reason(tmp_path):
     finally:
         await client.aclose()
         s.stop()
+
+
+@pytest.mark.slow
+async def test_apply_on_a_replica_installs_users_and_leaves_the_identity_to_the_primary(
+    server, admin, tmp_path
+):
+    """The k8s Job applies the users on the primary, then on its replica: the run identity and the weight
+    secret, created on the primary, reach the replica by replication (it refuses writes)."""
+    from tests.integration.replicas import start_replica
+
+    replica = start_replica(tmp_path / "replica", server)
+    client = aioredis.Redis.from_url(replica.url)
+    try:
+        passwords = {role: "pw" for role in acl.ROLES}
+        await acl.apply(admin, [acl.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
+        await acl.apply(client, [acl.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
+        await admin.execute_command("WAIT", 1, 5000)
+        k = Keys(RUN)
+        assert await client.hget(k.identity, "nonce") == await admin.hget(k.identity, "nonce") is not None
+        assert await client.get(k.weights_secret) == await admin.get(k.weights_secret) is not None
+    finally:
+        await client.aclose()
+        replica.stop()
