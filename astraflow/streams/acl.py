@@ -1,9 +1,11 @@
 """Least-privilege Redis ACL users for one run on a shared Redis: one user per role.
 
-Each user may touch only its run's keys (`af:{RUN}:...`) and, among them, only the families its role
-reads or writes, with only the commands its code sends (Lua scripts included: Redis checks every
-`redis.call` of a script against the caller's user). The run's weight-transfer secret is readable by the
-roles that serve or pull weights (raas, trainer) and by no one else.
+Each user may touch only its run's keys (`af:{RUN}:...`), and each command only on the key families it is
+granted for (`GRANTS`: one Redis 7 selector per grant), so the RaaS may trim its input but not `rollouts`.
+Lua scripts are no way around it: Redis checks every `redis.call` of a script against the caller's user,
+and EVALSHA needs write access to every key a script declares - which also means a role may send by hand
+whatever its scripts send (no write is possible "only through a script"). The run identity and the weight
+secret are read only to every role: `apply` creates them. docs/security.md's role table is `role_table()`.
 
 What ACLs cannot hide: SCAN is not filtered by key patterns, so a user allowed SCAN (dataflow, observer)
 can list the names - not the values - of other runs' keys.
@@ -76,7 +78,11 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "raas": (
         _g("prompts (its consumer group)", "prompts", _CONSUMER),
         _g("rollouts (hand-off)", "rollouts", "xadd type"),
-        _g("its heartbeat (ownership script)", "raas:*", "hset pexpire del"),
+        _g(
+            "its heartbeat (ownership script; `astraflow health` reads it)",
+            "raas:*",
+            "hset pexpire del hgetall",
+        ),
         *_plumbing("raas"),
         _g("weight manifests", "weights:*:*", "hgetall", write=False),
         _g("weight peers", "weights:*:*:peers", "zadd zrevrange zrem expire"),
@@ -275,5 +281,5 @@ async def command(settings: Settings, url: str | None, passwords_file: Path | No
             await apply(client, users, run)
         finally:
             await client.aclose()
-        print(f"# installed {len(users)} users; run {run!r} identity and weight secret created")
+        print(f"# installed {len(users)} users; the run's identity and weight secret are in place")
     return 0

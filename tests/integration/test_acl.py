@@ -122,6 +122,7 @@ RARE = {
         " exists@run evalsha@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
+        " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
         " del@weights:*:*:relay:* zrem@weights:*:*:peers evalsha@weights:*:*:peers"  # relays, peers leaving
     ),
     "trainer": _rare(
