@@ -24,12 +24,23 @@ from astraflow.commands import (
 from astraflow.export import cmd_export
 from astraflow.tracking.command import cmd_track
 
-DEFAULT_RECIPE = "recipes/addition-tiny.yaml"
+DEFAULT_RECIPE = "addition-tiny"
 
 
 def main(argv: list[str] | None = None) -> int:
+    from astraflow import logs
+
+    logs.configure()  # JSON off a terminal from the first event on (a worker sets its level later)
     parser = _parser()
     args = parser.parse_args(argv)
+    if getattr(args, "recipe_flag", None):  # deprecated spelling
+        if args.recipe is not None:
+            parser.error(f"the recipe twice: {args.recipe} and --recipe {args.recipe_flag}")
+        print(
+            "astraflow: warning: --recipe is deprecated: name the recipe first (COMMAND RECIPE)",
+            file=sys.stderr,
+        )
+        args.recipe = args.recipe_flag
     if not hasattr(args, "handler"):
         parser.print_help()
         return 2
@@ -71,12 +82,17 @@ def one_line(e: BaseException) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="astraflow", description="RL of LLMs as a dataflow on Redis Streams.")
+    p.add_argument("--version", action="version", version=f"astraflow {_version()}")
     sub = p.add_subparsers(metavar="COMMAND")
 
     def command(name: str, handler, help: str, recipe: bool = True) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
         if recipe:
-            c.add_argument("recipe", nargs="?", help="recipe YAML")
+            c.add_argument(
+                "recipe", nargs="?", help="recipe YAML, or a shipped recipe's name (addition-tiny)"
+            )
+            # the first positional in every command; `--recipe` as it was in `trace` and `workflow`
+            c.add_argument("--recipe", dest="recipe_flag", help=argparse.SUPPRESS)
         c.add_argument(
             "--set",
             action="append",
@@ -97,6 +113,9 @@ def _parser() -> argparse.ArgumentParser:
     fresh.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
     fresh.add_argument("--overwrite", action="store_true", help="replace what run.dir holds (not a live run)")
     command("top", cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
+    record = command("record", _cmd_record, "write a run's metrics.jsonl, summary.json, reward.png (any run)")
+    record.add_argument("--dir", metavar="D", help="where to write them (default: run.dir)")
+    record.add_argument("--once", action="store_true", help="record what the run holds now, then exit")
     command("inspect", cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
     command("config", _cmd_config, "print the effective settings (secrets masked)")
     redis = command(
@@ -134,14 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
     scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
     scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
-    push = command("workflow", cmd_workflow, "push a workflow class to a running run's RaaS", False)
+    push = command("workflow", cmd_workflow, "push a workflow class to a running run's RaaS")
     push.add_argument("action", choices=["push"])
     push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
     push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
-    push.add_argument("--recipe", help="recipe YAML (for the run's settings)")
-    trace = command("trace", cmd_trace, "show the path of one prompt group", recipe=False)
+    trace = command("trace", cmd_trace, "show the path of one prompt group")
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
-    trace.add_argument("--recipe", help="recipe YAML (for the run's models)")
     track = command("track", cmd_track, "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)")
     track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
     export = command("export", cmd_export, "a checkpoint as a Hugging Face directory (transformers, vLLM)")
@@ -165,6 +182,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("astraflow")
+    except PackageNotFoundError:  # a source checkout on PYTHONPATH
+        from astraflow import __version__
+
+        return __version__
+
+
+def _cmd_record(args) -> int:
+    from astraflow.launch.record import cmd_record
+
+    return cmd_record(args)
+
+
 def _cmd_config(args) -> int:
     import yaml
 
@@ -172,14 +206,22 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def worker_start(url: str, settings, resume: bool):
+    """`launch.runs.worker_start` (imported when a worker command runs)."""
+    from astraflow.launch.runs import worker_start
+
+    return worker_start(url, settings, resume)
+
+
 def _cmd_raas(args) -> int:
     from astraflow.launch.services import run_raas
     from astraflow.launch.tiny import build_tiny
 
     settings = settings_from(args)
-    url = _joined(args, settings)
-    build_tiny(settings)
-    run_raas(settings, url)
+    url = redis_url(settings)
+    with worker_start(url, settings, args.resume):
+        build_tiny(settings)
+        run_raas(settings, url)
     return 0
 
 
@@ -188,9 +230,10 @@ def _cmd_trainer(args) -> int:
     from astraflow.launch.tiny import build_tiny
 
     settings = settings_from(args)
-    url = _joined(args, settings)
-    build_tiny(settings)
-    run_trainer(settings, url, args.model)
+    url = redis_url(settings)
+    with worker_start(url, settings, args.resume):
+        build_tiny(settings)
+        run_trainer(settings, url, args.model)
     return 0
 
 
@@ -198,17 +241,10 @@ def _cmd_dataflow(args) -> int:
     from astraflow.launch.services import run_dataflow
 
     settings = settings_from(args)
-    run_dataflow(settings, _joined(args, settings))
-    return 0
-
-
-def _joined(args, settings) -> str:
-    """The Redis of a worker command, once it may start there: joining the run, or creating it."""
-    from astraflow.launch.runs import check_start
-
     url = redis_url(settings)
-    asyncio.run(check_start(url, settings, fresh=False, resume=args.resume))
-    return url
+    with worker_start(url, settings, args.resume):
+        run_dataflow(settings, url)
+    return 0
 
 
 def _cmd_health(args) -> int:

@@ -106,16 +106,28 @@ def cmd_top(args) -> int:
 
 
 async def _top(bus, settings) -> int:
-    from rich.live import Live
-
-    from astraflow.launch.progress import Progress, render
+    """The live view on a terminal; elsewhere (a pipe, a log) one plain line every `TOP_LINE_EVERY_S`.
+    Times count from the run's creation."""
+    from astraflow.launch.progress import Progress, line, render
+    from astraflow.streams.runs import existing
 
     r = settings.run
-    progress = Progress(bus, settings.trained, r.reward_window)
+    identity = await existing(bus)
+    started = identity.created if identity is not None else None
+    progress = Progress(bus, settings.trained, r.reward_window, started=started)
+    if not sys.stdout.isatty():
+        while True:
+            print(line(await progress.poll(), r.reward_window), flush=True)
+            await asyncio.sleep(TOP_LINE_EVERY_S)
+    from rich.live import Live
+
     with Live(refresh_per_second=2) as live:
         while True:
             live.update(render(await progress.poll(), r.reward_window, r.target_reward))
             await asyncio.sleep(1.0)
+
+
+TOP_LINE_EVERY_S = 5.0
 
 
 def cmd_inspect(args) -> int:
@@ -261,10 +273,12 @@ async def _run_names(bus, most: int = 10) -> list[str]:
 
 def cmd_model_tiny(args) -> int:
     from astraflow import tiny
+    from astraflow.launch.tiny import warm_start_progress
 
     out = tiny.build(args.out_dir, seed=args.seed)
     print(f"built {out}")
     if args.warm_start:
-        loss = tiny.warm_start(out, args.warm_start, steps=args.steps, seed=args.seed)
+        progress = warm_start_progress(args.steps)
+        loss = tiny.warm_start(out, args.warm_start, steps=args.steps, seed=args.seed, on_step=progress)
         print(f"warm start on {args.warm_start}: {args.steps} steps, final loss {loss:.3f}")
     return 0

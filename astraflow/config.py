@@ -87,13 +87,17 @@ class RunSettings(BaseModel):
     raas_workers: int = Field(1, ge=1)
     """RaaS worker processes `astraflow run` starts."""
     target_reward: float | None = 0.8
-    """`astraflow run` stops once every model's moving-average reward reaches this."""
+    """The run stops once every model's moving-average reward reaches this (`astraflow run`, or the
+    dataflow and trainer of workers started on their own: `launch.stops`)."""
     reward_window: int = Field(10, ge=1)
     """Trainer steps in the moving average."""
     max_steps: int | None = Field(None, ge=1)
-    """`astraflow run` stops after this many versions of every model."""
+    """The run stops after this many versions of every model."""
     max_time_s: float | None = Field(None, gt=0)
-    """`astraflow run` stops after this long."""
+    """The run stops this long after it was created."""
+    supervised: bool = False
+    """Set by `astraflow run` on the workers it starts: it judges the stop conditions and stops them
+    itself. A worker started on its own (False) judges them and follows the run's stop notice."""
     max_restarts: int = Field(5, ge=0)
     """`astraflow run` restarts a worker that dies at most this many times within `restart_window_s`;
     one more death in that window stops the run (with its report)."""
@@ -122,6 +126,15 @@ class RunSettings(BaseModel):
     @property
     def path(self) -> Path:
         return self.dir if self.dir is not None else Path("runs") / self.name
+
+
+class LogSettings(BaseModel):
+    """Logging (`logs.configure`; its settings live here, so that `astraflow --help` needs no pydantic)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe event a worker process logs (`astraflow run`'s own view logs warnings only)."""
 
 
 class DemoSettings(BaseModel):
@@ -171,6 +184,8 @@ class Settings(BaseSettings):
     """Evaluation as a service: datasets scored at every `eval.every`-th version, for every policy."""
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     """Experiment trackers (TensorBoard, W&B, MLflow) fed from the run's metrics stream."""
+    log: LogSettings = Field(default_factory=LogSettings)
+    """Logging: JSON lines when not on a terminal, at `log.level`."""
 
     @model_validator(mode="after")
     def _rules(self) -> Settings:
@@ -211,8 +226,9 @@ class Settings(BaseSettings):
     def redacted(self) -> dict[str, Any]:
         """The settings as plain data with every secret masked (also a password inside a Redis URL)."""
         data = self.model_dump(mode="json")
-        if self.redis.url:
-            data["redis"]["url"] = redact_url(self.redis.url)
+        for field in ("url", "replica_url"):
+            if getattr(self.redis, field, None):
+                data["redis"][field] = redact_url(getattr(self.redis, field))
         data["policies"] = {name: self.policy(name).model_dump(mode="json") for name in self.run.models}
         return data
 
@@ -256,14 +272,35 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+SHIPPED = Path(__file__).parent / "recipes"
+"""The recipes installed with the package (the repository's `recipes/`)."""
+
+
+def recipe_path(recipe: str | Path) -> Path:
+    """The recipe file `recipe` names: that path when it exists, else the shipped recipe of that name
+    (`addition-tiny`, `addition-tiny.yaml`, or `recipes/addition-tiny.yaml` run outside the repository)."""
+    path = Path(recipe)
+    if path.exists() or not (len(path.parts) == 1 or path.parent == Path("recipes")):
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    return SHIPPED / name if (SHIPPED / name).is_file() else path
+
+
+def shipped() -> list[str]:
+    """The names of the shipped recipes."""
+    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+
+
 def load_settings(recipe: str | Path | None = None, overrides: list[str] | None = None) -> Settings:
     """Build the settings from a recipe file, the environment and `--set` overrides."""
     data: dict[str, Any] = {}
     if recipe is not None:
-        path = Path(recipe)
+        path = recipe_path(recipe)
         try:
             data = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read recipe: {e} (shipped: {', '.join(shipped())})") from None
+        except yaml.YAMLError as e:
             raise ConfigError(f"{path}: cannot read recipe: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")

@@ -1,4 +1,5 @@
-"""structlog set-up: key-value events, a console renderer on a TTY, JSON lines otherwise."""
+"""structlog set-up: key-value events, a console renderer on a TTY, JSON lines otherwise (from the first
+event: `astraflow` configures it before anything else runs), at the level `log.level` sets."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ supervised start on a built-in task, so RL begins from a partly competent policy
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 PAD, EOS, IM_START, EOT = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|endoftext|>"
@@ -148,10 +149,11 @@ def warm_start(
     lr: float = 1e-3,
     seed: int = 0,
     threads: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> float:
     """Supervised steps on `task` (loss on the answer and eos only; with the task's `demo`, on its trained
     segments and eos); saves in place, returns the last loss. `threads`: torch's CPU threads for it (None:
-    torch's default)."""
+    torch's default). `on_step(done, loss)` after each step (a progress line)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -167,7 +169,7 @@ def warm_start(
     t = get_task(task)
     loss = torch.tensor(0.0)
     model.train()
-    for _ in range(steps):
+    for done in range(1, steps + 1):
         ids, labels = [], []
         for row in (t.sample(rng) for _ in range(batch)):
             p = tokenizer.encode(row["prompt"])
@@ -188,5 +190,7 @@ def warm_start(
         optim.zero_grad()
         loss.backward()
         optim.step()
+        if on_step is not None:
+            on_step(done, float(loss.detach()))
     model.save_pretrained(model_dir, safe_serialization=True)
     return float(loss.detach())

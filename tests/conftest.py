@@ -1,6 +1,22 @@
 import pytest
 
 from astraflow.streams.settings import StreamsSettings
+from tests.redis7 import INSTALL, NO_REDIS7
+
+NO_REDIS7_STAT = "skipped: no redis-server 7"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The tests skipped for want of a system redis-server (`tests.redis7`) in one line naming what to
+    install, instead of one `SKIPPED` line each; the final count shows them as
+    `skipped: no redis-server 7`."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    missing = [r for r in skipped if isinstance(r.longrepr, tuple) and NO_REDIS7 in r.longrepr[2]]
+    if not missing:
+        return
+    terminalreporter.stats["skipped"] = [r for r in skipped if r not in missing]
+    terminalreporter.stats[NO_REDIS7_STAT] = missing
+    terminalreporter.write_line(f"{len(missing)} tests skipped: {NO_REDIS7} ({INSTALL})", yellow=True)
 
 
 @pytest.fixture

@@ -179,5 +179,5 @@ def _spawn(name: str, settings: Settings, env: dict[str, str]) -> subprocess.Pop
 def worker_main(name: str) -> None:
     """`python -m workers.demo raas NAME`: one demo RaaS, its settings from the environment."""
     settings = load_settings()
-    logs.configure(run=settings.run.name, worker=name)
+    logs.configure(settings.log.level, run=settings.run.name, worker=name)
     asyncio.run(raas_worker(settings, name))

@@ -26,11 +26,12 @@ from astraflow.launch.process import stop_grace_s
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.run_dir import RUN_MARK, claim
 from astraflow.launch.runs import check_start
+from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_reason
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
-from astraflow.streams.runs import mark_stopped
+from astraflow.streams.runs import existing, mark_stopped
 from astraflow.tracking.tracker import follow
 
 
@@ -46,6 +47,9 @@ def place_threads(settings: Settings) -> None:
 
 def workers(settings: Settings) -> list[Worker]:
     run_dir = settings.run.path
+    supervised = settings.model_copy(deep=True)
+    supervised.run.supervised = True  # the launcher judges the stop conditions and stops them
+    settings = supervised
     base = to_env(settings)
 
     def env(**overrides) -> dict[str, str]:
@@ -96,9 +100,6 @@ def _save_settings(settings: Settings, path: Path) -> None:
 
 EXIT_FAILED = 1
 """A worker died more often than its restart budget allows (its last error line is printed)."""
-EXIT_TARGET_MISSED = 3
-"""The run reached `run.max_steps` or `run.max_time_s` before its `run.target_reward`: it ran as asked,
-its report is whole, but it did not get where it was sent (a limit alone, without a target, is a 0)."""
 
 
 def main(settings: Settings, keep_redis: bool = False, resume: bool = False, overwrite: bool = False) -> int:
@@ -204,7 +205,9 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             elif time.monotonic() - last_line >= 5:
                 print(line(snap, r.reward_window), flush=True)
                 last_line = time.monotonic()
-            reason, status = _stop_reason(settings, progress) or (None, 0)
+            reason, status = stop_reason(r, progress) or (None, 0)
+            if reason is None:  # a worker started on its own joined, and stopped the run
+                reason = await _stopped_elsewhere(bus)
     finally:
         if live is not None:
             live.stop()
@@ -227,7 +230,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         "ledger": (await progress.poll()).ledger.as_dict(),
     }
     data = report.write(r.path, progress, r.reward_window, extra)
-    await mark_stopped(bus)  # a worker started later does not join it unless resuming
+    await mark_stopped(bus, reason)  # a worker started later does not join it unless resuming
     await bus.close()
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
@@ -241,27 +244,11 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     return status
 
 
-def _reached(steps: list, window: int, target: float, recent: int = 200) -> bool:
-    """Whether the moving reward reached `target` at any of the last `recent` steps (more arrive between
-    two checks than one: the average may cross the target and fall back meanwhile)."""
-    rewards = [r for _, _, r in steps]
-    first = max(window, len(rewards) - recent + 1)
-    return any(sum(rewards[i - window : i]) / window >= target for i in range(first, len(rewards) + 1))
-
-
-def _stop_reason(settings: Settings, progress: Progress) -> tuple[str, int] | None:
-    """The stop condition met, if any, and the exit status it gives."""
-    r = settings.run
-    models = progress.models.values()
-    target, window = r.target_reward, r.reward_window
-    if target is not None and all(_reached(m.steps, window, target) for m in models):
-        return f"reward target {r.target_reward} reached", 0
-    limit = 0 if target is None else EXIT_TARGET_MISSED
-    if r.max_steps is not None and all(m.steps and m.steps[-1][0] >= r.max_steps for m in models):
-        return f"{r.max_steps} steps", limit
-    if r.max_time_s is not None and time.time() - progress.started >= r.max_time_s:
-        return f"time limit {r.max_time_s:.0f}s", limit
-    return None
+async def _stopped_elsewhere(bus: Bus) -> str | None:
+    identity = await existing(bus)
+    if identity is None or identity.stopped is None:
+        return None
+    return f"stopped elsewhere: {await stopped_reason(bus) or 'the run was marked stopped'}"
 
 
 def _live():

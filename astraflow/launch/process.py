@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -13,6 +14,7 @@ import structlog
 
 from astraflow import logs, processes
 from astraflow.config import Settings
+from astraflow.launch.stops import follow_run
 from astraflow.streams import Bus
 from astraflow.streams.memory import warn_if_evicting
 from astraflow.streams.names import hold_name
@@ -46,14 +48,17 @@ async def run_until_signalled(
     body: Callable[[Bus, asyncio.Event], Awaitable[None]],
     name_setting: str,
     role: str,
+    judge: bool = False,
 ) -> None:
-    """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns). The bus waits
+    """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns), and so does
+    the run's stop notice (`launch.stops.follow_run`; `judge`: this process also judges the run's stop
+    conditions). The bus waits
     out Redis outages (logging `redis_unreachable`) rather than ending the process. The process holds its
     consumer name `worker` of `role` throughout (`names.hold_name`; `name_setting` is what a clash should
     change).
     A worker whose parent died (the launcher killed: its workers get SIGTERM) ends a stop that overruns
     `stop_grace_s` itself, as the launcher would have: its Redis may have died with the launcher."""
-    logs.configure(worker=worker, run=settings.run.name)
+    logs.configure(settings.log.level, worker=worker, run=settings.run.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     handler = stopper(stop, loop, stop_grace_s(settings))
@@ -63,7 +68,13 @@ async def run_until_signalled(
     try:
         await warn_if_evicting(bus)
         async with hold_name(bus, worker, name_setting, role=role):
-            await body(bus, stop)
+            following = asyncio.create_task(follow_run(bus, settings, stop, judge))
+            try:
+                await body(bus, stop)
+            finally:
+                following.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await following
     finally:
         await bus.close()
 

@@ -76,14 +76,16 @@ class Progress:
         window: int,
         metrics_path: Path | None = None,
         detail_every_s: float = 0.0,
+        started: float | None = None,
     ) -> None:
         """`detail_every_s`: the ledger, heartbeats and stream views (a dozen round trips, and a scan of
-        every stream) are re-read at most this often; the metrics on every `poll`."""
+        every stream) are re-read at most this often; the metrics on every `poll`. `started`: the Unix
+        time wall seconds count from (default now; a run started elsewhere: its identity's `created`)."""
         self.bus, self.window, self.metrics_path = bus, window, metrics_path
         self.detail_every_s = detail_every_s
         self._detail: tuple[float, tuple] | None = None
         self.models = {m: ModelProgress() for m in models}
-        self.started = time.time()
+        self.started = time.time() if started is None else started
         self._cursor = "0-0"
         self.evals = EvalResults()
         """The eval results (`kind=eval` entries), every policy's."""
@@ -100,7 +102,7 @@ class Progress:
         self._cursor = entry_id
 
     async def poll(self) -> Snapshot:
-        await self._read_metrics()
+        await self.read_metrics()
         if self._detail is None or time.monotonic() - self._detail[0] >= self.detail_every_s:
             self._detail = (time.monotonic(), await self._read_detail())
         ledger, raas, streams = self._detail[1]
@@ -114,9 +116,10 @@ class Progress:
             self._generating[(hb.uid, hb.started_at)] = hb.generating_s
         return ledger, raas, await inspect_run(self.bus)
 
-    async def _read_metrics(self) -> None:
-        reply = await self.bus.redis.xread({self.bus.keys.metrics: self._cursor}, count=10_000)
-        entries = reply[0][1] if reply else []
+    async def read_metrics(self) -> None:
+        """Take in the `metrics` entries added since the last read (XRANGE, which every role that may
+        read the stream may send)."""
+        entries = await self.bus.redis.xrange(self.bus.keys.metrics, min=f"({self._cursor}", count=10_000)
         out = self.metrics_path.open("a") if self.metrics_path else None
         try:
             for entry_id, fields in entries:
@@ -229,7 +232,7 @@ def render(s: Snapshot, window: int, target: float | None):
     top = Table(title=f"astraflow  {s.elapsed_s:.0f}s", expand=True)
     cols = ("model", "version", f"reward ma{window}", "eval", "samples/s", "tokens/s", "staleness", "ETA")
     for col in cols:
-        top.add_column(col)
+        top.add_column(col, overflow="fold")
     for name, m in s.models.items():
         ma = m.moving_reward(window)
         eta = m.eta_s(window, target) if target is not None else None
@@ -246,14 +249,15 @@ def render(s: Snapshot, window: int, target: float | None):
         )
     workers = Table(title="RaaS", expand=True)
     for col in ("worker", "versions", "load", "generating", "engine"):
-        workers.add_column(col)
+        workers.add_column(col, overflow="fold")
     for hb in s.raas:
         up = max(hb.updated_at - hb.started_at, 1e-9)
         share = f"{hb.generating_s / up:.0%}"
-        workers.add_row(hb.uid, str(hb.versions), f"{hb.in_flight}/{hb.capacity}", share, hb.engine)
+        versions = " ".join(f"{m} v{v}" for m, v in hb.versions.items()) or "-"
+        workers.add_row(hb.uid, versions, f"{hb.in_flight}/{hb.capacity}", share, hb.engine)
     streams = Table(title="streams", expand=True)
     for col in ("stream", "length", "group", "pending", "lag"):
-        streams.add_column(col)
+        streams.add_column(col, overflow="fold")
     for v in s.streams:
         for g in v.groups or [None]:
             name = (

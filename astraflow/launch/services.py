@@ -19,7 +19,7 @@ def run_dataflow(settings: Settings, url: str) -> None:
     """A dataflow replica; stateless, any number may run against one Redis."""
     name = process_name("dataflow", settings.dataflow.id)
     body = lambda bus, stop: build_dataflow(settings, bus, name).run(stop)  # noqa: E731
-    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id", "dataflow"))
+    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id", "dataflow", judge=True))
 
 
 def run_raas(settings: Settings, url: str) -> None:
@@ -55,7 +55,8 @@ def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
             build_trainer(settings, bus, name).follow()
             return
         body = lambda bus, stop: build_trainer(settings, bus, name).run(stop)  # noqa: E731
-        run = run_until_signalled(settings, url, f"trainer-{name}", body, "one trainer per policy", "trainer")
-        asyncio.run(run)
+        worker = f"trainer-{name}"
+        policy = "one trainer per policy"
+        asyncio.run(run_until_signalled(settings, url, worker, body, policy, "trainer", judge=True))
     finally:
         distributed.teardown()

@@ -98,6 +98,8 @@ class RaasWorker:
             await self.runner.run(stop, drain_s=self.settings.raas.grace_s)
         finally:
             await cancel_and_wait(helpers)
+            for receiver in self.receivers.values():  # no longer a weight source for the others
+                await receiver.leave()
             await self.bus.redis.delete(self.bus.keys.raas(self.id))
             self.ctx.rewards.close()
             engines = {m: dict(getattr(e, "stats", {})) for m, e in self.engines.items()}

@@ -71,6 +71,8 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
         _g("its consumer names (ownership scripts)", f"name:{role}:*", "get set del"),
         _g("run identity", "run", run, write=False),
         _g("start checks", "state ledger versions", "exists", write=False),
+        # the stop notice: written by the workers that judge the stop conditions, followed by all
+        _g("run stop notice", "run:stop", "hget" if role == "raas" else "hget hset del", role != "raas"),
     )
 
 
@@ -112,7 +114,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "trainer": (
         _g("batches (its consumer group)", "batches:*", _CONSUMER),
         _g("versions (hand-off)", "versions", "xadd type xrevrange"),
-        _g("metrics", "metrics", "xadd"),
+        _g("metrics (and the stop conditions judged from them)", "metrics", "xadd xrange"),
         _g("weight manifests", "weights:*:*", "hset hgetall del expire"),
         _g("weight peers", "weights:*:*:peers", "del"),
         _g("batch samples", "samples:*", "hmget", write=False),
@@ -143,7 +145,7 @@ KEYLESS: dict[str, tuple[str, ...]] = {
 def script_families(role: str) -> set[str]:
     """The keys `role`'s scripts declare (EVALSHA needs write access to them; Redis then checks every
     command a script sends against the grants): its writable families and the run identity."""
-    return families(role, write=True) | {"run"}
+    return families(role, write=True) - {"run:stop"} | {"run"}  # (no script writes the stop notice)
 
 
 def families(role: str, write: bool | None = None) -> set[str]:

@@ -46,8 +46,8 @@ class Keys:
 
     @property
     def identity(self) -> str:
-        """Hash `run`: the run's identity - `nonce`, `created` (unix s), `stopped` (unix s, once the launcher
-        ended it) - written when the run is bootstrapped (see `streams.runs`)."""
+        """Hash `run`: the run's identity - `nonce`, `created` (unix s), `stopped` (unix s, once the run was
+        ended) and `stop_reason` - written when the run is bootstrapped (see `streams.runs`)."""
         return self._k("run")
 
     @property

@@ -1,12 +1,14 @@
 """A run's identity: created once, when the run is bootstrapped, and checked by whoever starts one.
 
-The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R) and
-its `created` time; `astraflow run` adds `stopped` when it ends the run. It is written by whoever creates
-the run and never by a worker role's ACL user (workers only read it): on a shared Redis with per-role
-users, `astraflow redis acl --apply` creates it (`provision`), with the weight-transfer secret. The nonce
-is part of every batch uid and of every trainer checkpoint, so that nothing of another run of the same
-name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for this
-run's.
+The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R)
+and its `created` time. It is written by whoever creates the run and never by a worker role's ACL user
+(workers only read it): on a shared Redis with per-role users, `astraflow redis acl --apply` creates it
+(`provision`), with the weight-transfer secret. Whoever ends the run writes `stopped` and `stop_reason`
+into the hash `af:{R}:run:stop` (`astraflow run`, or a worker that found a stop condition met:
+`launch.stops`; the judges' ACL users may write it, no one else's), and every worker follows that notice.
+The nonce is part of every batch uid and of every trainer checkpoint, so that nothing of another run of
+the same name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for
+this run's.
 
 Starting a process of run R is one of:
 - fresh: no key of R exists; the first process to bootstrap creates the identity (the launcher, or on
@@ -55,9 +57,17 @@ def new_identity_args() -> list[str]:
 
 async def existing(bus: Bus) -> RunIdentity | None:
     """The run's identity, or None (never creates one)."""
-    fields = ["nonce", "created", "stopped"]
-    nonce, created, stopped = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, fields))
-    return None if nonce is None else RunIdentity.parse(nonce, created, stopped)
+    nonce, created = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, ["nonce", "created"]))
+    if nonce is None:
+        return None
+    stopped = await bus.call(lambda: bus.redis.hget(stop_key(bus), "stopped"))
+    return RunIdentity.parse(nonce, created, stopped)
+
+
+def stop_key(bus: Bus) -> str:
+    """The hash of the run's stop notice (`stopped`, `stop_reason`): apart from the identity, which no
+    worker may write, so that the workers that judge the run's stop conditions may."""
+    return f"{bus.keys.identity}:stop"
 
 
 async def keys_of(bus: Bus, first_only: bool = False) -> list[bytes]:
@@ -111,13 +121,13 @@ def _refused(e: ResponseError) -> bool:
 
 async def _unstop(bus: Bus) -> None:
     try:
-        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped"))
+        await bus.call(lambda: bus.redis.delete(stop_key(bus)))
     except ResponseError as e:
         if not _refused(e):
             raise
         raise RunExistsError(
-            f"run {bus.keys.run!r} was stopped and this user may not resume it (a worker's ACL user only"
-            " reads the run identity): resume it with the admin's credentials (`astraflow run --resume`)"
+            f"run {bus.keys.run!r} was stopped and this user may not resume it (only the admin and the"
+            " dataflow's and trainer's users may): resume it with one of them (`astraflow run --resume`)"
         ) from None
 
 
@@ -145,9 +155,22 @@ async def provision(client, keys: Keys) -> RunIdentity:
     return RunIdentity.parse(*reply)
 
 
-async def mark_stopped(bus: Bus) -> None:
-    """Record that the run was ended: a worker started later does not join it unless resuming."""
-    await bus.call(lambda: bus.redis.hset(bus.keys.identity, "stopped", f"{time.time():.3f}"))
+async def mark_stopped(bus: Bus, reason: str | None = None) -> None:
+    """Record that the run was ended (and why): its workers stop, and a worker started later does not
+    join it unless resuming."""
+    fields = {"stopped": f"{time.time():.3f}", **({"stop_reason": reason} if reason else {})}
+    await bus.call(lambda: bus.redis.hset(stop_key(bus), mapping=fields))
+
+
+async def forget(bus: Bus, created: RunIdentity) -> bool:
+    """Delete the identity `created` (one this process made when it started a run that had no key), unless
+    anything else of the run exists meanwhile (another process joined and wrote to it). A start that
+    failed leaves no run behind, so a fresh `astraflow run` of that name is not refused."""
+    current = await existing(bus)
+    if current is None or current.nonce != created.nonce or await _used(bus, fresh=False):
+        return False
+    await bus.call(lambda: bus.redis.delete(bus.keys.identity))
+    return True
 
 
 async def clear(bus: Bus) -> int:

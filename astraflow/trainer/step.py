@@ -108,6 +108,9 @@ class PolicyTrainer:
                 return {"skipped": 1.0}
             self.optimizer.step()
             self.scheduler.step()
+            # Applied: the gradients (4 B/param, a fifth of a step's state) are not held while the
+            # trainer publishes and waits for its next batch.
+            self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         lags = [s.version_lag for s in items]
         elapsed = time.perf_counter() - started

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 import uuid
 from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ class WeightPublisher:
         self._eval_halves: set[int] = set()  # eval versions served from a half
         self._finishing: asyncio.Task | None = None
         self._publishing = asyncio.Lock()
+        self.timings: dict[str, float] = {}
+        """Seconds of the last version's background stages: `scan` (digests, changes), `delta` (encode)."""
         self._digest = ""  # of the served version
         self._manifest: WeightManifest | None = None  # of the served version
         self._write_manifest = register_scripts(bus.redis, "astraflow.weights", ("manifest",))["manifest"]
@@ -158,9 +161,11 @@ class WeightPublisher:
             return
         full_due = version % self.settings.full_every == 0  # then no delta is offered (nor computed)
         compare = base is not None and base.version is not None and not full_due
+        started = time.perf_counter()
         seen = await asyncio.to_thread(
             scan.scan, half.data, base.data if compare else None, self.settings.dtype
         )
+        self.timings = {"scan": time.perf_counter() - started, "delta": 0.0}
         if seen.nonfinite:  # the trainer checks its steps; this is the last line before any engine
             raise NonFiniteWeights(f"{self.model} v{version}: {seen.nonfinite} weights are NaN or inf")
         whole, chunks = seen.digest, seen.chunk_digests
@@ -170,6 +175,7 @@ class WeightPublisher:
             delta = await asyncio.to_thread(
                 codec.encode_changes, base.data, half.data, seen.changed, self.buffer.itemsize
             )
+            self.timings["delta"] = time.perf_counter() - started - self.timings["scan"]
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 digest = layout.chunk_digest(delta)
                 try:

@@ -67,6 +67,8 @@ class WeightReceiver:
         self._spool: tuple[int, Spool] | None = None
         """(version, spool) of the delta this process serves to its region."""
         self.election = Election(bus, model, region, server.endpoint, settings.manifest_ttl_s)
+        self._joined: dict[int, float] = {}
+        """Versions whose peers this process joined, and when (`leave` takes it out of them)."""
 
     async def sync(self, manifest_key: str, version: int) -> Half:
         """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
@@ -274,6 +276,19 @@ class WeightReceiver:
                 await pipe.zadd(key, {member: time.time()}).expire(key, ttl).execute()
 
         await self.bus.call(add)
+        self._joined[version] = time.monotonic()
+
+    async def leave(self) -> None:
+        """Stop being a source: out of every version's peers it joined (those not expired since) and off
+        every relay seat it holds, so that no puller tries a stopped process (`weights_source_failed`).
+        One try each, no reconnects: a stopping RaaS does not wait out an outage."""
+        fresh = time.monotonic() - self.settings.manifest_ttl_s
+        member = f"{self.region}|{self.server.endpoint}"
+        versions = [v for v, at in self._joined.items() if at >= fresh]
+        self._joined = {}
+        for version in versions:
+            await self.bus.redis.zrem(self.bus.keys.weight_peers(self.model, version), member)
+        await self.election.resign()
 
     def close(self) -> None:
         if self._spool is not None:

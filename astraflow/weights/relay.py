@@ -35,7 +35,10 @@ class Election:
             endpoint,
             ttl_s * 1000,
         )
-        self._script = register_scripts(bus.redis, "astraflow.weights", ("elect",))["elect"]
+        scripts = register_scripts(bus.redis, "astraflow.weights", ("elect", "resign"))
+        self._script, self._resign = scripts["elect"], scripts["resign"]
+        self.won: set[str] = set()
+        """Relay keys this process was elected to (`resign` gives them up)."""
 
     async def elect(self, manifest: WeightManifest, what: str, failed: str = "") -> str:
         """The endpoint of the relay of the manifest's version (this process's when it won), after
@@ -46,7 +49,16 @@ class Election:
         )
         args = [self.endpoint, self.ttl_ms, failed]
         got = await self.bus.call(lambda: self._script(keys=[key], args=args))
-        return got.decode() if isinstance(got, bytes) else got
+        got = got.decode() if isinstance(got, bytes) else got
+        if got == self.endpoint:
+            self.won.add(key)
+        return got
+
+    async def resign(self) -> int:
+        """Give up every seat this process still holds (a stopping RaaS: pullers would otherwise try it,
+        fail, and unseat it one by one); one try, no reconnects. Returns how many it held."""
+        keys, self.won = sorted(self.won), set()
+        return int(await self._resign(keys=keys, args=[self.endpoint])) if keys else 0
 
 
 class Spool:

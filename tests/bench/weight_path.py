@@ -17,6 +17,10 @@ engine load out (`load` 0, `end to end` without it): fp32 master, four bf16 halv
 of the 1.5B shape do not fit in 24 GB.
 
     python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step]
+
+`run(model_dir, device=...)` is the same measurement for other scripts (`tests/gpu/check.py`): on CUDA the
+master model lives on the GPU, `publish` gets device tensors (cast to bf16 on the device, then copied), the
+engine loads onto the GPU, and `m` is one device-to-host copy of the served bytes into pinned memory.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 
 LR = 1e-6
-STAGES = ("blocked", "background", "pull", "verify", "apply", "receive", "load", "end to end")
+STAGES = ("blocked", "background", "scan", "encode", "pull", "verify", "apply", "receive", "load")
+STAGES += ("end to end",)
 
 
 def memcpy_s(nbytes: int, rounds: int = 5) -> float:
@@ -60,16 +65,33 @@ def memcpy_s(nbytes: int, rounds: int = 5) -> float:
     return best
 
 
+def d2h_s(nbytes: int, device: str, rounds: int = 5) -> float:
+    """Fastest of `rounds` copies of `nbytes` from `device` into pinned host memory (the limit there)."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def make_step(model, tokens: int, emulate: bool):
     import torch
 
+    device = next(model.parameters()).device
     if emulate:
 
         @torch.no_grad()
         def emulated(seed: int) -> None:
             g = torch.Generator().manual_seed(seed)
             for p in model.parameters():
-                p.add_(torch.randn(p.shape, generator=g).sign_(), alpha=-LR)
+                p.add_(torch.randn(p.shape, generator=g).sign_().to(device), alpha=-LR)
 
         return emulated
     optim = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -77,7 +99,7 @@ def make_step(model, tokens: int, emulate: bool):
 
     def real(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, vocab, (2, tokens // 2), generator=g)
+        ids = torch.randint(0, vocab, (2, tokens // 2), generator=g).to(device)
         model(input_ids=ids, labels=ids).loss.backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
@@ -85,12 +107,14 @@ def make_step(model, tokens: int, emulate: bool):
     return real
 
 
-async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dict], dict]:
+async def measure(
+    model_dir: Path, url: str, root: Path, tokens: int, emulate: bool, engine_load: bool, device: str
+) -> tuple[list[dict], dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     state = model.state_dict()  # live tensors: the trainer awaits `publish` before its next step
     specs = layout.layout(state, "bfloat16")
     bus = Bus.connect(url, "weight-path", RedisSettings(), StreamsSettings())
@@ -101,10 +125,10 @@ async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dic
         bus, settings, "policy", root / "raas", secret, WeightServer(secret), model_dir=model_dir
     )
     engine = None
-    if not args.no_engine:
-        engine = HFEngine(EngineSettings(type="hf", model=str(model_dir), dtype="bfloat16", device="cpu"))
+    if engine_load:
+        engine = HFEngine(EngineSettings(type="hf", model=str(model_dir), dtype="bfloat16", device=device))
         await engine.start()
-    step = make_step(model, args.tokens, args.emulate_step)
+    step = make_step(model, tokens, emulate)
     rows = []
     try:
         for v in range(4):
@@ -131,7 +155,8 @@ async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dic
                     "kind": manifest.kind,
                     "blocked": t1 - t0,
                     "background": t2 - t1,
-                    **getattr(rx, "timings", {}),  # (stage split: not in older versions)
+                    **getattr(rx, "timings", {}),  # (stage splits: not in older versions)
+                    **{"encode" if k == "delta" else k: x for k, x in getattr(pub, "timings", {}).items()},
                     "receive": t3 - t2,
                     "load": t4 - t3,
                     "end to end": t4 - t0,
@@ -158,6 +183,43 @@ async def measure(args, model_dir: Path, url: str, root: Path) -> tuple[list[dic
     return rows, sparsity
 
 
+def run(
+    model_dir: Path,
+    tokens: int = 256,
+    emulate: bool = False,
+    device: str = "cpu",
+    buffers: Path | None = None,
+    engine: bool = True,
+) -> dict:
+    """The whole measurement of the model in `model_dir` (its own Redis; buffers under `buffers`, default
+    /dev/shm; `engine` False: no engine load): `rows` (per version, seconds per stage), `sparsity`, `m`
+    (seconds: a host memcpy, or from a GPU one device-to-host copy) and `gib` served."""
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=buffers or "/dev/shm") as shm:
+        server = redis_server.start(Path(tmp) / "redis")
+        try:
+            rows, sparsity = asyncio.run(
+                measure(model_dir, server.url, Path(shm), tokens, emulate, engine, device)
+            )
+        finally:
+            server.stop()
+    nbytes = sparsity["nbytes"]
+    m = memcpy_s(nbytes) if device == "cpu" else d2h_s(nbytes, device)
+    return {"rows": rows, "sparsity": sparsity, "m": m, "gib": nbytes / 2**30}
+
+
+def last_line(shape: str, result: dict) -> str:
+    """The bench's one-line summary: version 2 as the delta, version 3 as the full, in multiples of `m`."""
+    rows, sparsity, m = result["rows"], result["sparsity"], result["m"]
+    delta, full = rows[2], rows[3]
+    return (
+        f"weight path {shape}: {result['gib']:.2f} GiB served, trainer blocked {delta['blocked'] / m:.1f}m, "
+        f"background {delta['background'] / m:.1f}m, receive {full['receive'] / m:.1f}m, "
+        f"load {delta['load'] / m:.1f}m, end to end {full['end to end'] / m:.1f}m (full) "
+        f"{delta['end to end'] / m:.1f}m (delta); lr 1e-6 step: {sparsity['changed'] * 100:.2f}% "
+        f"changed, delta {sparsity['nbytes'] / max(delta['delta_bytes'], 1):.0f}x smaller"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
@@ -169,18 +231,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.shape == "qwen2.5-1.5b":
         args.emulate_step = True  # fp32 weights, gradients and AdamW state: 25 GB
-    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=args.dir or "/dev/shm") as shm:
+    with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
         if model_dir is None:
             print(f"building {args.shape} ...", flush=True)
             model_dir = tiny.build_shape(Path(tmp) / "model", args.shape)
-        server = redis_server.start(Path(tmp) / "redis")
-        try:
-            rows, sparsity = asyncio.run(measure(args, model_dir, server.url, Path(shm)))
-        finally:
-            server.stop()
-    m = memcpy_s(sparsity["nbytes"])
-    gib = sparsity["nbytes"] / 2**30
+        result = run(model_dir, args.tokens, args.emulate_step, "cpu", args.dir, not args.no_engine)
+    rows, sparsity, m, gib = result["rows"], result["sparsity"], result["m"], result["gib"]
     print(
         f"{args.shape}: {gib:.2f} GiB served (bf16, tied embeddings once); m = one memcpy = {m * 1000:.0f} ms"
     )
@@ -190,16 +247,9 @@ def main() -> None:
         print(f"{r['version']:<9}{r['kind']:<7}{cells}{r['delta_bytes'] / 2**20:>11.1f}")
     print(f"{'(x m)':<16}" + "".join(f"{rows[2].get(s, 0) / m:>11.1f}m" for s in STAGES) + "  (version 2)")
     assert sparsity["loaded"], "the engine does not hold the published weights"
-    delta, full = rows[2], rows[3]
     how = "emulated: Adam's first step, lr x sign(g)" if args.emulate_step else "AdamW, fp32 master"
     print(f"version 2 is the second lr-1e-6 step ({how}); version 3 a full sync")
-    print(
-        f"weight path {args.shape}: {gib:.2f} GiB served, trainer blocked {delta['blocked'] / m:.1f}m, "
-        f"background {delta['background'] / m:.1f}m, receive {full['receive'] / m:.1f}m, "
-        f"load {delta['load'] / m:.1f}m, end to end {full['end to end'] / m:.1f}m (full) "
-        f"{delta['end to end'] / m:.1f}m (delta); lr 1e-6 step: {sparsity['changed'] * 100:.2f}% "
-        f"changed, delta {sparsity['nbytes'] / max(delta['delta_bytes'], 1):.0f}x smaller"
-    )
+    print(last_line(args.shape, result))
 
 
 if __name__ == "__main__":

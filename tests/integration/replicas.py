@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
 import redis
 
 from astraflow import redis_server
+from tests.redis7 import system_redis
 
-
-def system_redis() -> str:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is missing in CI")
-        pytest.skip("no redis-server on PATH")
-    return binary
+__all__ = ["system_redis"]  # the replica tests' binary
 
 
 def client(server: redis_server.RedisServer) -> redis.Redis:

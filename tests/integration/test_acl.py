@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from astraflow.streams.memory import UNCHECKED
 from astraflow.streams.runs import open_run, provision
 from tests.integration.acl_record import Recorder, beyond, unused
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
+from tests.redis7 import system_redis
 
 pytestmark = pytest.mark.integration
 RUN = "it"
@@ -39,12 +39,7 @@ RUN = "it"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A Redis 7 (key-level read/write selectors need it) with the default user as the admin."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is missing in CI")
-        pytest.skip("no redis-server")
-    s = redis_server.start(tmp_path_factory.mktemp("redis-acl"), binary=binary)
+    s = redis_server.start(tmp_path_factory.mktemp("redis-acl"), binary=system_redis())
     yield s
     s.stop()
 
@@ -128,6 +123,7 @@ RARE = {
     "trainer": _rare(
         f"{_START} {_KEYLESS} {_STRANDED.format('batches:*')} {_DEAD} xtrim@dead"
         " del@name:trainer:*"  # its name freed by a stop (this one exits at max_steps)
+        " xrange@metrics hset@run:stop del@run:stop"  # judging stop conditions, stopping, resuming
         " hgetall@weights:*:*"  # a restarted trainer re-reading its newest manifest
         " evalsha@metrics"  # a writable family its scripts may declare
     ),
@@ -234,6 +230,7 @@ def _attacks(k: Keys) -> dict[str, tuple]:
         "hset_run_nonce": ("HSET", k.identity, "nonce", "forged"),
         "hset_run_stopped": ("HSET", k.identity, "stopped", 1),
         "hdel_run_stopped": ("HDEL", k.identity, "stopped"),
+        "hset_run_stop_notice": ("HSET", f"{k.identity}:stop", "stopped", 1),
         "set_ledger_wrong_type": ("SET", k.ledger, "x"),
         "del_ledger": ("DEL", k.ledger),
         "set_weights_secret": ("SET", k.weights_secret, "known"),
@@ -316,16 +313,21 @@ async def test_workers_start_checks_work_under_their_users(admin, server, tmp_pa
             created = await provision(admin, Keys(RUN))  # `astraflow redis acl --apply`
             assert await open_run(bus, fresh=False, resume=True) == created  # adopted
             assert await open_run(bus, fresh=False, resume=False) == created  # joins it from now on
-            await admin.hset(Keys(RUN).identity, "stopped", 1)
-            with pytest.raises(RunExistsError, match="may not resume it"):
-                await open_run(bus, fresh=False, resume=True)
+            await admin.hset(f"{Keys(RUN).identity}:stop", "stopped", 1)  # the run's stop notice
+            if role == "raas":  # only the workers that may stop a run may resume it
+                with pytest.raises(RunExistsError, match="may not resume it"):
+                    await open_run(bus, fresh=False, resume=True)
+            else:
+                assert await open_run(bus, fresh=False, resume=True) == created
+                assert await open_run(bus, fresh=False, resume=False) == created
             await admin.flushdb()
             with pytest.raises(RunExistsError, match="nothing to resume"):
                 await open_run(bus, fresh=False, resume=True)
         finally:
             await bus.close()
-    # refused: only the writes of the run identity (its creation, its resumption)
-    assert {(e["reason"], e["object"]) for e in await denials(admin)} == {("key", Keys(RUN).identity)}
+    # refused: only the writes of the run identity (its creation) and the RaaS's resumption
+    refusals = {(e["reason"], e["object"]) for e in await denials(admin)}
+    assert refusals == {("key", Keys(RUN).identity), ("key", f"{Keys(RUN).identity}:stop")}
 
 
 async def denials(admin) -> list[dict]:
@@ -398,3 +400,27 @@ async def test_apply_on_a_replica_installs_users_and_leaves_the_identity_to_the_
     finally:
         await client.aclose()
         replica.stop()
+
+
+async def test_a_judging_worker_stops_the_run_and_the_raas_follows_under_their_users(admin, server, tmp_path):
+    """The stop notice lives apart from the run identity: the dataflow and the trainer (who judge the stop
+    conditions) may write it, the RaaS reads it, and none of them may touch the identity."""
+    from astraflow.launch.stops import stopped_reason
+    from astraflow.streams.runs import existing, mark_stopped
+
+    passwords = await install(admin, RUN)
+    base = run_settings(server.display_url, "unused", tmp_path)
+    trainer = connect(server.display_url, as_role(base, RUN, "trainer", passwords["trainer"]))
+    raas = connect(server.display_url, as_role(base, RUN, "raas", passwords["raas"]))
+    try:
+        before = await existing(raas)
+        assert before is not None and before.stopped is None
+        await mark_stopped(trainer, "target reward 0.9 reached")
+        after = await existing(raas)
+        assert after.stopped is not None and after.nonce == before.nonce
+        assert await stopped_reason(raas) == "target reward 0.9 reached"
+        with pytest.raises(NoPermissionError):
+            await mark_stopped(raas, "forged")
+    finally:
+        await trainer.close()
+        await raas.close()

@@ -84,3 +84,4 @@ def test_a_dataset_that_does_not_parse_is_one_line_naming_file_and_row(redis_url
     err = one_line_error(capsys)
     assert err.startswith(f"astraflow: ValueError: {bad}:2: not JSON"), err
     assert err.endswith("(--debug shows the traceback)\n")
+    assert not redis.Redis.from_url(redis_url).exists("af:{d}:run")  # the failed start left no run behind

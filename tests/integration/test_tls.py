@@ -16,6 +16,7 @@ from astraflow import redis_server
 from astraflow.streams import Bus, Out
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.streams.settings import RedisSettings, StreamsSettings
+from tests.redis7 import system_redis
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +39,9 @@ def make_certs(d) -> None:
 
 @pytest.fixture
 def tls_server(tmp_path):
-    binary = shutil.which("redis-server")
-    if binary is None or shutil.which("openssl") is None:
-        pytest.skip("needs redis-server and the openssl CLI")
+    binary = system_redis()
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl CLI")
     make_certs(tmp_path)
     port = redis_server.free_port()
     tls = "--tls-cert-file server.crt --tls-key-file server.key --tls-ca-cert-file ca.crt".split()

@@ -162,3 +162,26 @@ async def test_a_relay_killed_or_stopped_mid_pull_is_replaced(bus, tmp_path, far
             os.kill(relay.pid, signal.SIGCONT)
         relay.wait()
         close(followers)
+
+
+async def test_a_stopping_receiver_leaves_the_peers_and_its_relay_seat(bus, tmp_path, far_trainer):
+    """A cleanly stopped RaaS is no longer offered as a source: out of the version's peers and off the
+    relay seat it won (the others logged `weights_source_failed` against it before)."""
+    pub, state, secret, _ = far_trainer
+    receivers = region_b(bus, secret, tmp_path, 2)
+    try:
+        key = await publish(pub, state, 0)
+        await asyncio.gather(*(rx.sync(key, 0) for rx in receivers))
+        relay, other = sorted(receivers, key=lambda rx: not rx.election.won)
+        seats = sorted(relay.election.won)
+        peers = bus.keys.weight_peers(MODEL, 0)
+        member = lambda rx: f"b|{rx.server.endpoint}".encode()  # noqa: E731
+        assert seats and await bus.redis.get(seats[0]) == relay.server.endpoint.encode()
+        assert {member(relay), member(other)} <= set(await bus.redis.zrange(peers, 0, -1))
+
+        await relay.leave()
+        assert await bus.redis.exists(*seats) == 0
+        assert set(await bus.redis.zrange(peers, 0, -1)) == {member(other)}
+        assert (await relay.election.elect(await manifest(bus, 0), "full")) == relay.server.endpoint
+    finally:
+        close(receivers)

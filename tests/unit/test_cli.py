@@ -71,3 +71,33 @@ def test_a_missing_redis_file_is_one_line_and_debug_shows_the_traceback(capsys, 
     assert err.startswith("Traceback (most recent call last):") and err.endswith(
         f"astraflow: --redis-file {missing}: cannot read it (No such file or directory)\n"
     )
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == "astraflow 0.1.0"
+
+
+def test_a_shipped_recipe_is_found_by_name_outside_the_repository(tmp_path):
+    """`astraflow run addition-tiny` from any directory: the recipes are installed with the package."""
+    for name in ("addition-tiny", "recipes/addition-tiny.yaml"):
+        cmd = [sys.executable, "-m", "astraflow.cli", "config", name]
+        done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "name: addition" in done.stdout
+
+
+def test_every_command_takes_the_recipe_first(capsys):
+    """`trace` and `workflow` took `--recipe` where the others take it positionally (still accepted)."""
+    from astraflow.cli import _parser
+
+    trace = _parser().parse_args(["trace", "addition-tiny", "e0r1"])
+    assert (trace.recipe, trace.uid) == ("addition-tiny", "e0r1")
+    assert _parser().parse_args(["trace", "e0r1"]).recipe is None
+    push = _parser().parse_args(["workflow", "addition-tiny", "push", "m:C"])
+    assert (push.recipe, push.action, push.ref) == ("addition-tiny", "push", "m:C")
+    assert main(["trace", "--recipe", "nope-recipe", "e0r1"]) == 1
+    err = capsys.readouterr().err
+    assert "--recipe is deprecated" in err and "nope-recipe: cannot read recipe" in err

@@ -120,3 +120,21 @@ def test_a_resumed_run_gets_every_secret_back_not_its_mask(tmp_path):
         got = getattr(getattr(resumed, section), field)
         assert (got.get_secret_value() if hasattr(got, "get_secret_value") else str(got).lower()) == value
     assert resumed.model_dump() == settings.model_dump()
+
+
+def test_no_command_line_in_the_docs_carries_a_redis_password():
+    """`ps` shows a process's arguments to every user: the README and docs pass credentials in files or
+    the environment, never as `--redis`/`--set redis.*url` arguments."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    argument = re.compile(r"(--redis\s+|--set\s+redis\.\w*url=)rediss?://[^\s@/]*@")
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            assert not argument.search(line), f"{doc.name}:{n}: {line}"
+
+
+def test_config_masks_the_replica_password(monkeypatch):
+    monkeypatch.setenv("ASTRAFLOW_REDIS__REPLICA_URL", "redis://:pw@replica:6379/0")
+    assert load_settings().redacted()["redis"]["replica_url"] == "redis://:***@replica:6379/0"

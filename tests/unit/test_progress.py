@@ -59,11 +59,11 @@ def test_live_view_and_line_show_what_a_run_is_doing():
 def test_the_target_counts_when_the_average_crossed_it_between_two_checks():
     """The launcher checks once a second, several steps apart: a moving average that reached the target
     at a step in between and fell back still stops the run (as a loop checking every step would)."""
-    from astraflow.launch.launcher import _reached
+    from astraflow.launch.stops import reached
 
     steps = [(i, 0.0, r) for i, r in enumerate([0.0] * 5 + [1.0] * 10 + [0.0] * 3)]
-    assert _reached(steps, 10, 0.8)  # steps 6-15 averaged 1.0; the last ten average 0.7
-    assert not _reached(steps[:12], 10, 0.8) and not _reached(steps[:3], 10, 0.8)
+    assert reached(steps, 10, 0.8)  # steps 6-15 averaged 1.0; the last ten average 0.7
+    assert not reached(steps[:12], 10, 0.8) and not reached(steps[:3], 10, 0.8)
 
 
 def test_the_launcher_shares_the_cores_out_and_reports_where_the_time_went():

@@ -1,0 +1,86 @@
+"""Workers started on their own stop by themselves: the first that finds a stop condition met ends the run
+for everyone (its reason in the run's identity), every worker follows that notice, and a worker the
+launcher started leaves both to it. `astraflow record` leaves the run's record; `astraflow top` prints
+plain lines when its output is not a terminal."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from astraflow.config import load_settings
+from astraflow.launch.record import record
+from astraflow.launch.stops import follow_run, stopped_reason
+from astraflow.streams.runs import existing, mark_stopped
+
+
+async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
+    for v in range(1, n + 1):
+        fields = {"kind": "rollouts", "model": model, "reward_sum": str(reward * 4), "samples": "4"}
+        await bus.redis.xadd(bus.keys.metrics, fields)
+        stats = {"samples": 4, "step_s": 0.1, "reward_mean": reward}
+        fields = {"kind": "trainer", "model": model, "version": str(v), "time": f"{time.time():.3f}"}
+        await bus.redis.xadd(bus.keys.metrics, {**fields, "data": json.dumps(stats)})
+
+
+def settings(*overrides: str):
+    return load_settings(overrides=["run.name=t", "run.target_reward=null", *overrides])
+
+
+async def test_a_worker_that_judges_stops_the_run_for_everyone_at_max_steps(bus):
+    s = settings("run.max_steps=3")
+    judge, follower = asyncio.Event(), asyncio.Event()
+    tasks = [
+        asyncio.create_task(follow_run(bus, s, judge, judge=True)),
+        asyncio.create_task(follow_run(bus, s, follower, judge=False)),
+    ]
+    await add_steps(bus, 2)
+    await asyncio.sleep(1.5)
+    assert not judge.is_set() and not follower.is_set()
+    await add_steps(bus, 3)
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert judge.is_set() and follower.is_set()
+    assert (await existing(bus)).stopped is not None
+    assert await stopped_reason(bus) == "3 steps"
+
+
+async def test_every_worker_follows_a_stop_notice(bus):
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow_run(bus, settings(), stop, judge=True))
+    await mark_stopped(bus, "by hand")
+    await asyncio.wait_for(task, 10)
+    assert stop.is_set()
+
+
+async def test_a_worker_the_launcher_started_leaves_stopping_to_it(bus):
+    s = settings("run.max_steps=1", "run.supervised=true")
+    await add_steps(bus, 2)
+    stop = asyncio.Event()
+    await asyncio.wait_for(follow_run(bus, s, stop, judge=True), 5)  # returns at once, sets nothing
+    assert not stop.is_set() and (await existing(bus)).stopped is None
+
+
+async def test_record_leaves_metrics_summary_and_plot_of_a_stopped_run(bus, tmp_path):
+    await add_steps(bus, 4, reward=0.25)
+    await mark_stopped(bus, "4 steps")
+    assert await record(bus, settings(), tmp_path / "rec") == 0
+    lines = (tmp_path / "rec" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["version"] for x in lines] == [1, 2, 3, 4]
+    summary = json.loads((tmp_path / "rec" / "summary.json").read_text())
+    assert summary["stopped"] == "4 steps" and summary["models"]["policy"]["versions"] == 4
+    assert summary["models"]["policy"]["reward_last_window"] == pytest.approx(0.25)
+    assert (tmp_path / "rec" / "reward.png").stat().st_size > 0
+
+
+async def test_top_without_a_terminal_prints_lines_timed_from_the_run_start(bus, capsys, monkeypatch):
+    from astraflow import commands
+
+    await bus.redis.hset(bus.keys.identity, "created", f"{time.time() - 500:.3f}")
+    await add_steps(bus, 2)
+    monkeypatch.setattr(commands, "TOP_LINE_EVERY_S", 0.05)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(commands._top(bus, settings()), 0.5)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) >= 2 and "policy v2 reward(ma10) 0.500" in out[0]
+    assert 500 <= float(out[0].split("s", 1)[0]) < 600  # the run's age, not top's
