@@ -20,6 +20,7 @@ from astraflow.messages import (
 )
 from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS, GROUP_TRAINER
+from astraflow.streams.names import name_key
 
 RewardFn = Callable[[PromptGroup, int], float]
 
@@ -96,7 +97,7 @@ async def heartbeat(bus: Bus, worker: str, slots: int, in_flight: int = 0, group
         groups=groups,
     )
     holder = f"sim 1 {worker}"
-    await bus.redis.set(bus.keys.consumer_name(worker), holder)
+    await bus.redis.set(name_key(bus, "raas", worker), holder)
     await bus.redis.hset(bus.keys.raas(worker), mapping={**encode(beat), "holder": holder})
 
 

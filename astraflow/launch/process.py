@@ -47,13 +47,15 @@ async def run_until_signalled(
     worker: str,
     body: Callable[[Bus, asyncio.Event], Awaitable[None]],
     name_setting: str,
+    role: str,
     judge: bool = False,
 ) -> None:
     """Run `body(bus, stop)`; SIGTERM or SIGINT sets `stop` (the body finishes and returns), and so does
     the run's stop notice (`launch.stops.follow_run`; `judge`: this process also judges the run's stop
     conditions). The bus waits
     out Redis outages (logging `redis_unreachable`) rather than ending the process. The process holds its
-    consumer name `worker` throughout (`names.hold_name`; `name_setting` is what a clash should change).
+    consumer name `worker` of `role` throughout (`names.hold_name`; `name_setting` is what a clash should
+    change).
     A worker whose parent died (the launcher killed: its workers get SIGTERM) ends a stop that overruns
     `stop_grace_s` itself, as the launcher would have: its Redis may have died with the launcher."""
     logs.configure(settings.log.level, worker=worker, run=settings.run.name)
@@ -65,7 +67,7 @@ async def run_until_signalled(
     bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
         await warn_if_evicting(bus)
-        async with hold_name(bus, worker, name_setting):
+        async with hold_name(bus, worker, name_setting, role=role):
             following = asyncio.create_task(follow_run(bus, settings, stop, judge))
             try:
                 await body(bus, stop)

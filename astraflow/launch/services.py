@@ -19,7 +19,7 @@ def run_dataflow(settings: Settings, url: str) -> None:
     """A dataflow replica; stateless, any number may run against one Redis."""
     name = process_name("dataflow", settings.dataflow.id)
     body = lambda bus, stop: build_dataflow(settings, bus, name).run(stop)  # noqa: E731
-    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id", judge=True))
+    asyncio.run(run_until_signalled(settings, url, name, body, "dataflow.id", "dataflow", judge=True))
 
 
 def run_raas(settings: Settings, url: str) -> None:
@@ -30,7 +30,7 @@ def run_raas(settings: Settings, url: str) -> None:
         async with build_raas(settings, bus, wid) as worker:
             await worker.run(stop)
 
-    asyncio.run(run_until_signalled(settings, url, wid, body, "raas.id"))
+    asyncio.run(run_until_signalled(settings, url, wid, body, "raas.id", "raas"))
 
 
 def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
@@ -56,6 +56,7 @@ def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
             return
         body = lambda bus, stop: build_trainer(settings, bus, name).run(stop)  # noqa: E731
         worker = f"trainer-{name}"
-        asyncio.run(run_until_signalled(settings, url, worker, body, "one trainer per policy", judge=True))
+        policy = "one trainer per policy"
+        asyncio.run(run_until_signalled(settings, url, worker, body, policy, "trainer", judge=True))
     finally:
         distributed.teardown()

@@ -1,11 +1,12 @@
 """One live process per consumer name: the owner checks of the bus tell consumers apart by name alone.
 
-A worker holds its name for as long as it runs: the key `name:<name>` carries `host~pidns pid token`
-with a TTL of one lease, renewed every third of it. A process that finds the name held waits for the
-holder's TTL to run out (a holder that was killed stops renewing), taking it over at once from a dead pid
-of its own host and PID namespace (the supervisor restarting a worker under its fixed name); a name still
-renewed after that belongs to a live process, and the start is refused. A process whose name another took
-over (it expired while Redis was unreachable) stops.
+A worker holds its name for as long as it runs: the key `name:<role>:<name>` (each role's ACL user may
+write only its own role's names, so no RaaS credential can take over the trainer's name) carries
+`host~pidns pid token` with a TTL of one lease, renewed every third of it. A process that finds the name
+held waits for the holder's TTL to run out (a holder that was killed stops renewing), taking it over at
+once from a dead pid of its own host and PID namespace (the supervisor restarting a worker under its fixed
+name); a name still renewed after that belongs to a live process, and the start is refused. A process
+whose name another took over (it expired while Redis was unreachable) stops.
 
 What a worker publishes about itself under its name - its heartbeat `raas:<name>` - is written only
 while it holds the name (`write_heartbeat`, checked in the same script) and carries the holder, so a
@@ -62,9 +63,12 @@ def _gone(holder: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def hold_name(bus: Bus, name: str, setting: str = "its id setting") -> AsyncIterator[None]:
-    """Hold consumer name `name` while the body runs; raise NameInUse if a live process holds it."""
-    key = bus.keys.consumer_name(name)
+async def hold_name(
+    bus: Bus, name: str, setting: str = "its id setting", *, role: str
+) -> AsyncIterator[None]:
+    """Hold consumer name `name` of a `role` worker while the body runs; raise NameInUse if a live process
+    holds it."""
+    key = name_key(bus, role, name)
     me = f"{processes.pid_space()} {os.getpid()} {secrets.token_hex(4)}"
     ttl_ms = bus.settings.lease_ms
     take = bus.redis.register_script(_TAKE)
@@ -123,9 +127,14 @@ async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: li
             return
 
 
-def held(bus: Bus, name: str) -> str | None:
+def name_key(bus: Bus, role: str, name: str) -> str:
+    """The key of consumer name `name` of a `role` worker (`raas`, `dataflow`, `trainer`)."""
+    return bus.keys.consumer_name(f"{role}:{name}")
+
+
+def held(bus: Bus, name: str, role: str = "raas") -> str | None:
     """This process's holder value of consumer name `name`, or None when it does not hold it."""
-    return _held.get(bus.keys.consumer_name(name))
+    return _held.get(name_key(bus, role, name))
 
 
 async def write_heartbeat(bus: Bus, name: str, fields: dict, ttl_ms: int) -> bool:
@@ -134,12 +143,12 @@ async def write_heartbeat(bus: Bus, name: str, fields: dict, ttl_ms: int) -> boo
     me = held(bus, name)
     if me is None:
         return False
-    keys = [bus.keys.consumer_name(name), bus.keys.raas(name)]
+    keys = [name_key(bus, "raas", name), bus.keys.raas(name)]
     args = [me, ttl_ms, *(x for kv in fields.items() for x in kv)]
     return bool(await bus.redis.register_script(_BEAT)(keys=keys, args=args))
 
 
 async def heartbeat_holder(bus: Bus, name: str, fields: dict) -> bool:
     """Whether the heartbeat `fields` of worker `name` was written by the name's current holder."""
-    holder = await bus.call(lambda: bus.redis.get(bus.keys.consumer_name(name)))
+    holder = await bus.call(lambda: bus.redis.get(name_key(bus, "raas", name)))
     return holder is not None and fields.get(HOLDER_FIELD.encode(), fields.get(HOLDER_FIELD)) == holder

@@ -1,10 +1,13 @@
 """A run's identity: created once, when the run is bootstrapped, and checked by whoever starts one.
 
 The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R)
-and its `created` time; whoever ends the run adds `stopped` and `stop_reason` (`astraflow run`, or a
-worker that found a stop condition met: `launch.stops`), and every worker follows that notice. The
-nonce is part of every batch uid and of every trainer checkpoint, so that nothing of another run of the
-same name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for
+and its `created` time. It is written by whoever creates the run and never by a worker role's ACL user
+(workers only read it): on a shared Redis with per-role users, `astraflow redis acl --apply` creates it
+(`provision`), with the weight-transfer secret. Whoever ends the run writes `stopped` and `stop_reason`
+into the hash `af:{R}:run:stop` (`astraflow run`, or a worker that found a stop condition met:
+`launch.stops`; the judges' ACL users may write it, no one else's), and every worker follows that notice.
+The nonce is part of every batch uid and of every trainer checkpoint, so that nothing of another run of
+the same name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for
 this run's.
 
 Starting a process of run R is one of:
@@ -21,9 +24,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from redis.exceptions import ResponseError
+
 from astraflow.errors import RunExistsError
+from astraflow.streams.keys import Keys
 
 if TYPE_CHECKING:
     from astraflow.streams.bus import Bus
@@ -50,9 +57,17 @@ def new_identity_args() -> list[str]:
 
 async def existing(bus: Bus) -> RunIdentity | None:
     """The run's identity, or None (never creates one)."""
-    fields = ["nonce", "created", "stopped"]
-    nonce, created, stopped = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, fields))
-    return None if nonce is None else RunIdentity.parse(nonce, created, stopped)
+    nonce, created = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, ["nonce", "created"]))
+    if nonce is None:
+        return None
+    stopped = await bus.call(lambda: bus.redis.hget(stop_key(bus), "stopped"))
+    return RunIdentity.parse(nonce, created, stopped)
+
+
+def stop_key(bus: Bus) -> str:
+    """The hash of the run's stop notice (`stopped`, `stop_reason`): apart from the identity, which no
+    worker may write, so that the workers that judge the run's stop conditions may."""
+    return f"{bus.keys.identity}:stop"
 
 
 async def keys_of(bus: Bus, first_only: bool = False) -> list[bytes]:
@@ -91,18 +106,60 @@ async def open_run(bus: Bus, *, fresh: bool, resume: bool) -> RunIdentity:
     if resume:
         if current is None and not await _used(bus, fresh):
             raise RunExistsError(f"nothing to resume: no key of run {bus.keys.run!r} on this Redis")
-        await bus.call(lambda: bus.redis.hdel(bus.keys.identity, "stopped", "stop_reason"))
-        return await bus.identity()
+        if current is not None and current.stopped is not None:
+            await _unstop(bus)
+        return await _identity(bus, current)
     if current is not None and (fresh or current.stopped is not None):
         raise RunExistsError(f"{_describe(bus, current)} {_how(bus)}")
-    return await bus.identity()
+    return await _identity(bus, current)
+
+
+def _refused(e: ResponseError) -> bool:
+    """Whether `e` is an ACL refusal (of a command, or of a command inside a script)."""
+    return "perm" in str(e).lower() or "can't access" in str(e)
+
+
+async def _unstop(bus: Bus) -> None:
+    try:
+        await bus.call(lambda: bus.redis.delete(stop_key(bus)))
+    except ResponseError as e:
+        if not _refused(e):
+            raise
+        raise RunExistsError(
+            f"run {bus.keys.run!r} was stopped and this user may not resume it (only the admin and the"
+            " dataflow's and trainer's users may): resume it with one of them (`astraflow run --resume`)"
+        ) from None
+
+
+async def _identity(bus: Bus, current: RunIdentity | None) -> RunIdentity:
+    """The identity read (`current`, unstopped now), else created: a worker ACL user may not create it."""
+    if current is not None:
+        return RunIdentity(current.nonce, current.created)
+    try:
+        return await bus.identity()
+    except ResponseError as e:  # NOPERM, from the script's HSET
+        if not _refused(e):
+            raise
+        raise RunExistsError(
+            f"run {bus.keys.run!r} has no identity and this user may not create it: whoever creates the run"
+            f" does (`astraflow redis acl --apply --run {bus.keys.run}` on a Redis with per-role users)"
+        ) from None
+
+
+async def provision(client, keys: Keys) -> RunIdentity:
+    """Create the run's identity and weight-transfer secret unless they exist (an admin `client`): what
+    workers under per-role ACL users read and may not write."""
+    script = (Path(__file__).parent / "lua" / "create_run.lua").read_text()
+    reply = await client.eval(script, 1, keys.identity, *new_identity_args())
+    await client.set(keys.weights_secret, secrets.token_hex(32), nx=True)
+    return RunIdentity.parse(*reply)
 
 
 async def mark_stopped(bus: Bus, reason: str | None = None) -> None:
     """Record that the run was ended (and why): its workers stop, and a worker started later does not
     join it unless resuming."""
     fields = {"stopped": f"{time.time():.3f}", **({"stop_reason": reason} if reason else {})}
-    await bus.call(lambda: bus.redis.hset(bus.keys.identity, mapping=fields))
+    await bus.call(lambda: bus.redis.hset(stop_key(bus), mapping=fields))
 
 
 async def forget(bus: Bus, created: RunIdentity) -> bool:

@@ -38,8 +38,11 @@ async def run_secret(bus: Bus, settings: WeightsSettings) -> bytes:
     if settings.secret is not None:
         return settings.secret.get_secret_value().encode()
     key = bus.keys.weights_secret
-    await bus.call(lambda: bus.redis.set(key, secrets.token_hex(32), nx=True))
-    return await bus.call(lambda: bus.redis.get(key))
+    found = await bus.call(lambda: bus.redis.get(key))  # a worker ACL user may only read it
+    if found is None:
+        await bus.call(lambda: bus.redis.set(key, secrets.token_hex(32), nx=True))
+        found = await bus.call(lambda: bus.redis.get(key))
+    return found
 
 
 @dataclass(frozen=True)

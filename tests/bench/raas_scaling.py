@@ -81,7 +81,7 @@ def worker_main(token_ms: float) -> None:
         engines = {"policy": FakeEngine(token_ms, token)}
         await RaasWorker(raas_setup(s), bus, engines, s.raas.id, {"policy": tokenizer}).run(stop)
 
-    asyncio.run(run_until_signalled(s, s.redis.url or "", s.raas.id, body, "raas.id"))
+    asyncio.run(run_until_signalled(s, s.redis.url or "", s.raas.id, body, "raas.id", "raas"))
 
 
 def settings_for(url: str, model: str, run: str, run_dir: Path, worker: str, args) -> Settings:

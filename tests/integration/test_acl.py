@@ -27,7 +27,8 @@ from astraflow.streams import Bus, Out, acl
 from astraflow.streams.inspect import inspect_run, report
 from astraflow.streams.keys import GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
-from astraflow.streams.runs import open_run
+from astraflow.streams.runs import open_run, provision
+from tests.integration.acl_record import Recorder, beyond, unused
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
 from tests.redis7 import system_redis
 
@@ -56,7 +57,7 @@ async def admin(server):
 
 async def install(admin, run: str) -> dict[str, str]:
     passwords = {role: f"{run}-{role}-pw" for role in acl.ROLES}
-    await acl.apply(admin, [acl.acl_user(run, role, passwords[role]) for role in acl.ROLES])
+    await acl.apply(admin, [acl.acl_user(run, role, passwords[role]) for role in acl.ROLES], run)
     return passwords
 
 
@@ -101,6 +102,34 @@ def spawn_trainer(settings: Settings) -> subprocess.Popen:
     )
 
 
+def _rare(pairs: str) -> set[tuple[str, str]]:
+    return {tuple(p.split("@")) if "@" in p else (p, "") for p in pairs.split()}  # type: ignore[misc]
+
+
+# What a role's ACL allows that a short healthy run does not send (`command@family`), by why.
+_START = "exists@state exists@ledger exists@versions"  # open_run's checks of a run without an identity
+_KEYLESS = "discard script|exists select wait time"  # aborts, reloads, a db number, replicas, claims
+_STRANDED = "xclaim@{0} xrange@{0} xgroup|delconsumer@{0} type@{0}"  # claim.lua, trim.lua, handoff.lua
+_DEAD = "xadd@dead xrange@dead hset@errors hincrby@ledger srem@in_flight"  # dead letters, released entries
+RARE = {
+    "raas": _rare(
+        f"{_START} {_KEYLESS} {_STRANDED.format('prompts')} {_DEAD} hget@errors"
+        " exists@run evalsha@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
+        " hexists@workflows hget@workflows"  # pushed workflows
+        " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
+        " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
+        " del@weights:*:*:relay:* zrem@weights:*:*:peers evalsha@weights:*:*:peers"  # relays, peers leaving
+    ),
+    "trainer": _rare(
+        f"{_START} {_KEYLESS} {_STRANDED.format('batches:*')} {_DEAD} xtrim@dead"
+        " del@name:trainer:*"  # its name freed by a stop (this one exits at max_steps)
+        " xrange@metrics hset@run:stop del@run:stop"  # judging stop conditions, stopping, resuming
+        " hgetall@weights:*:*"  # a restarted trainer re-reading its newest manifest
+        " evalsha@metrics"  # a writable family its scripts may declare
+    ),
+}
+
+
 async def refused(call) -> bool:
     try:
         await call()
@@ -118,6 +147,8 @@ async def test_each_role_works_under_its_own_user_and_no_further(admin, server, 
     roles = {role: as_role(base, RUN, role, passwords[role]) for role in acl.ROLES}
     roles["trainer"].streams.trim_interval_ms = 1  # trims its batches at every acknowledgement
 
+    recorder = Recorder(server.url, RUN)  # every command each role sends
+    await recorder.__aenter__()
     df_bus = connect(url, roles["dataflow"])
     stop_df = asyncio.Event()
     dataflow = asyncio.create_task(
@@ -144,6 +175,13 @@ async def test_each_role_works_under_its_own_user_and_no_further(admin, server, 
         stop_df.set()
         await asyncio.wait_for(dataflow, 30)
         await df_bus.close()
+        await recorder.__aexit__(None, None, None)
+    assert await denials(admin) == []  # no command of any role was refused
+    assert not recorder.unknown  # every command was told to its user
+    for role in acl.WORKERS:  # each sent only what its grants allow ...
+        assert beyond(role, recorder.sent[acl.user_name(RUN, role)]) == set(), role
+    for role in ("raas", "trainer"):  # ... and its grants allow nothing the run did not use but rare paths
+        assert unused(role, recorder.sent[acl.user_name(RUN, role)]) <= RARE[role] <= acl.allowed(role), role
     assert await denials(admin) == []  # no command of any role was refused
 
     obs = connect(url, roles["observer"])
@@ -182,6 +220,60 @@ async def test_each_role_works_under_its_own_user_and_no_further(admin, server, 
         await raas_bus.close()
 
 
+def _attacks(k: Keys) -> dict[str, tuple]:
+    """What the issue's RaaS credential did to a live run, as commands."""
+    return {
+        "del_prompts": ("DEL", k.prompts),
+        "del_rollouts": ("DEL", k.rollouts),
+        "del_run": ("DEL", k.identity),
+        "xtrim_rollouts_to_0": ("XTRIM", k.rollouts, "MAXLEN", 0),
+        "hset_run_nonce": ("HSET", k.identity, "nonce", "forged"),
+        "hset_run_stopped": ("HSET", k.identity, "stopped", 1),
+        "hdel_run_stopped": ("HDEL", k.identity, "stopped"),
+        "hset_run_stop_notice": ("HSET", f"{k.identity}:stop", "stopped", 1),
+        "set_ledger_wrong_type": ("SET", k.ledger, "x"),
+        "del_ledger": ("DEL", k.ledger),
+        "set_weights_secret": ("SET", k.weights_secret, "known"),
+        "xgroup_create_rollouts": ("XGROUP", "CREATE", k.rollouts, "evil", "0"),
+        "set_trainer_name_key": ("SET", k.consumer_name("trainer:trainer-policy"), "me"),
+        "set_dataflow_name_key": ("SET", k.consumer_name("dataflow:df"), "me"),
+    }
+
+
+@pytest.mark.parametrize("attack", sorted(_attacks(Keys(RUN))))
+async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack):
+    passwords = await install(admin, RUN)  # creates the run identity and weight secret
+    k = Keys(RUN)
+    await admin.xadd(k.prompts, {"kind": "prompt"})
+    await admin.xadd(k.rollouts, {"kind": "rollout"})
+    await admin.hset(k.ledger, "submitted", 1)
+    before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger)}
+    raas = aioredis.Redis.from_url(
+        server.display_url, username=acl.user_name(RUN, "raas"), password=passwords["raas"]
+    )
+    try:
+        assert await refused(partial(raas.execute_command, *_attacks(k)[attack]))
+        assert await raas.get(k.weights_secret) is not None  # it may still read what it needs
+    finally:
+        await raas.aclose()
+    assert {key: await admin.dump(key) for key in before} == before
+    assert await admin.xinfo_groups(k.rollouts) == []
+
+
+async def test_the_trainer_cannot_rewrite_the_run_identity_or_the_weight_secret(admin, server):
+    passwords = await install(admin, RUN)
+    k = Keys(RUN)
+    trainer = aioredis.Redis.from_url(
+        server.display_url, username=acl.user_name(RUN, "trainer"), password=passwords["trainer"]
+    )
+    try:
+        assert (await trainer.hmget(k.identity, ["nonce"]))[0] is not None  # reads it
+        for attack in (("HSET", k.identity, "nonce", "forged"), ("SET", k.weights_secret, "known")):
+            assert await refused(partial(trainer.execute_command, *attack))
+    finally:
+        await trainer.aclose()
+
+
 async def test_users_of_another_run_see_nothing_of_this_one(admin, server):
     await install(admin, RUN)
     others = await install(admin, "other")
@@ -190,7 +282,7 @@ async def test_users_of_another_run_see_nothing_of_this_one(admin, server):
     await admin.hset(keys.state, "cursor", 1)
     await admin.set(keys.weights_secret, "s")
     run_keys = [k async for k in admin.scan_iter(match=keys.prefix + "*")]
-    assert len(run_keys) == 3
+    assert len(run_keys) == 4  # and the run identity `install` created
     for role in acl.ROLES:
         client = aioredis.Redis.from_url(
             server.display_url, username=acl.user_name("other", role), password=others[role]
@@ -205,7 +297,8 @@ async def test_users_of_another_run_see_nothing_of_this_one(admin, server):
 
 async def test_workers_start_checks_work_under_their_users(admin, server, tmp_path):
     """`astraflow raas|trainer` check the run before they start (join, refuse leftovers, resume): under
-    their own users, whose ACL allows no SCAN, these checks answer instead of failing with NOPERM."""
+    their own users, whose ACL allows no SCAN, these checks answer instead of failing with NOPERM; creating
+    or resuming the run identity is refused with what to do instead."""
     passwords = await install(admin, RUN)
     base = run_settings(server.display_url, "unused", tmp_path)
     for role in ("raas", "trainer"):
@@ -215,14 +308,26 @@ async def test_workers_start_checks_work_under_their_users(admin, server, tmp_pa
             await admin.hset(Keys(RUN).ledger, "submitted", 3)  # leftovers of a run without an identity
             with pytest.raises(RunExistsError, match="no run identity"):
                 await open_run(bus, fresh=False, resume=False)
-            adopted = await open_run(bus, fresh=False, resume=True)
-            assert await open_run(bus, fresh=False, resume=False) == adopted  # joins it from now on
+            with pytest.raises(RunExistsError, match="may not create it"):  # only the run's creator may
+                await open_run(bus, fresh=False, resume=True)
+            created = await provision(admin, Keys(RUN))  # `astraflow redis acl --apply`
+            assert await open_run(bus, fresh=False, resume=True) == created  # adopted
+            assert await open_run(bus, fresh=False, resume=False) == created  # joins it from now on
+            await admin.hset(f"{Keys(RUN).identity}:stop", "stopped", 1)  # the run's stop notice
+            if role == "raas":  # only the workers that may stop a run may resume it
+                with pytest.raises(RunExistsError, match="may not resume it"):
+                    await open_run(bus, fresh=False, resume=True)
+            else:
+                assert await open_run(bus, fresh=False, resume=True) == created
+                assert await open_run(bus, fresh=False, resume=False) == created
             await admin.flushdb()
             with pytest.raises(RunExistsError, match="nothing to resume"):
                 await open_run(bus, fresh=False, resume=True)
         finally:
             await bus.close()
-    assert await denials(admin) == []
+    # refused: only the writes of the run identity (its creation) and the RaaS's resumption
+    refusals = {(e["reason"], e["object"]) for e in await denials(admin)}
+    assert refusals == {("key", Keys(RUN).identity), ("key", f"{Keys(RUN).identity}:stop")}
 
 
 async def denials(admin) -> list[dict]:
@@ -272,3 +377,50 @@ async def test_acl_users_are_refused_on_redis_6_with_the_reason(tmp_path):
     finally:
         await client.aclose()
         s.stop()
+
+
+@pytest.mark.slow
+async def test_apply_on_a_replica_installs_users_and_leaves_the_identity_to_the_primary(
+    server, admin, tmp_path
+):
+    """The k8s Job applies the users on the primary, then on its replica: the run identity and the weight
+    secret, created on the primary, reach the replica by replication (it refuses writes)."""
+    from tests.integration.replicas import start_replica
+
+    replica = start_replica(tmp_path / "replica", server)
+    client = aioredis.Redis.from_url(replica.url)
+    try:
+        passwords = {role: "pw" for role in acl.ROLES}
+        await acl.apply(admin, [acl.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
+        await acl.apply(client, [acl.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
+        await admin.execute_command("WAIT", 1, 5000)
+        k = Keys(RUN)
+        assert await client.hget(k.identity, "nonce") == await admin.hget(k.identity, "nonce") is not None
+        assert await client.get(k.weights_secret) == await admin.get(k.weights_secret) is not None
+    finally:
+        await client.aclose()
+        replica.stop()
+
+
+async def test_a_judging_worker_stops_the_run_and_the_raas_follows_under_their_users(admin, server, tmp_path):
+    """The stop notice lives apart from the run identity: the dataflow and the trainer (who judge the stop
+    conditions) may write it, the RaaS reads it, and none of them may touch the identity."""
+    from astraflow.launch.stops import stopped_reason
+    from astraflow.streams.runs import existing, mark_stopped
+
+    passwords = await install(admin, RUN)
+    base = run_settings(server.display_url, "unused", tmp_path)
+    trainer = connect(server.display_url, as_role(base, RUN, "trainer", passwords["trainer"]))
+    raas = connect(server.display_url, as_role(base, RUN, "raas", passwords["raas"]))
+    try:
+        before = await existing(raas)
+        assert before is not None and before.stopped is None
+        await mark_stopped(trainer, "target reward 0.9 reached")
+        after = await existing(raas)
+        assert after.stopped is not None and after.nonce == before.nonce
+        assert await stopped_reason(raas) == "target reward 0.9 reached"
+        with pytest.raises(NoPermissionError):
+            await mark_stopped(raas, "forged")
+    finally:
+        await trainer.close()
+        await raas.close()

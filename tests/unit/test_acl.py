@@ -1,10 +1,16 @@
 """The ACL users `astraflow redis acl` makes: passwords only hashed, every key pattern inside the run,
 the observer read-only, and the password file's rules."""
 
+from pathlib import Path
+
 import pytest
 
 from astraflow.errors import ConfigError
 from astraflow.streams import acl
+
+
+def _key_patterns(rules) -> list[str]:
+    return [w for r in rules for w in r.strip("()").split() if "~" in w]
 
 
 def test_rules_hold_only_a_hash_of_the_password_and_only_the_runs_keys():
@@ -12,19 +18,51 @@ def test_rules_hold_only_a_hash_of_the_password_and_only_the_runs_keys():
         user = acl.acl_user("r1", role, "plain-pw")
         assert user.name == f"af-r1-{role}"
         assert "plain-pw" not in " ".join(user.command())
-        keys = [r for r in user.rules if "~" in r]
+        keys = _key_patterns(user.rules)
         assert keys and all(r.split("~", 1)[1].startswith("af:{r1}:") for r in keys)
-        assert "~*" not in user.rules and "+@all" not in user.rules
+        assert "~*" not in user.rules and "+@all" not in " ".join(user.rules)
 
 
-def test_the_observer_reads_only_and_only_raas_and_trainer_see_the_weight_secret():
+def test_the_observer_reads_only_and_only_raas_and_trainer_read_the_weight_secret():
     observer = acl.acl_user("r1", "observer", "pw")
-    assert all(r.startswith("%R~") for r in observer.rules if "~" in r)
-    assert not {"+xadd", "+hset", "+set", "+del", "+evalsha", "+xack"} & set(observer.rules)
-    secret = "af:{r1}:weights:secret"
+    assert all(r.startswith("%R~") for r in _key_patterns(observer.rules))
+    assert not {"+xadd", "+hset", "+set", "+del", "+evalsha", "+xack"} & set(" ".join(observer.rules).split())
     for role in acl.ROLES:
-        rules = acl.acl_user("r1", role, "pw").rules
-        assert (f"~{secret}" in rules) == (role in ("raas", "trainer"))
+        assert (("get", "weights:secret") in acl.allowed(role)) == (role in ("raas", "trainer"))
+
+
+WRITES = {"set", "hset", "hdel", "del", "hincrby", "hsetnx", "expire", "xadd", "xtrim", "unlink"}
+
+
+def test_no_worker_may_write_the_run_identity_or_the_weight_secret():
+    for role in acl.ROLES:
+        for command, family in acl.allowed(role):
+            if family in ("run", "weights:secret"):
+                assert command not in WRITES, (role, command, family)
+        assert {"run", "weights:secret"}.isdisjoint(acl.families(role, write=True))
+
+
+def test_each_role_may_write_only_its_own_consumer_names():
+    for role in acl.WORKERS:
+        names = {f for f in acl.families(role, write=True) if f.startswith("name:")}
+        assert names == {f"name:{role}:*"}
+
+
+def test_the_raas_may_trim_create_groups_and_delete_only_where_its_work_is():
+    raas = acl.allowed("raas")
+    assert {f for c, f in raas if c == "xtrim"} == {"prompts", "dead"}
+    assert {f for c, f in raas if c == "xgroup|create"} == {"prompts"}
+    assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*"}
+    assert {f for c, f in raas if c == "set"} == {"dedup:*", "name:raas:*", "weights:*:*:relay:*"}
+    assert not {f for c, f in raas if c == "hset"} - {"raas:*", "errors"}
+
+
+def test_the_role_table_in_the_docs_is_the_acl_s(tmp_path):
+    doc = Path(__file__).parents[2] / "docs" / "security.md"
+    copy = tmp_path / "security.md"
+    copy.write_text(doc.read_text())
+    assert not acl.write_table(copy), "docs/security.md's role table is stale: regenerate it (see the doc)"
+    assert "| raas | rollouts (hand-off) | `rollouts` | xadd type |" in acl.role_table()
 
 
 def test_passwords_are_generated_into_a_private_file_then_read_back(tmp_path):

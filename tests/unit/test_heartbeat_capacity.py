@@ -9,7 +9,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import Heartbeat, encode
-from astraflow.streams.names import hold_name, write_heartbeat
+from astraflow.streams.names import hold_name, name_key, write_heartbeat
 from tests.dataflow_helpers import SMALL_RUN, fake_bus, heartbeat, small_dataflow
 
 
@@ -51,9 +51,9 @@ async def test_a_heartbeat_is_written_only_by_the_holder_of_its_name(bus):
     fields = {"kind": "x", "data": b"y"}
     assert not await write_heartbeat(bus, "w1", fields, 1000)  # not held by this process
     assert not await bus.redis.exists(bus.keys.raas("w1"))
-    async with hold_name(bus, "w1"):
+    async with hold_name(bus, "w1", role="raas"):
         assert await write_heartbeat(bus, "w1", fields, 1000)
-        held = await bus.redis.get(bus.keys.consumer_name("w1"))
+        held = await bus.redis.get(name_key(bus, "raas", "w1"))
         assert await bus.redis.hget(bus.keys.raas("w1"), "holder") == held
-        await bus.redis.set(bus.keys.consumer_name("w1"), "someone else")  # taken over
+        await bus.redis.set(name_key(bus, "raas", "w1"), "someone else")  # taken over
         assert not await write_heartbeat(bus, "w1", fields, 1000)
