@@ -57,6 +57,11 @@ _CONSUMER = (
 )
 
 
+DEDUP = {"raas": "dedup:rollout:* dedup:dead:*", "trainer": "dedup:version:* dedup:dead:*"}
+"""The dedup markers a role's hand-offs write: a RaaS cannot forge a trainer's `version:` marker (which
+would keep that version from being announced), nor a trainer a RaaS's."""
+
+
 def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmget") -> tuple[Grant, ...]:
     """What every worker shares: the stream plumbing the bus's scripts write (dead letters, errors, the
     ledger's counts, the in-flight set, dedup markers), its own role's consumer names (written only by
@@ -67,7 +72,7 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
         _g("entry errors", "errors", errors),
         _g("ledger counts", "ledger", "hincrby"),
         _g("in-flight groups", "in_flight", "srem"),
-        _g("dedup markers", "dedup:*", "get set"),
+        _g("dedup markers", DEDUP.get(role, "dedup:*"), "get set"),
         _g("its consumer names (ownership scripts)", f"name:{role}:*", "get set del"),
         _g("run identity", "run", run, write=False),
         _g("start checks", "state ledger versions", "exists", write=False),

@@ -110,7 +110,10 @@ def _rare(pairs: str) -> set[tuple[str, str]]:
 _START = "exists@state exists@ledger exists@versions"  # open_run's checks of a run without an identity
 _KEYLESS = "discard script|exists select wait time"  # aborts, reloads, a db number, replicas, claims
 _STRANDED = "xclaim@{0} xrange@{0} xgroup|delconsumer@{0} type@{0}"  # claim.lua, trim.lua, handoff.lua
-_DEAD = "xadd@dead xrange@dead hset@errors hincrby@ledger srem@in_flight"  # dead letters, released entries
+_DEAD = (  # dead letters, released entries
+    "xadd@dead xrange@dead hset@errors hincrby@ledger srem@in_flight"
+    " get@dedup:dead:* set@dedup:dead:* evalsha@dedup:dead:*"
+)
 RARE = {
     "raas": _rare(
         f"{_START} {_KEYLESS} {_STRANDED.format('prompts')} {_DEAD} hget@errors"
@@ -237,6 +240,7 @@ def _attacks(k: Keys) -> dict[str, tuple]:
         "xgroup_create_rollouts": ("XGROUP", "CREATE", k.rollouts, "evil", "0"),
         "set_trainer_name_key": ("SET", k.consumer_name("trainer:trainer-policy"), "me"),
         "set_dataflow_name_key": ("SET", k.consumer_name("dataflow:df"), "me"),
+        "forge_version_dedup_marker": ("SET", k.dedup("version:policy:5"), "x"),  # would hide version 5
     }
 
 
