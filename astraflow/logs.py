@@ -33,7 +33,7 @@ def configure(level: str = "info", *, worker: str | None = None, run: str | None
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # `structlog.testing.capture_logs` must see every logger
     )
     structlog.contextvars.clear_contextvars()
     bound = {k: v for k, v in (("worker", worker), ("run", run)) if v is not None}
