@@ -18,7 +18,7 @@ import structlog
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
-from astraflow.streams.chunks import arg_bytes, chunked
+from astraflow.streams.chunks import ARG_OVERHEAD_BYTES, arg_bytes, chunked
 from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
@@ -191,13 +191,16 @@ class Bus:
         return chunked(items, cost, self.settings.max_call_args, self.settings.max_call_bytes)
 
     def _handoff_cost(self, item: Item) -> tuple[int, int]:
-        """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones."""
-        args = [item.input.id if isinstance(item.input, Entry) else item.input, item.dead_uid, 0]
+        """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones (counted,
+        not built: this runs for every entry handed off)."""
+        input_id = item.input.id if isinstance(item.input, Entry) else item.input
+        n_args, n_bytes = 3, len(input_id) + len(item.dead_uid) + 1
         for out in item.outs:
-            args += [out.stream, self.keys.dedup(out.dedup) if out.dedup else "", 0, "0" * BINDING_CHARS, 0]
-            for name, value in out.fields.items():
-                args += [name, value]
-        return len(args), arg_bytes(args)
+            n_args += 5 + 2 * len(out.fields)
+            n_bytes += len(out.stream) + 3 + BINDING_CHARS + len(str(len(out.fields)))
+            n_bytes += len(self.keys.dedup(out.dedup)) if out.dedup else 0
+            n_bytes += sum(len(name) + len(value) for name, value in out.fields.items())
+        return n_args, n_bytes + n_args * ARG_OVERHEAD_BYTES
 
     async def _handoff(self, stream: str, group: str, consumer: str, items: list[Item]):
         """One hand-off script call of `items` (see handoff.lua)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 import time
@@ -17,6 +18,7 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     ConnectionError,
+    DataError,
     ResponseError,
     TimeoutError,
 )
@@ -43,7 +45,38 @@ def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | No
         files["ssl_keyfile"] = settings.tls_key_file
         tls = {k: str(v) for k, v in files.items() if v is not None}
     kwargs = client_kwargs(settings, read_timeout_s)
-    return aioredis.Redis.from_url(url, **credentials(settings), **tls, **kwargs)
+    return packing_in_c(aioredis.Redis.from_url(url, **credentials(settings), **tls, **kwargs))
+
+
+def packing_in_c(client: aioredis.Redis) -> aioredis.Redis:
+    """`client`, its connections packing commands with hiredis: the same bytes as redis-py's Python packer
+    in a seventh of the time (a hand-off of 100 entries carries over a thousand arguments)."""
+    pool = client.connection_pool
+    if not getattr(pool.connection_class, "packs_in_c", False):
+        pool.connection_class = _hiredis_packing(pool.connection_class)
+    return client
+
+
+@functools.cache
+def _hiredis_packing(connection_class: type) -> type:
+    import hiredis
+
+    class HiredisPacking(connection_class):
+        packs_in_c = True
+
+        def pack_command(self, *args) -> list[bytes]:
+            if isinstance(args[0], str):  # 'CONFIG GET' and the like are sent as separate arguments
+                args = (*args[0].encode().split(), *args[1:])
+            elif b" " in args[0]:
+                args = (*args[0].split(), *args[1:])
+            args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError as e:
+                raise DataError(str(e)) from None
+
+    HiredisPacking.__name__ = f"HiredisPacking{connection_class.__name__}"
+    return HiredisPacking
 
 
 def credentials(settings: RedisSettings) -> dict[str, str]:

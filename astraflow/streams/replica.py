@@ -22,6 +22,7 @@ from astraflow.streams.connection import (
     credentials,
     is_transient,
     make_client,
+    packing_in_c,
     raise_if_cancelled,
 )
 from astraflow.streams.settings import RedisSettings
@@ -46,7 +47,8 @@ def connect_clients(
     addresses = [(h, int(p)) for h, _, p in (s.rpartition(":") for s in settings.sentinels)]
     sentinel = Sentinel(addresses, sentinel_kwargs=client_kwargs(settings, None), **kwargs)
     primary = sentinel.master_for(settings.master_name, redis_class=aioredis.Redis)
-    return primary, replica or sentinel.slave_for(settings.master_name, redis_class=aioredis.Redis)
+    replica = replica or sentinel.slave_for(settings.master_name, redis_class=aioredis.Redis)
+    return packing_in_c(primary), packing_in_c(replica)
 
 
 class ReplicaReads:

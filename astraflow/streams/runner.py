@@ -37,6 +37,8 @@ class Runner:
         self.consumer, self.handler, self.capacity = consumer, handler, capacity
         self.stats: Counter[str] = Counter()
         self._tasks: dict[str, asyncio.Task] = {}
+        """Per held entry: its handler, or the release or dead letter settling its failure."""
+        self._started: dict[str, float] = {}  # when each running handler started (loop time), in order
         self._done: list[tuple[Entry, Sequence[Out]]] = []
         self._committing = 0
         self._wake = asyncio.Event()
@@ -66,7 +68,13 @@ class Runner:
         """Consume until `stop` is set; then finish in-flight entries within `drain_s`, release the rest.
         Raises WorkerUnhealthy (after the same drain) once a handler hung."""
         settings = self.consumer.bus.settings
-        loops = (self._commit_loop(), self._lease_loop(), self._trim_loop(), self._watch(stop))
+        loops = [
+            self._commit_loop(),
+            self._lease_loop(),
+            self._trim_loop(),
+            self._timeouts(),
+            self._watch(stop),
+        ]
         helpers = [asyncio.create_task(c) for c in loops]
         try:
             while not stop.is_set() and self.unhealthy is None:
@@ -77,9 +85,7 @@ class Runner:
                     continue
                 block = settings.block_ms if not self.held else min(settings.block_ms, 50)
                 for entry in await self._read_until(stop, free, block):
-                    task = asyncio.create_task(self._handle(entry))
-                    self._tasks[entry.id] = task
-                    task.add_done_callback(lambda t, i=entry.id: self._task_done(i, t))
+                    self._start(entry)
             try:
                 await asyncio.wait_for(self._drain(drain_s), 2 * drain_s)
             except TimeoutError:  # Redis away: what is not settled stays pending, reclaimed after the lease
@@ -125,60 +131,88 @@ class Runner:
         for entry_id, task in list(self._tasks.items()):
             task.cancel()
             entry = self.consumer.in_flight.get(entry_id)
-            if entry is None:
-                continue
-            try:
-                await self.consumer.release(entry, "worker stopped before finishing it")
-                self.stats["released"] += 1
-            except Exception as e:  # it stays pending and is reclaimed after the lease
-                self.log.error("release_failed", id=entry_id, error=repr(e))
+            if entry is not None:
+                await self._release(entry, "worker stopped before finishing it")
         await self._commit()
 
-    async def _handle(self, entry: Entry) -> None:
+    def _start(self, entry: Entry) -> None:
+        """Run the handler on `entry` as a task of its own; `_finished` takes its result."""
+        task = asyncio.ensure_future(self.handler(entry))
+        self._tasks[entry.id] = task
+        self._started[entry.id] = asyncio.get_running_loop().time()
+        task.add_done_callback(lambda t: self._finished(entry, t))
+
+    def _finished(self, entry: Entry, task: asyncio.Task) -> None:
+        """A handler ended: its outputs wait for the next hand-off; a failure is settled by a task."""
+        if self._tasks.get(entry.id) is not task:  # it timed out: settled by `_timeouts`
+            return
+        del self._tasks[entry.id], self._started[entry.id]
+        self._freed.set()
+        if task.cancelled():  # its lease was lost, or the runner is stopping: not ours to settle
+            return
+        error = task.exception()
+        if error is None:
+            try:
+                outs = task.result()
+                for out in outs:
+                    self.consumer.bus.check_size(out)
+            except Exception as e:
+                error = e
+            else:
+                self._done.append((entry, outs))
+                self._wake.set()
+                return
+        self._settle(entry, self._failed(entry, error))
+
+    def _settle(self, entry: Entry, settling) -> None:
+        """Run `settling` (a release or a dead letter of `entry`) as a task the runner holds and drains."""
+        task = asyncio.ensure_future(settling)
+        self._tasks[entry.id] = task
+        task.add_done_callback(lambda t: self._task_done(entry.id, t))
+
+    async def _failed(self, entry: Entry, error: BaseException) -> None:
         try:
-            await self._process(entry)
+            if isinstance(error, DecodeError | MessageTooLarge):
+                self.log.error("entry_dead_lettered", id=entry.id, error=str(error))
+                await self.consumer.dead_letter(entry, f"{type(error).__name__}: {error}")
+                self.stats["dead"] += 1
+            else:
+                self.log.warning("entry_failed", id=entry.id, deliveries=entry.deliveries, error=repr(error))
+                await self.consumer.release(entry, f"{type(error).__name__}: {error}")
+                self.stats["released"] += 1
         except asyncio.CancelledError:
             raise
         except Exception as e:  # Redis gone while settling a failure: the entry will be taken back.
             self.log.error("entry_unsettled", id=entry.id, error=repr(e))
             self.consumer.forget(entry.id)
 
-    async def _process(self, entry: Entry) -> None:
+    async def _timeouts(self) -> None:
+        """Cancel a handler running past `streams.handler_timeout_s` (within a quarter of it, or a second)
+        and release its entry, without waiting for the handler: one that ignores cancellation must not
+        hold the entry. The worker is unhealthy from then on (see the class)."""
         timeout_s = self.consumer.bus.settings.handler_timeout_s
-        try:
-            outs = await self._call_handler(entry, timeout_s)
-            if outs is None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(timeout_s / 4, 1.0))
+            for entry_id, started in list(self._started.items()):
+                if loop.time() - started <= timeout_s:
+                    break  # started in order: the rest are younger
+                self._tasks.pop(entry_id).cancel()
+                del self._started[entry_id]
                 self.unhealthy = f"handler timed out after {timeout_s:g} s"
-                self.log.error("handler_timed_out", id=entry.id, timeout_s=timeout_s)
+                self.log.error("handler_timed_out", id=entry_id, timeout_s=timeout_s)
                 self._freed.set()  # wake the read loop: it stops reading
-                await self.consumer.release(entry, self.unhealthy)
-                self.stats["released"] += 1
-                return
-            for out in outs:
-                self.consumer.bus.check_size(out)
-        except (DecodeError, MessageTooLarge) as e:
-            self.log.error("entry_dead_lettered", id=entry.id, error=str(e))
-            await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
-            self.stats["dead"] += 1
-            return
-        except Exception as e:
-            self.log.warning("entry_failed", id=entry.id, deliveries=entry.deliveries, error=repr(e))
-            await self.consumer.release(entry, f"{type(e).__name__}: {e}")
-            self.stats["released"] += 1
-            return
-        self._done.append((entry, outs))
-        self._wake.set()
+                entry = self.consumer.in_flight.get(entry_id)
+                if entry is not None:
+                    self._settle(entry, self._release(entry, self.unhealthy))
 
-    async def _call_handler(self, entry: Entry, timeout_s: float) -> Sequence[Out] | None:
-        """The handler's outputs, or None when it ran past `timeout_s` (it is cancelled, not awaited: a
-        handler that ignores cancellation must not hold the entry)."""
-        task = asyncio.ensure_future(self.handler(entry))
+    async def _release(self, entry: Entry, reason: str) -> None:
         try:
-            done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        finally:
-            if not task.done():
-                task.cancel()
-        return task.result() if done else None
+            await self.consumer.release(entry, reason)
+            self.stats["released"] += 1
+        except Exception as e:  # it stays pending and is taken back after the lease
+            raise_if_cancelled()
+            self.log.error("release_failed", id=entry.id, error=repr(e))
 
     async def _commit_loop(self) -> None:
         while True:

@@ -71,6 +71,33 @@ async def test_handoff_of_a_reclaimed_entry_is_lost_and_writes_nothing(bus):
     assert await bus.redis.xlen(bus.keys.rollouts) == 1
 
 
+async def test_handoff_of_a_batch_tells_owned_entries_from_held_elsewhere_and_repeated(bus):
+    """Owners are checked for the whole call at once: between a call's lowest and highest input other
+    consumers' entries and this consumer's entries outside the call change nothing, and an input given
+    twice in one call is handed off once."""
+    await fill(bus, 6)
+    a = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "a")
+    b = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "b")
+    e0, e1 = await a.read(2, block_ms=10)
+    [e2] = await b.read(1, block_ms=10)
+    e3, e4, e5 = await a.read(3, block_ms=10)
+
+    def result(e):
+        return [Out(bus.keys.rollouts, {"from": e.id})]
+
+    statuses = await a.complete([(e0, result(e0)), (e2, result(e2)), (e4, result(e4)), (e4, result(e4))])
+    assert statuses == [OK, LOST, OK, DUP]
+    written = [f[b"from"].decode() for _, f in await bus.redis.xrange(bus.keys.rollouts)]
+    assert written == [e0.id, e4.id]
+    pending = await bus.redis.xpending_range(bus.keys.prompts, GROUP_RAAS, "-", "+", 10)
+    assert {(p["message_id"].decode(), p["consumer"].decode()) for p in pending} == {
+        (e1.id, "a"),
+        (e2.id, "b"),
+        (e3.id, "a"),
+        (e5.id, "a"),
+    }
+
+
 async def test_handoff_checks_output_types_before_writing(bus):
     await fill(bus, 1)
     await bus.redis.set(bus.keys.rollouts + "x", "not a stream")

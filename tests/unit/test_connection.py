@@ -144,3 +144,18 @@ async def test_an_outage_is_waited_out_however_often_the_connection_breaks():
             raise ConnectionError("Connection refused")
 
     assert await reconnecting(call, math.inf, probe=ping) == "ok"
+
+
+def test_commands_are_packed_in_c_to_the_same_bytes():
+    """Every bus client packs commands with hiredis: the bytes redis-py's own packer would send."""
+    from redis.asyncio.connection import Connection
+
+    from astraflow.streams.connection import make_client, packing_in_c
+    from astraflow.streams.settings import RedisSettings
+
+    client = make_client("redis://127.0.0.1:1", RedisSettings())
+    ours, theirs = client.connection_pool.make_connection(), Connection()
+    args = ("CONFIG GET", "maxmemory", b"\x00\xff", 7, 1.5, "é", bytearray(b"ab"), memoryview(b"cd"))
+    assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args))
+    packing = client.connection_pool.connection_class
+    assert packing_in_c(client).connection_pool.connection_class is packing  # once is enough

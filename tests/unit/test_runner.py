@@ -140,6 +140,7 @@ async def test_worker_told_to_stop_during_a_redis_outage_stops(bus):
     async def handle(entry):
         bus.blocking.xreadgroup = unreachable  # Redis goes away after the first entry
         bus._scripts["handoff"] = unreachable
+        bus.redis.ping = unreachable  # away, not refusing these requests while it answers others
         return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
 
     runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 2)

@@ -29,10 +29,25 @@
 local input, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, ttl, n_items = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
--- Pass 1, read-only: every output stream must be a stream (or not exist yet).
-local checked, pos = {}, 5
+-- Whether stream id a (as {ms, seq}, decimal digits) is before b: numbers of any size compare by length,
+-- then digit by digit.
+local function digits_before(x, y) return #x < #y or (#x == #y and x < y) end
+local function id_before(a, b)
+  return digits_before(a[1], b[1]) or (a[1] == b[1] and digits_before(a[2], b[2]))
+end
+
+-- Pass 1, read-only: every output stream must be a stream (or not exist yet); the lowest and highest
+-- input ids.
+local checked, pos, lo, hi = {}, 5, nil, nil
 for _ = 1, n_items do
-  local n_out = tonumber(ARGV[pos + 2])
+  local id, n_out = ARGV[pos], tonumber(ARGV[pos + 2])
+  if id ~= '' then
+    local key = {string.match(id, '^(%d+)-(%d+)$')}
+    if #key ~= 2 then return redis.error_reply('ERR input id ' .. id .. ' is not a stream id') end
+    key[3] = id
+    if not lo or id_before(key, lo) then lo = key end
+    if not hi or id_before(hi, key) then hi = key end
+  end
   pos = pos + 3
   for _ = 1, n_out do
     local stream, n_fields = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 3])
@@ -51,13 +66,22 @@ for _ = 1, n_items do
   end
 end
 
+-- What `consumer` owns among the inputs: one scan of its pending entries between the lowest and the
+-- highest input id (it holds few others there: what it is still working on).
+local owns = {}
+if lo then
+  for _, entry in ipairs(redis.call('XPENDING', input, group, lo[3], hi[3], 2147483647, consumer)) do
+    owns[entry[1]] = true
+  end
+end
+
 -- Pass 2: per item, decide and write.
-local replies, ignored = {}, {}
+local replies, ignored, acked, done = {}, {}, {}, {}
 pos = 5
 for i = 1, n_items do
   local id, dead_uid, n_out = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
   pos = pos + 3
-  local owned = id == '' or #redis.call('XPENDING', input, group, id, id, 1, consumer) > 0
+  local owned = id == '' or (owns[id] and not done[id])
   local reply, first, all_done = {'ok'}, pos, n_out > 0
   for j = 1, n_out do
     local dedup, binding = tonumber(ARGV[pos + 1]), ARGV[pos + 2]
@@ -75,7 +99,7 @@ for i = 1, n_items do
     all_done = all_done and existing ~= false
     pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
   end
-  if all_done or (not owned and #redis.call('XPENDING', input, group, id, id, 1) == 0) then
+  if all_done or done[id] or (not owned and #redis.call('XPENDING', input, group, id, id, 1) == 0) then
     reply[1] = 'dup'
   elseif not owned then
     reply[1] = 'lost'
@@ -99,10 +123,16 @@ for i = 1, n_items do
       redis.call('HINCRBY', ledger, 'dead', 1)
     end
     if id ~= '' then
-      redis.call('XACK', input, group, id)
-      redis.call('HDEL', errors, input .. '|' .. id)
+      acked[#acked + 1], done[id] = id, true
     end
   end
   replies[i] = reply
+end
+-- The inputs are acknowledged together, and their recorded errors removed (there are rarely any).
+for k = 1, #acked, 1000 do
+  redis.call('XACK', input, group, unpack(acked, k, math.min(k + 999, #acked)))
+end
+if #acked > 0 and redis.call('EXISTS', errors) == 1 then
+  for _, id in ipairs(acked) do redis.call('HDEL', errors, input .. '|' .. id) end
 end
 return {replies, ignored}
