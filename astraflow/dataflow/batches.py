@@ -24,6 +24,7 @@ from astraflow.streams import LOST, Bus, Consumer, Entry
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES
 from astraflow.streams.keys import GROUP_TRAINER
+from astraflow.streams.schema import Errors
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +105,7 @@ class BatchReader:
 
     def _fields(self, received: Received) -> tuple[str, str]:
         """The errors-hash fields of a batch's step attempts and of the last error of one."""
-        return f"{self.stream}|{received.id}|attempts", f"{self.stream}|{received.id}|error"
+        return Errors.attempts(self.stream, received.id), Errors.error(self.stream, received.id)
 
     async def begin(self, received: Received) -> str | None:
         """Count an attempt to train `received`; returns why it must be set aside instead (the trainer

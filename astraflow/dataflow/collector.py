@@ -17,6 +17,8 @@ from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
+from astraflow.streams.runstate import recorded_versions
+from astraflow.streams.schema import Trace
 
 log = structlog.get_logger(__name__)
 UID = re.compile(r"[^\s]{1,200}")
@@ -159,15 +161,14 @@ class Collector:
             parts=[],
             rewards={},
             zero_variance=False,
-            trace={"raas": group.raas, "eval": f"dropped: {reason}" if reason else "scored"},
+            trace={Trace.raas: group.raas, Trace.eval: f"dropped: {reason}" if reason else "scored"},
             eval=EvalRow(group.eval_version, group.eval_dataset, scores, reason),
         )
 
     async def _newest(self) -> dict[str, int]:
         """The trainer version recorded for each trained policy (0 before its first)."""
-        state, fields = self.store.keys.state, [f"v:{m}" for m in self.store.models]
-        values = await self.store.bus.call(lambda: self.store.bus.redis.hmget(state, fields))
-        return {m: int(v or 0) for m, v in zip(self.store.models, values, strict=True)}
+        recorded = await recorded_versions(self.store.bus, self.store.models)
+        return {m: recorded[m][0] if m in recorded else 0 for m in self.store.models}
 
     async def _judge(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released (or settling that

@@ -34,6 +34,9 @@ from datetime import UTC, datetime
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
+from astraflow.streams.schema import Counters as C
+from astraflow.streams.schema import DeadLetter, Entry
+from astraflow.streams.schema import Trace as T
 from astraflow.streams.strays import stranded_at_least
 
 
@@ -158,28 +161,26 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
     counts = {key.decode(): int(v) for key, v in raw.items()}
     per_model = {}
     for m, ready_set in zip(models, ready_sets, strict=True):
-        prefix = f"{m}:dropped:"
-        dropped = {name.removeprefix(prefix): n for name, n in counts.items() if name.startswith(prefix)}
+        parsed = ((C.dropped.parse(name), n) for name, n in counts.items())
+        dropped = {args[1]: n for args, n in parsed if args and args[0] == m}
         per_model[m] = ModelLedger(
-            collected=counts.get(f"{m}:collected", 0),
-            ready=counts.get(f"{m}:ready", 0),
-            trained=counts.get(f"{m}:trained", 0),
-            replayed=counts.get(f"{m}:replayed", 0),
+            collected=counts.get(C.model_collected(m), 0),
+            ready=counts.get(C.model_ready(m), 0),
+            trained=counts.get(C.model_trained(m), 0),
+            replayed=counts.get(C.model_replayed(m), 0),
             dropped=dropped,
             ready_set=ready_set,
-            dead=counts.get(f"{m}:dead", 0),
+            dead=counts.get(C.model_dead(m), 0),
         )
     return Ledger(
-        submitted=counts.get("submitted", 0),
+        submitted=counts.get(C.submitted, 0),
         in_flight=in_flight,
-        dead=counts.get("dead", 0),
-        collected=counts.get("collected", 0),
-        skipped=counts.get("skipped", 0),
-        unknown=counts.get("unknown", 0),
-        eval=counts.get("eval", 0),
-        eval_dropped={
-            n.removeprefix("eval_dropped:"): c for n, c in counts.items() if n.startswith("eval_dropped:")
-        },
+        dead=counts.get(C.dead, 0),
+        collected=counts.get(C.collected, 0),
+        skipped=counts.get(C.skipped, 0),
+        unknown=counts.get(C.unknown, 0),
+        eval=counts.get(C.eval, 0),
+        eval_dropped={args[0]: c for n, c in counts.items() if (args := C.eval_dropped.parse(n))},
         models=per_model,
         failover_offset=await failover_offset(bus),
         stranded=await stranded_at_least(bus),
@@ -207,9 +208,10 @@ async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
     raw = await bus.redis.hgetall(bus.keys.trace(uid))
     trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
     for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
-        if fields.get(b"field.uid") == uid.encode():
-            source = bus.keys.short(fields.get(b"source", b"").decode())
-            trace.setdefault("dead", f"{source}: {fields.get(b'reason', b'').decode(errors='replace')}")
+        if fields.get(DeadLetter.copied(Entry.uid).encode()) == uid.encode():
+            source = bus.keys.short(fields.get(DeadLetter.source.encode(), b"").decode())
+            reason = fields.get(DeadLetter.reason.encode(), b"").decode(errors="replace")
+            trace.setdefault(T.dead, f"{source}: {reason}")
     return trace or None
 
 
@@ -219,33 +221,33 @@ def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
         return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
 
     lines = [f"prompt group {uid}"]
-    if "row" in trace:
+    if T.row in trace:
         lines.append(
-            f"  submitted  at version {trace.get('submitted_version')}, dataset row {trace['row']}"
-            + when("submitted_at")
+            f"  submitted  at version {trace.get(T.submitted_version)}, dataset row {trace[T.row]}"
+            + when(T.submitted_at)
         )
-    if "raas" in trace:
+    if T.raas in trace:
         lines.append(
-            f"  rolled out by {trace['raas']}, token versions {trace.get('token_versions', 'none')}"
-            + when("collected_at")
+            f"  rolled out by {trace[T.raas]}, token versions {trace.get(T.token_versions, 'none')}"
+            + when(T.collected_at)
         )
-    if "error" in trace:
-        lines.append(f"  error      {trace['error']}")
+    if T.error in trace:
+        lines.append(f"  error      {trace[T.error]}")
     for m in models:
-        if m not in trace:
+        if T.outcome(m) not in trace:
             continue
-        outcome = trace[m]
+        outcome = trace[T.outcome(m)]
         if outcome == "trained":
             outcome = (
-                f"trained in batch {trace.get(f'{m}:batch')} (formed at trainer version "
-                f"{trace.get(f'{m}:batch_version')}, trained by the step to the next version)"
-                + when(f"{m}:batched_at")
+                f"trained in batch {trace.get(T.batch(m))} (formed at trainer version "
+                f"{trace.get(T.batch_version(m))}, trained by the step to the next version)"
+                + when(T.batched_at(m))
             )
         elif outcome == "ready":
-            outcome = f"ready, min token version {trace.get(f'{m}:min_version')}, waiting for a batch"
+            outcome = f"ready, min token version {trace.get(T.min_version(m))}, waiting for a batch"
         lines.append(f"  {m}: {outcome}")
-    if "dead" in trace:
-        lines.append(f"  dead-lettered from {trace['dead']}")
-    if "raas" not in trace and "dead" not in trace and "row" in trace:
+    if T.dead in trace:
+        lines.append(f"  dead-lettered from {trace[T.dead]}")
+    if T.raas not in trace and T.dead not in trace and T.row in trace:
         lines.append("  in flight (not collected yet)")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, I
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
 from astraflow.streams.replica import ReplicaReads, connect_clients
 from astraflow.streams.runs import RunIdentity, new_identity_args
+from astraflow.streams.schema import Errors
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 log = structlog.get_logger(__name__)
@@ -293,10 +294,10 @@ class Bus:
         async def ack(chunk: list[str]) -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.xack(stream, group, *chunk)
-                pipe.hdel(self.keys.errors, *(f"{stream}|{i}" for i in chunk))
+                pipe.hdel(self.keys.errors, *(Errors.entry(stream, i) for i in chunk))
                 await pipe.execute()
 
-        for chunk in self._chunks(ids, lambda i: (2, arg_bytes([i, f"{stream}|{i}"]))):
+        for chunk in self._chunks(ids, lambda i: (2, arg_bytes([i, Errors.entry(stream, i)]))):
             await self.call(lambda chunk=chunk: ack(chunk))
 
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:

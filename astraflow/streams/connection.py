@@ -25,6 +25,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from astraflow.errors import BusConnectionError, BusError
+from astraflow.streams.schema import lua_prelude
 from astraflow.streams.settings import RedisSettings
 
 T = TypeVar("T")
@@ -104,11 +105,12 @@ def register_scripts(
     names: tuple[str, ...] = SCRIPT_NAMES,
     prelude: str | None = None,
 ) -> dict[str, object]:
-    """Load `<package>/lua/<name>.lua` once each, with the `prelude` file's helpers prepended; a script
-    lost to a Redis restart is reloaded on NOSCRIPT."""
+    """Load `<package>/lua/<name>.lua` once each, with the schema's names (`schema.lua_prelude`) and the
+    `prelude` file's helpers prepended; a script lost to a Redis restart is reloaded on NOSCRIPT."""
     lua = resources.files(package) / "lua"
     head = (lua / prelude).read_text() + "\n" if prelude else ""
-    return {name: client.register_script(head + (lua / f"{name}.lua").read_text()) for name in names}
+    scripts = {name: head + (lua / f"{name}.lua").read_text() for name in names}
+    return {name: client.register_script(lua_prelude(text) + text) for name, text in scripts.items()}
 
 
 TRANSIENT_CODES = frozenset(

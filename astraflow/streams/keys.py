@@ -126,7 +126,12 @@ class Keys:
 
     def trace(self, uid: str) -> str:
         """Hash with a TTL: the lineage of one prompt group."""
-        return self._k(f"trace:{uid}")
+        return self.trace_prefix + uid
+
+    @property
+    def trace_prefix(self) -> str:
+        """What every trace key starts with (the scripts that write traces are given it)."""
+        return self._k("trace:")
 
     @property
     def traces(self) -> str:
