@@ -159,6 +159,13 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
     trace = command("trace", cmd_trace, "show the path of one prompt group")
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
+    peek = command("peek", _cmd_peek, "decode a run's stream entries (or a hash) to JSON", recipe=False)
+    peek.add_argument(
+        "stream", metavar="STREAM", help="prompts, rollouts, batches:<model>, dead, raas:<id>, ..."
+    )
+    peek.add_argument("--count", type=int, default=1, help="the newest N entries (default 1)")
+    peek.add_argument("--id", help="the entry with this id")
+    peek.add_argument("--recipe", help="recipe YAML or a shipped recipe's name (for the run's settings)")
     track = command("track", cmd_track, "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)")
     track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
     export = command("export", cmd_export, "a checkpoint as a Hugging Face directory (transformers, vLLM)")
@@ -191,6 +198,12 @@ def _version() -> str:
         from astraflow import __version__
 
         return __version__
+
+
+def _cmd_peek(args) -> int:
+    from astraflow.streams.peek import cmd_peek
+
+    return cmd_peek(args)
 
 
 def _cmd_record(args) -> int:

@@ -1,7 +1,8 @@
 """The trainer's side of `batches:<model>`: batches in, owner-checked acknowledgements out.
 
 The dataflow owns the batch entry's layout (headers, `refs` into the `samples:<model>` hash, see
-`messages.encode_batch`), so it alone reads it: a trainer sees `Received` batches, never stream keys.
+`schema.BatchEntry`, written by form.lua), so it alone reads it: a trainer sees `Received` batches,
+never stream keys.
 A batch's samples stay in Redis until it is acknowledged; after that they may be gone.
 
 A batch the trainer cannot train on is set aside: dead-lettered with the reason, and its groups counted
