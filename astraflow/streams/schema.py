@@ -228,12 +228,24 @@ def names(namespace: type) -> dict[str, str | Family]:
 
 
 def lua_prelude(script: str | None = None) -> str:
-    """Lua tables of the namespaces `script` uses (all when None): `State.version(model)`, `Counters.dead`.
-    Only those: a script builds its tables on every call, and the bus's scripts are on the hot path."""
+    """Lua tables of the names `script` uses (every name when None): `State.version(model)`,
+    `Counters.dead`. Only those: a script builds its tables on every call, and the bus's scripts are on the
+    hot path. A name the schema does not declare fails here, at registration."""
+    code = None if script is None else "\n".join(line.split("--", 1)[0] for line in script.splitlines())
+    used = None if code is None else set(re.findall(r"\b([A-Z][A-Za-z]+)\.([a-z_]+)", code))
     lines = ["-- Generated from astraflow/streams/schema.py at registration: the names this script uses."]
     for ns in NAMESPACES:
-        if script is not None and not re.search(rf"\b{ns.__name__}\.", script):
+        declared = names(ns)
+        wanted = declared if used is None else {a for n, a in used if n == ns.__name__}
+        if not wanted:
             continue
-        items = [f"{k} = {v.lua() if isinstance(v, Family) else repr(v)}" for k, v in names(ns).items()]
+        missing = [a for a in wanted if a not in declared]
+        if missing:
+            raise KeyError(f"{ns.__name__}.{missing[0]} is not declared in astraflow/streams/schema.py")
+        items = [
+            f"{k} = {v.lua() if isinstance(v, Family) else repr(v)}"
+            for k, v in declared.items()
+            if k in wanted
+        ]
         lines.append(f"local {ns.__name__} = {{{', '.join(items)}}}")
     return "\n".join(lines) + "\n"
