@@ -17,13 +17,13 @@ in the run's `scale` hash.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
 
 from astraflow.messages import Heartbeat
 from astraflow.streams import Bus
+from astraflow.streams.records import RolloutStats, TrainerStep, decode_record
 
 HEADROOM = 1.2
 """Default margin over the demand: weight loads pause generation, episodes vary in length."""
@@ -152,16 +152,14 @@ async def read_demands(bus: Bus, settings, window: int = WINDOW_STEPS) -> list[D
     steps: dict[str, list[dict]] = {m: [] for m in models}
     per_group: dict[str, list[int]] = {m: [0, 0] for m in models}
     for _, raw in await bus.redis.xrevrange(bus.keys.metrics, count=METRICS_SCAN):
-        f = {k.decode(): v.decode() for k, v in raw.items()}
-        model = f.get("model")
-        if model not in steps:
+        r = decode_record(raw)
+        if not isinstance(r, TrainerStep | RolloutStats) or r.model not in steps:
             continue
-        if f.get("kind") == "trainer" and len(steps[model]) < window:
-            stats = json.loads(f["data"])
-            steps[model].append({**stats, "time": float(f["time"])})
-        elif f.get("kind") == "rollouts":
-            per_group[model][0] += int(f["samples"])
-            per_group[model][1] += int(f["groups"])
+        if isinstance(r, TrainerStep) and len(steps[r.model]) < window:
+            steps[r.model].append({**r.stats, "time": r.time})
+        elif isinstance(r, RolloutStats):
+            per_group[r.model][0] += r.samples
+            per_group[r.model][1] += r.groups
     ledger = await read_ledger(bus, models)
     replay = settings.dataflow.batch.replay_ratio
     out = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -17,6 +16,7 @@ from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
+from astraflow.streams.records import EvalResult, Record, RolloutStats, encode_record
 from astraflow.streams.runstate import recorded_versions
 from astraflow.streams.schema import Trace
 
@@ -43,7 +43,7 @@ class Collector:
         self.vocab = {m: n for m, n in sizes.items() if n is not None}
         self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
         self.judge = Judge(self.settings, store.models)
-        self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
+        self.observe: Callable[[list[Record]], None] = lambda records: None
         """Sees the `metrics` entries once written (the replica's Prometheus series: `launch.build`)."""
 
     async def step(self, block_ms: int | None) -> int:
@@ -99,20 +99,9 @@ class Collector:
                 for name, (total, n) in sums.items():
                     acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
                     acc[0], acc[1] = acc[0] + total, acc[1] + n
-        now = f"{time.time():.3f}"
-        entries = [
-            {
-                "kind": "rollouts",
-                "model": m,
-                "groups": str(g),
-                "samples": str(n),
-                "reward_sum": repr(r),
-                "time": now,
-                **({"metrics": json.dumps(metrics[m])} if metrics.get(m) else {}),
-            }
-            for m, (r, n, g) in totals.items()
-        ]
-        await self._add_metrics(entries)
+        now = time.time()
+        records = [RolloutStats(m, g, n, r, now, metrics.get(m, {})) for m, (r, n, g) in totals.items()]
+        await self._add_metrics(records)
 
     async def _eval_metrics(self, items: list[Collected]) -> None:
         """Per eval version, dataset and policy, the sums of the eval metrics over the rows scored here
@@ -127,27 +116,23 @@ class Collector:
                 for name, value in values.items():
                     acc[name] = acc.get(name, 0.0) + value
                 sums[key] = (rows + 1, acc)
-        now = f"{time.time():.3f}"
-        entries = [
-            {"kind": "eval", "model": m, "dataset": d, "version": str(v), "rows": str(n)}
-            | {"sums": json.dumps(acc), "time": now}
-            for (v, d, m), (n, acc) in sums.items()
-        ]
-        await self._add_metrics(entries)
+        now = time.time()
+        await self._add_metrics([EvalResult(m, d, v, n, acc, now) for (v, d, m), (n, acc) in sums.items()])
 
-    async def _add_metrics(self, entries: list[dict[str, str]]) -> None:
-        if not entries:
+    async def _add_metrics(self, records: list[Record]) -> None:
+        if not records:
             return
         bus = self.store.bus
 
         async def add() -> None:  # one round trip for every model
             async with bus.redis.pipeline(transaction=False) as pipe:
-                for fields in entries:
+                for r in records:
+                    fields = encode_record(r)
                     pipe.xadd(bus.keys.metrics, fields, maxlen=bus.settings.capped_maxlen, approximate=True)
                 await pipe.execute()
 
         await bus.call(add)
-        self.observe(entries)
+        self.observe(records)
 
     def _eval(self, entry_id: str, group: RolloutGroup) -> Collected:
         """An eval row: scored, never put into a ready set (no parts); dropped (counted, logged) when it

@@ -34,8 +34,8 @@ from datetime import UTC, datetime
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
+from astraflow.streams.records import DeadLetter, decode_record
 from astraflow.streams.schema import Counters as C
-from astraflow.streams.schema import DeadLetter, Entry
 from astraflow.streams.schema import Trace as T
 from astraflow.streams.strays import stranded_at_least
 
@@ -208,10 +208,9 @@ async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
     raw = await bus.redis.hgetall(bus.keys.trace(uid))
     trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
     for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
-        if fields.get(DeadLetter.copied(Entry.uid).encode()) == uid.encode():
-            source = bus.keys.short(fields.get(DeadLetter.source.encode(), b"").decode())
-            reason = fields.get(DeadLetter.reason.encode(), b"").decode(errors="replace")
-            trace.setdefault(T.dead, f"{source}: {reason}")
+        letter = decode_record(fields)
+        if isinstance(letter, DeadLetter) and letter.uid == uid:
+            trace.setdefault(T.dead, f"{bus.keys.short(letter.source)}: {letter.reason}")
     return trace or None
 
 

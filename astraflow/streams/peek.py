@@ -17,11 +17,11 @@ import numpy as np
 from astraflow.errors import DecodeError
 from astraflow.messages import KINDS, SampleGroup, batch_refs, decode, decode_batch
 from astraflow.streams.bus import Bus
-from astraflow.streams.schema import BatchEntry, DeadLetter, Entry
+from astraflow.streams.schema import BatchEntry, DeadLetter, Entry, MetricEntry
 
 ARRAY_ITEMS = 32
 """Longer arrays show their dtype, shape and first items only."""
-JSON_FIELDS = ("data", "sums", "metrics")
+JSON_FIELDS = (MetricEntry.data, MetricEntry.sums, MetricEntry.metrics)
 
 
 async def peek(bus: Bus, name: str, count: int = 1, entry_id: str | None = None) -> list[dict[str, Any]]:

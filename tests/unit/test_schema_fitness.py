@@ -161,3 +161,45 @@ def test_a_state_field_spelled_in_python_fails():
     path = ROOT / "dataflow" / "barrier.py"
     text = path.read_text() + '\n\ndef f(state, m):\n    return state.get(f"v:{m}"), state["notice"]\n'
     assert len(python_offences(path, text)) == 2
+
+
+ENTRY_OWNERS = {*OWNERS, ROOT / "streams" / "records.py"}
+ENTRY_FIELDS = {"reward_sum", "sums", "source_id", "deliveries", "fields_truncated"}
+"""Fields of metrics records and dead letters whose names are not common words: spelled only by the
+schema and `streams.records` (the one encoder and decoder of those entries)."""
+
+
+def _kind_read(node: ast.AST) -> bool:
+    """`x["kind"]` or `x.get("kind")`: an entry's kind read by name."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and node.args:
+        key = node.args[0]
+    else:
+        return False
+    return isinstance(key, ast.Constant) and key.value == schema.Entry.kind
+
+
+def entry_offences(path: Path, text: str) -> list[str]:
+    """Metrics and dead-letter entries read or written by field name, or told apart by `kind`, outside
+    their decoder (the messages are told apart by `messages.decode`)."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Compare) and _kind_read(node.left):
+            out.append(f"{path.name}:{node.lineno}: an entry's kind compared by name")
+        if isinstance(node, ast.Constant) and node.value in ENTRY_FIELDS:
+            out.append(f"{path.name}:{node.lineno}: {node.value!r} spells an entry field")
+    return out
+
+
+def test_python_modules_read_metrics_and_dead_letters_through_their_records():
+    paths = [path for path in sorted(ROOT.rglob("*.py")) if path not in ENTRY_OWNERS]
+    offences = [o for path in paths for o in entry_offences(path, path.read_text())]
+    assert offences == []
+
+
+def test_a_metrics_entry_read_by_field_name_fails():
+    path = ROOT / "scale.py"
+    added = '\n\ndef f(f):\n    return f.get("kind") == "rollouts" and float(f["reward_sum"])\n'
+    text = path.read_text() + added
+    assert len(entry_offences(path, text)) == 2

@@ -12,16 +12,17 @@ import pytest
 from astraflow.config import load_settings
 from astraflow.launch.record import record
 from astraflow.launch.stops import follow_run, stopped_reason
+from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
 from astraflow.streams.runs import existing, mark_stopped
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
     for v in range(1, n + 1):
-        fields = {"kind": "rollouts", "model": model, "reward_sum": str(reward * 4), "samples": "4"}
-        await bus.redis.xadd(bus.keys.metrics, fields)
+        rollouts = RolloutStats(model, 1, 4, reward * 4, time.time())
+        await bus.redis.xadd(bus.keys.metrics, encode_record(rollouts))
         stats = {"samples": 4, "step_s": 0.1, "reward_mean": reward}
-        fields = {"kind": "trainer", "model": model, "version": str(v), "time": f"{time.time():.3f}"}
-        await bus.redis.xadd(bus.keys.metrics, {**fields, "data": json.dumps(stats)})
+        step = TrainerStep(model, v, f"b{v}", time.time(), stats)
+        await bus.redis.xadd(bus.keys.metrics, encode_record(step))
 
 
 def settings(*overrides: str):
