@@ -30,7 +30,7 @@ from astraflow.config import Settings, load_settings, to_env
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.launch.progress import read_heartbeats
 from astraflow.messages import PromptGroup, encode
-from astraflow.scale import pool_rates
+from astraflow.ops.scale_plan import pool_rates
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 

@@ -23,11 +23,12 @@ from astraflow.dataflow.service import Dataflow
 from astraflow.errors import BusError, ConfigError, RunExistsError
 from astraflow.launch.build import dataflow_setup
 from astraflow.launch.progress import Progress
+from astraflow.ops.inspect import report
 from astraflow.streams import Bus, Out, acl
-from astraflow.streams.inspect import inspect_run, report
 from astraflow.streams.keys import GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
 from astraflow.streams.runs import open_run, provision
+from astraflow.streams.views import inspect_run
 from tests.integration.acl_record import Recorder, beyond, unused
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
 from tests.redis7 import system_redis
