@@ -22,16 +22,16 @@ from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
-from astraflow.launch.process import stop_grace_s
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.run_dir import RUN_MARK, claim
-from astraflow.launch.runs import check_start
+from astraflow.launch.start_checks import check_start
 from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_reason
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
-from astraflow.launch.tiny import build_tiny
+from astraflow.launch.tiny_cache import build_tiny
+from astraflow.launch.worker_loop import stop_grace_s
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing, mark_stopped
+from astraflow.streams.identity import existing, mark_stopped
 from astraflow.tracking.tracker import follow
 
 

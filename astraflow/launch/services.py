@@ -12,7 +12,7 @@ import os
 from astraflow.config import Settings
 from astraflow.errors import ConfigError
 from astraflow.launch.build import build_dataflow, build_raas, build_trainer
-from astraflow.launch.process import process_name, run_until_signalled
+from astraflow.launch.worker_loop import process_name, run_until_signalled
 
 
 def run_dataflow(settings: Settings, url: str) -> None:

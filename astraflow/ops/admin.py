@@ -16,7 +16,7 @@ from astraflow.config import redact_url
 from astraflow.errors import ConfigError
 from astraflow.ops.context import redis_url, settings_from, with_bus
 from astraflow.streams import Bus, acl
-from astraflow.streams.runs import clear, keys_of
+from astraflow.streams.identity import clear, keys_of
 from astraflow.streams.views import remove_unknown_groups
 from astraflow.workflows.pushed import push
 

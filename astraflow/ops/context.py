@@ -14,7 +14,7 @@ from redis.exceptions import ResponseError
 from astraflow import redis_server
 from astraflow.config import Settings, load_settings
 from astraflow.errors import ConfigError, RedisServerError, UnknownRunError
-from astraflow.launch import runs
+from astraflow.launch import start_checks
 from astraflow.streams import Bus
 
 
@@ -66,7 +66,7 @@ async def with_bus(settings: Settings, fn: Callable[[Bus], Awaitable[int]], know
         await require_run(bus)
         return await fn(bus)
 
-    return await runs.with_bus(redis_url(settings), settings, checked if known else fn)
+    return await start_checks.with_bus(redis_url(settings), settings, checked if known else fn)
 
 
 async def require_run(bus: Bus) -> None:

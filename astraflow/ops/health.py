@@ -35,12 +35,12 @@ from redis.exceptions import AuthenticationError, AuthorizationError
 
 from astraflow.config import Settings
 from astraflow.errors import AstraflowError, BusConnectionError
-from astraflow.launch.process import name_prefix
+from astraflow.launch.worker_loop import name_prefix
 from astraflow.messages import Heartbeat, decode
 from astraflow.ops.context import redis_url, settings_from
 from astraflow.streams import Bus
+from astraflow.streams.identity import existing
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
-from astraflow.streams.runs import existing
 
 ROLES = ("raas", "dataflow", "trainer")
 PROBE_BUDGET_S = 3.0

@@ -17,7 +17,7 @@ from typing import Literal
 
 from astraflow import tiny
 from astraflow.errors import ConfigError
-from astraflow.launch.tiny import warm_start_progress
+from astraflow.launch.tiny_cache import warm_start_progress
 from astraflow.ops.context import settings_from
 
 Dtype = Literal["bfloat16", "float32"]

@@ -23,7 +23,7 @@ from astraflow.launch.progress import Progress, Snapshot, line
 from astraflow.launch.stops import stopped_reason
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing
+from astraflow.streams.identity import existing
 
 REPORT_EVERY_S = 60.0
 """How often a followed run's `summary.json` and `reward.png` are rewritten (and once it stops)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from astraflow.launch import demo, launcher
-from astraflow.launch.runs import worker_start
 from astraflow.launch.services import run_dataflow, run_raas, run_trainer
-from astraflow.launch.tiny import build_tiny
+from astraflow.launch.start_checks import worker_start
+from astraflow.launch.tiny_cache import build_tiny
 from astraflow.ops.context import redis_url, settings_from
 
 

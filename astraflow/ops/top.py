@@ -10,7 +10,7 @@ from astraflow.config import Settings
 from astraflow.launch.progress import Progress, line, render
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing
+from astraflow.streams.identity import existing
 
 TOP_LINE_EVERY_S = 5.0
 """How often `top` prints a line when its output is not a terminal."""

@@ -8,7 +8,7 @@ import signal
 from astraflow.errors import ConfigError
 from astraflow.ops.context import redis_url, settings_from
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing
+from astraflow.streams.identity import existing
 from astraflow.tracking.tracker import open_tracker
 
 

@@ -260,7 +260,7 @@ async def apply(client, users: list[AclUser], run: str | None = None) -> None:
     if int(str(version).split(".")[0]) < 7:
         raise ConfigError(f"redis acl needs Redis 7 or newer (read-only key patterns); this one is {version}")
     if run is not None and (await client.info("replication"))["role"] == "master":  # a replica copies it
-        from astraflow.streams.runs import provision
+        from astraflow.streams.identity import provision
 
         await provision(client, Keys(run))
     for u in users:

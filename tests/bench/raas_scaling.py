@@ -70,7 +70,7 @@ def worker_main(token_ms: float) -> None:
     from transformers import AutoTokenizer
 
     from astraflow.launch.build import raas_setup
-    from astraflow.launch.process import run_until_signalled
+    from astraflow.launch.worker_loop import run_until_signalled
     from astraflow.raas.worker import RaasWorker
 
     s = load_settings()

@@ -8,8 +8,8 @@ import pytest
 
 from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
-from astraflow.dataflow.policies import advantages
 from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import RolloutGroup, VersionNotice, decode, encode
 from astraflow.ops.audit import read_trace, render_trace

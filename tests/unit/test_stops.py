@@ -12,7 +12,7 @@ import pytest
 from astraflow.config import load_settings
 from astraflow.launch.stops import follow_run, stopped_reason
 from astraflow.ops.record import record
-from astraflow.streams.runs import existing, mark_stopped
+from astraflow.streams.identity import existing, mark_stopped
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:

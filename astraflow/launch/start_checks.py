@@ -1,5 +1,5 @@
 """Starting a process on a run: a bus for one command, and the start checks of the launcher and of a
-worker command (`streams.runs.open_run`)."""
+worker command (`streams.identity.open_run`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 from astraflow.config import Settings
 from astraflow.streams import Bus
-from astraflow.streams.runs import RunIdentity, existing, forget, open_run
+from astraflow.streams.identity import RunIdentity, existing, forget, open_run
 
 
 async def with_bus(url: str, settings: Settings, fn: Callable[[Bus], Awaitable]):
@@ -22,15 +22,15 @@ async def with_bus(url: str, settings: Settings, fn: Callable[[Bus], Awaitable])
 
 
 async def check_start(url: str, settings: Settings, *, fresh: bool, resume: bool) -> RunIdentity:
-    """The run's identity if this process may start as asked (see `streams.runs.open_run`)."""
+    """The run's identity if this process may start as asked (see `streams.identity.open_run`)."""
     return await with_bus(url, settings, lambda bus: open_run(bus, fresh=fresh, resume=resume))
 
 
 @contextlib.contextmanager
 def worker_start(url: str, settings: Settings, resume: bool) -> Iterator[None]:
-    """A worker command's life on the run: join it (or create it: `streams.runs.open_run`) before the
+    """A worker command's life on the run: join it (or create it: `streams.identity.open_run`) before the
     body; if the body fails and this process created the run's identity, delete it again
-    (`streams.runs.forget`), so a failed start leaves no run behind that a fresh `astraflow run` of that
+    (`streams.identity.forget`), so a failed start leaves no run behind that a fresh `astraflow run` of that
     name would be refused for."""
 
     async def join(bus: Bus) -> RunIdentity | None:
