@@ -10,7 +10,6 @@ import sys
 import traceback
 
 DEFAULT_RECIPE = "addition-tiny"
-OPS = "astraflow.ops"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
         return c
 
     run = command(
-        "run", f"{OPS}.start:cmd_run", f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})"
+        "run",
+        "astraflow.ops.start:cmd_run",
+        f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})",
     )
     run.set_defaults(default_recipe=DEFAULT_RECIPE)
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
@@ -109,38 +110,42 @@ def _parser() -> argparse.ArgumentParser:
     fresh.add_argument("--overwrite", action="store_true", help="replace what run.dir holds (not a live run)")
     command(
         "top",
-        f"{OPS}.top:cmd_top",
+        "astraflow.ops.top:cmd_top",
         "live progress of a run (also one started elsewhere: --redis URL --run NAME)",
     )
     record = command(
         "record",
-        f"{OPS}.record:cmd_record",
+        "astraflow.ops.record:cmd_record",
         "write a run's metrics.jsonl, summary.json, reward.png (any run)",
     )
     record.add_argument("--dir", metavar="D", help="where to write them (default: run.dir)")
     record.add_argument("--once", action="store_true", help="record what the run holds now, then exit")
     command(
         "inspect",
-        f"{OPS}.inspect:cmd_inspect",
+        "astraflow.ops.inspect:cmd_inspect",
         "every stream: length, groups, consumers, pending, lag; dead letters",
     )
-    command("config", f"{OPS}.context:cmd_config", "print the effective settings (secrets masked)")
+    command("config", "astraflow.ops.context:cmd_config", "print the effective settings (secrets masked)")
     redis = command(
         "redis",
-        f"{OPS}.admin:cmd_redis",
+        "astraflow.ops.admin:cmd_redis",
         "the embedded redis-server (start/stop/status); a run's ACL users",
         False,
     )
     redis.add_argument("action", choices=["start", "stop", "status", "acl"])
     redis.add_argument("--apply", action="store_true", help="acl: install the users on the configured Redis")
     redis.add_argument("--passwords", metavar="FILE", help="acl: role=password lines (made if missing)")
-    raas = command("raas", f"{OPS}.start:cmd_raas", "run a RaaS worker: prompts in, rollout groups out")
+    raas = command(
+        "raas", "astraflow.ops.start:cmd_raas", "run a RaaS worker: prompts in, rollout groups out"
+    )
     trainer = command(
-        "trainer", f"{OPS}.start:cmd_trainer", "run the trainer of one policy: batches in, versions out"
+        "trainer",
+        "astraflow.ops.start:cmd_trainer",
+        "run the trainer of one policy: batches in, versions out",
     )
     trainer.add_argument("--model", help="the policy to train (default: the run's first trained policy)")
     dataflow = command(
-        "dataflow", f"{OPS}.start:cmd_dataflow", "run a dataflow replica: feeder, collector, batches"
+        "dataflow", "astraflow.ops.start:cmd_dataflow", "run a dataflow replica: feeder, collector, batches"
     )
     for server in (raas, trainer):  # they serve weights
         server.add_argument(
@@ -149,7 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
     health = command(
-        "health", f"{OPS}.health:cmd_health", "exit 0 if this host's worker of a role is ready (or alive)"
+        "health",
+        "astraflow.ops.health:cmd_health",
+        "exit 0 if this host's worker of a role is ready (or alive)",
     )
     health.add_argument("--role", required=True, choices=["raas", "dataflow", "trainer"])
     health.add_argument("--name", help="the worker's consumer name (default: its id, else this host's)")
@@ -157,36 +164,46 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--live", action="store_true", help="liveness: judge only the worker's own signal")
     health.add_argument("--max-idle-s", type=float, help="bound on the consumer's idle s (default: by role)")
     clear = command(
-        "clear", f"{OPS}.admin:cmd_clear", "delete every Redis key of a run (--run NAME)", recipe=False
+        "clear", "astraflow.ops.admin:cmd_clear", "delete every Redis key of a run (--run NAME)", recipe=False
     )
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.add_argument(
         "--unknown-groups", action="store_true", help="only remove consumer groups that are not the run's"
     )
     ledger = command(
-        "ledger", f"{OPS}.audit:cmd_ledger", "print the run's ledger and check it balances (exit 1 if not)"
+        "ledger",
+        "astraflow.ops.audit:cmd_ledger",
+        "print the run's ledger and check it balances (exit 1 if not)",
     )
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
     scale = command(
-        "scale", f"{OPS}.scale:cmd_scale", "how many RaaS workers the run needs, and why (--serve: for KEDA)"
+        "scale",
+        "astraflow.ops.scale:cmd_scale",
+        "how many RaaS workers the run needs, and why (--serve: for KEDA)",
     )
     scale.add_argument("--headroom", type=float, default=1.2, help="margin over the demand (default 1.2)")
     scale.add_argument("--window", type=int, default=20, help="recent trainer steps measured (default 20)")
     scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
     scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
     scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
-    push = command("workflow", f"{OPS}.admin:cmd_workflow", "push a workflow class to a running run's RaaS")
+    push = command(
+        "workflow", "astraflow.ops.admin:cmd_workflow", "push a workflow class to a running run's RaaS"
+    )
     push.add_argument("action", choices=["push"])
     push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
     push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
-    trace = command("trace", f"{OPS}.audit:cmd_trace", "show the path of one prompt group")
+    trace = command("trace", "astraflow.ops.audit:cmd_trace", "show the path of one prompt group")
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
     track = command(
-        "track", f"{OPS}.track:cmd_track", "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)"
+        "track",
+        "astraflow.ops.track:cmd_track",
+        "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)",
     )
     track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
     export = command(
-        "export", f"{OPS}.models:cmd_export", "a checkpoint as a Hugging Face directory (transformers, vLLM)"
+        "export",
+        "astraflow.ops.models:cmd_export",
+        "a checkpoint as a Hugging Face directory (transformers, vLLM)",
     )
     export.add_argument("out", metavar="OUT", help="the directory to write (new or empty)")
     export.add_argument("--version", type=int, help="the checkpoint's version (default: the newest)")
@@ -204,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--steps", type=int, default=300, help="warm-start steps (default 300)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    tiny.set_defaults(handler=f"{OPS}.models:cmd_model_tiny")
+    tiny.set_defaults(handler="astraflow.ops.models:cmd_model_tiny")
     return p
 
 

@@ -41,6 +41,7 @@ from astraflow.ops.context import redis_url, settings_from
 from astraflow.streams import Bus
 from astraflow.streams.identity import existing
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
+from astraflow.workflows import isolation
 
 ROLES = ("raas", "dataflow", "trainer")
 PROBE_BUDGET_S = 3.0
@@ -115,8 +116,6 @@ async def check(
 
 async def _sandbox() -> str:
     """The mode tool calls run in on this host: the probe runs beside the worker, with its rights."""
-    from astraflow.workflows import isolation
-
     return (await asyncio.to_thread(isolation.mode)).describe()
 
 
