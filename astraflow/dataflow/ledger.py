@@ -1,4 +1,4 @@
-"""The ledger (counters that must always balance) and the lineage of one prompt group.
+"""The ledger: counters that must always balance, and the reading of them.
 
 Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from redis.exceptions import ResponseError
 
@@ -196,56 +195,3 @@ async def failover_offset(bus: Bus) -> int | None:
     if info.get("role") != "master" or set(str(info.get("master_replid2", "0"))) == {"0"}:
         return None
     return int(info["second_repl_offset"])
-
-
-DEAD_SCAN = 10_000
-"""Newest dead letters searched for a traced group."""
-
-
-async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
-    """The lineage of prompt group `uid` (None when unknown or past the retention), dead letters included."""
-    raw = await bus.redis.hgetall(bus.keys.trace(uid))
-    trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
-    for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
-        if fields.get(b"field.uid") == uid.encode():
-            source = bus.keys.short(fields.get(b"source", b"").decode())
-            trace.setdefault("dead", f"{source}: {fields.get(b'reason', b'').decode(errors='replace')}")
-    return trace or None
-
-
-def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
-    def when(field_name: str) -> str:
-        at = trace.get(field_name)
-        return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
-
-    lines = [f"prompt group {uid}"]
-    if "row" in trace:
-        lines.append(
-            f"  submitted  at version {trace.get('submitted_version')}, dataset row {trace['row']}"
-            + when("submitted_at")
-        )
-    if "raas" in trace:
-        lines.append(
-            f"  rolled out by {trace['raas']}, token versions {trace.get('token_versions', 'none')}"
-            + when("collected_at")
-        )
-    if "error" in trace:
-        lines.append(f"  error      {trace['error']}")
-    for m in models:
-        if m not in trace:
-            continue
-        outcome = trace[m]
-        if outcome == "trained":
-            outcome = (
-                f"trained in batch {trace.get(f'{m}:batch')} (formed at trainer version "
-                f"{trace.get(f'{m}:batch_version')}, trained by the step to the next version)"
-                + when(f"{m}:batched_at")
-            )
-        elif outcome == "ready":
-            outcome = f"ready, min token version {trace.get(f'{m}:min_version')}, waiting for a batch"
-        lines.append(f"  {m}: {outcome}")
-    if "dead" in trace:
-        lines.append(f"  dead-lettered from {trace['dead']}")
-    if "raas" not in trace and "dead" not in trace and "row" in trace:
-        lines.append("  in flight (not collected yet)")
-    return "\n".join(lines)

@@ -25,7 +25,7 @@ from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
 from astraflow.weights import codec, layout, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
-from astraflow.weights.served import ServedFiles
+from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source

@@ -4,7 +4,16 @@ import json
 
 from astraflow.config import Settings
 from astraflow.messages import Heartbeat, encode
-from astraflow.scale import Demand, Pool, plan, pool_rates, read_plan, render, trainer_rates, write_plan
+from astraflow.ops.scale_plan import (
+    Demand,
+    Pool,
+    plan,
+    pool_rates,
+    read_plan,
+    render,
+    trainer_rates,
+    write_plan,
+)
 
 
 def beat(uid: str, groups: int, generating_s: float, up_s: float = 100.0) -> Heartbeat:
