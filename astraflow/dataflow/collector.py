@@ -9,8 +9,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import structlog
 
 from astraflow.dataflow.evaluation import score
-from astraflow.dataflow.policies import Judge, check_values, vocab_size
 from astraflow.dataflow.store import Collected, EvalRow, Store
+from astraflow.dataflow.verdicts import Judge, check_values, vocab_size
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry

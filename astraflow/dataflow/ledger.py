@@ -1,4 +1,4 @@
-"""The ledger (counters that must always balance) and the lineage of one prompt group.
+"""The ledger: counters that must always balance, and the reading of them.
 
 Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
@@ -29,14 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
-from astraflow.streams.records import DeadLetter, decode_record
 from astraflow.streams.schema import Counters as C
-from astraflow.streams.schema import Trace as T
 from astraflow.streams.strays import stranded_at_least
 
 
@@ -197,56 +194,3 @@ async def failover_offset(bus: Bus) -> int | None:
     if info.get("role") != "master" or set(str(info.get("master_replid2", "0"))) == {"0"}:
         return None
     return int(info["second_repl_offset"])
-
-
-DEAD_SCAN = 10_000
-"""Newest dead letters searched for a traced group."""
-
-
-async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
-    """The lineage of prompt group `uid` (None when unknown or past the retention), dead letters included."""
-    raw = await bus.redis.hgetall(bus.keys.trace(uid))
-    trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
-    for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
-        letter = decode_record(fields)
-        if isinstance(letter, DeadLetter) and letter.uid == uid:
-            trace.setdefault(T.dead, f"{bus.keys.short(letter.source)}: {letter.reason}")
-    return trace or None
-
-
-def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
-    def when(field_name: str) -> str:
-        at = trace.get(field_name)
-        return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
-
-    lines = [f"prompt group {uid}"]
-    if T.row in trace:
-        lines.append(
-            f"  submitted  at version {trace.get(T.submitted_version)}, dataset row {trace[T.row]}"
-            + when(T.submitted_at)
-        )
-    if T.raas in trace:
-        lines.append(
-            f"  rolled out by {trace[T.raas]}, token versions {trace.get(T.token_versions, 'none')}"
-            + when(T.collected_at)
-        )
-    if T.error in trace:
-        lines.append(f"  error      {trace[T.error]}")
-    for m in models:
-        if T.outcome(m) not in trace:
-            continue
-        outcome = trace[T.outcome(m)]
-        if outcome == "trained":
-            outcome = (
-                f"trained in batch {trace.get(T.batch(m))} (formed at trainer version "
-                f"{trace.get(T.batch_version(m))}, trained by the step to the next version)"
-                + when(T.batched_at(m))
-            )
-        elif outcome == "ready":
-            outcome = f"ready, min token version {trace.get(T.min_version(m))}, waiting for a batch"
-        lines.append(f"  {m}: {outcome}")
-    if T.dead in trace:
-        lines.append(f"  dead-lettered from {trace[T.dead]}")
-    if T.raas not in trace and T.dead not in trace and T.row in trace:
-        lines.append("  in flight (not collected yet)")
-    return "\n".join(lines)

@@ -17,8 +17,8 @@ from astraflow.errors import DecodeError
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import Heartbeat, decode
 from astraflow.streams import Bus
-from astraflow.streams.inspect import inspect_run
 from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, decode_record
+from astraflow.streams.views import inspect_run
 
 
 @dataclass

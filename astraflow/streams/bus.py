@@ -21,10 +21,10 @@ from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.chunks import ARG_OVERHEAD_BYTES, arg_bytes, chunked
 from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
+from astraflow.streams.identity import RunIdentity, new_identity_args
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
 from astraflow.streams.records import DeadLetter, encode_record
 from astraflow.streams.replica import ReplicaReads, connect_clients
-from astraflow.streams.runs import RunIdentity, new_identity_args
 from astraflow.streams.schema import Entry as E
 from astraflow.streams.schema import Errors
 from astraflow.streams.settings import RedisSettings, StreamsSettings

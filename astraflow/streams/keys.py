@@ -47,7 +47,7 @@ class Keys:
     @property
     def identity(self) -> str:
         """Hash `run`: the run's identity - `nonce`, `created` (unix s), `stopped` (unix s, once the run was
-        ended) and `stop_reason` - written when the run is bootstrapped (see `streams.runs`)."""
+        ended) and `stop_reason` - written when the run is bootstrapped (see `streams.identity`)."""
         return self._k("run")
 
     @property

@@ -21,7 +21,7 @@ import structlog
 
 from astraflow.errors import ConfigError
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing
+from astraflow.streams.identity import existing
 from astraflow.tracking.feed import Feed, Record
 from astraflow.tracking.settings import TrackingSettings
 from astraflow.tracking.sinks import Sink, check_installed, make_sinks

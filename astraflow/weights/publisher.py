@@ -26,7 +26,7 @@ from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import last_notice, recorded_versions
 from astraflow.weights import codec, layout, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
-from astraflow.weights.served import ServedFiles
+from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source

@@ -66,7 +66,7 @@ def load(recipe: str, seed: int, threads: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.config import load_settings
-    from astraflow.launch.tiny import build_tiny
+    from astraflow.launch.tiny_cache import build_tiny
 
     s = load_settings(recipe, [f"run.seed={seed}"])
     torch.set_num_threads(threads)

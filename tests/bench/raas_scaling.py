@@ -30,7 +30,7 @@ from astraflow.config import Settings, load_settings, to_env
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.launch.progress import read_heartbeats
 from astraflow.messages import PromptGroup, encode
-from astraflow.scale import pool_rates
+from astraflow.ops.scale_plan import pool_rates
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 
@@ -70,7 +70,7 @@ def worker_main(token_ms: float) -> None:
     from transformers import AutoTokenizer
 
     from astraflow.launch.build import raas_setup
-    from astraflow.launch.process import run_until_signalled
+    from astraflow.launch.worker_loop import run_until_signalled
     from astraflow.raas.worker import RaasWorker
 
     s = load_settings()

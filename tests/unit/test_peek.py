@@ -5,8 +5,8 @@ RaaS pool and the trainer simulated over the real streams."""
 from __future__ import annotations
 
 from astraflow.messages import VersionNotice, decode
+from astraflow.ops.peek import peek
 from astraflow.streams import Out
-from astraflow.streams.peek import peek
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train
 
 

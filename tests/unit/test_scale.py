@@ -2,7 +2,16 @@
 
 from astraflow.config import Settings
 from astraflow.messages import Heartbeat, encode
-from astraflow.scale import Demand, Pool, plan, pool_rates, read_plan, render, trainer_rates, write_plan
+from astraflow.ops.scale_plan import (
+    Demand,
+    Pool,
+    plan,
+    pool_rates,
+    read_plan,
+    render,
+    trainer_rates,
+    write_plan,
+)
 from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
 
 

@@ -199,7 +199,7 @@ def test_python_modules_read_metrics_and_dead_letters_through_their_records():
 
 
 def test_a_metrics_entry_read_by_field_name_fails():
-    path = ROOT / "scale.py"
+    path = ROOT / "ops" / "scale_plan.py"
     added = '\n\ndef f(f):\n    return f.get("kind") == "rollouts" and float(f["reward_sum"])\n'
     text = path.read_text() + added
     assert len(entry_offences(path, text)) == 2

@@ -10,10 +10,10 @@ import time
 import pytest
 
 from astraflow.config import load_settings
-from astraflow.launch.record import record
 from astraflow.launch.stops import follow_run, stopped_reason
+from astraflow.ops.record import record
+from astraflow.streams.identity import existing, mark_stopped
 from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
-from astraflow.streams.runs import existing, mark_stopped
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
@@ -75,13 +75,13 @@ async def test_record_leaves_metrics_summary_and_plot_of_a_stopped_run(bus, tmp_
 
 
 async def test_top_without_a_terminal_prints_lines_timed_from_the_run_start(bus, capsys, monkeypatch):
-    from astraflow import commands
+    from astraflow.ops import top
 
     await bus.redis.hset(bus.keys.identity, "created", f"{time.time() - 500:.3f}")
     await add_steps(bus, 2)
-    monkeypatch.setattr(commands, "TOP_LINE_EVERY_S", 0.05)
+    monkeypatch.setattr(top, "TOP_LINE_EVERY_S", 0.05)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(commands._top(bus, settings()), 0.5)
+        await asyncio.wait_for(top.top(bus, settings()), 0.5)
     out = capsys.readouterr().out.splitlines()
     assert len(out) >= 2 and "policy v2 reward(ma10) 0.500" in out[0]
     assert 500 <= float(out[0].split("s", 1)[0]) < 600  # the run's age, not top's

@@ -16,6 +16,7 @@ import numpy as np
 
 from astraflow.errors import DecodeError
 from astraflow.messages import KINDS, SampleGroup, batch_refs, decode, decode_batch
+from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams.bus import Bus
 from astraflow.streams.schema import BatchEntry, DeadLetter, Entry, MetricEntry
 
@@ -108,8 +109,6 @@ def _text(value: Any) -> str:
 
 
 def cmd_peek(args) -> int:
-    from astraflow.commands import settings_from, with_bus
-
     settings = settings_from(args)
 
     async def show(bus: Bus) -> int:
