@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 import redis.asyncio as aioredis
+from _smoke import parse
 
 from astraflow import redis_server
 from astraflow.config import load_settings
@@ -191,7 +192,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline-s", type=float, default=120.0, help="fail when a measurement takes longer")
-    args = ap.parse_args()
+    args = parse(ap, groups=64, rounds=1)
     args.groups -= args.groups % (128 // SAMPLES)  # whole batches: every group ends in one
     results: dict[tuple[int, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,6 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` helpers, run as a script
 
+from _smoke import parse
+
 from astraflow.weights import codec
 from astraflow.weights.server import WeightServer
 from astraflow.weights.transport import Source, pull
@@ -219,7 +221,7 @@ def main() -> None:
     ap.add_argument("--relay-mib", type=int, default=64)
     ap.add_argument("--rate-mbps", type=float, default=400.0, help="egress cap per process, megabits/s")
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = parse(ap, gib=1 / 64, relay_mib=2, rounds=1)
     nbytes = int(args.gib * (1 << 30)) // 2 * 2
     d = shm_dir()
     try:
