@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse
+
 from astraflow import redis_server, tiny
 from astraflow.config import Settings, load_settings, to_env
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
@@ -153,7 +155,7 @@ def main() -> None:
     ap.add_argument("--token-ms", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse(ap, sizes="1", per_worker=4, samples=2, tokens=4, token_ms=5)
     if args.worker:
         worker_main(args.token_ms)
         return
