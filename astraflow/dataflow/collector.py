@@ -11,7 +11,7 @@ import structlog
 from astraflow.dataflow.evaluation import score
 from astraflow.dataflow.store import Collected, EvalRow, Store
 from astraflow.dataflow.verdicts import Judge, check_values, vocab_size
-from astraflow.errors import DecodeError
+from astraflow.errors import DecodeError, describe
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.connection import raise_if_cancelled
@@ -162,7 +162,7 @@ class Collector:
             return await self._decide(entry, newest)
         except Exception as e:
             raise_if_cancelled()
-            log.error("rollout_unsettled", id=entry.id, error=repr(e))
+            log.error("rollout_unsettled", id=entry.id, error=describe(e))
             await self.consumer.give_back([entry.id], e)
             return None
 
@@ -182,6 +182,6 @@ class Collector:
             log.error("rollout_dead_lettered", id=entry.id, error=str(e))
             await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
         except Exception as e:  # a user filter raised: retried, dead after max_deliveries
-            log.warning("rollout_failed", id=entry.id, error=repr(e))
+            log.warning("rollout_failed", id=entry.id, error=describe(e))
             await self.consumer.release(entry, f"{type(e).__name__}: {e}")
         return None

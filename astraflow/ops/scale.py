@@ -12,6 +12,7 @@ import time
 import structlog
 
 from astraflow.config import Settings
+from astraflow.errors import describe
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.ops.scale_plan import read_plan, render, write_plan
 from astraflow.streams import Bus
@@ -73,7 +74,7 @@ async def serve(
         try:
             p, beats = await read_plan(bus, settings, headroom, window, before)
         except Exception as e:  # Redis away: the gauges keep the last figure until it is back
-            log.warning("scale_read_failed", error=repr(e))
+            log.warning("scale_read_failed", error=describe(e))
             await asyncio.sleep(interval_s)
             continue
         if not await write_plan(bus, p) and not history:  # said once

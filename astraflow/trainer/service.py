@@ -25,6 +25,7 @@ import structlog
 import torch
 
 from astraflow.dataflow.batches import BatchReader, Received
+from astraflow.errors import describe
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.records import Record, TrainerStep, encode_record
@@ -300,7 +301,7 @@ class TrainerService:
                 lost = await self.batches.renew()
             except Exception as e:
                 raise_if_cancelled()
-                log.warning("lease_renewal_failed", error=repr(e))
+                log.warning("lease_renewal_failed", error=describe(e))
                 continue
             for batch_id in lost:
                 log.error("batch_lease_lost", id=batch_id)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from astraflow.errors import DecodeError, NonFiniteWeights
+from astraflow.errors import DecodeError, NonFiniteWeights, describe
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
@@ -134,7 +134,7 @@ class WeightPublisher:
                 await asyncio.to_thread(self.evals.add, idle, self.buffer.idle.data)
                 return  # served from the copy now
             except OSError as e:  # a full disk: its eval cannot run on a RaaS that did not load it yet
-                log.error("eval_copy_failed", model=self.model, version=idle, error=repr(e))
+                log.error("eval_copy_failed", model=self.model, version=idle, error=describe(e))
         self.server.unregister(self.model, idle, "full")
 
     async def wait(self) -> None:
@@ -178,7 +178,7 @@ class WeightPublisher:
                     self.deltas.add(version, delta)
                     delta_nbytes, delta_digest = len(delta), digest
                 except OSError as e:  # a full disk: receivers pull the full buffer
-                    log.warning("delta_not_served", model=self.model, version=version, error=repr(e))
+                    log.warning("delta_not_served", model=self.model, version=version, error=describe(e))
                 self.deltas.drop(self.deltas.versions[: -self.settings.keep_deltas])
         if durable is not None:
             await durable
