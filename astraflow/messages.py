@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import types
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
 
+from astraflow.decoding import from_plain
 from astraflow.errors import DecodeError
 
 SCHEMA = 1
@@ -343,7 +342,7 @@ def unpack(cls: type[Message], data: Any, max_bytes: int | None = None, path: st
         raise
     except Exception as e:
         raise DecodeError(f"{path}: not valid msgpack ({type(e).__name__}: {e})") from None
-    msg = _from_plain(cls, plain, cls.KIND)
+    msg = from_plain(cls, plain, cls.KIND)
     msg._check()
     return msg
 
@@ -453,95 +452,3 @@ def _unpack_array(code: int, payload: bytes) -> np.ndarray:
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
     except Exception as e:
         raise DecodeError(f"data: bad array ({type(e).__name__}: {e})") from None
-
-
-Converter = Callable[[Any, str], Any]
-_CONVERTERS: dict[Any, Converter] = {}
-
-
-def _from_plain(tp: Any, value: Any, path: str) -> Any:
-    """Check `value` against the annotation `tp` and build dataclasses; DecodeError names `path`."""
-    return _converter(tp)(value, path)
-
-
-def _converter(tp: Any) -> Converter:
-    """A checker/builder for values of annotation `tp`, built once per annotation (decoding is hot)."""
-    conv = _CONVERTERS.get(tp)
-    if conv is None:
-        conv = _CONVERTERS[tp] = _build_converter(tp)
-    return conv
-
-
-def _build_converter(tp: Any) -> Converter:
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return lambda value, path: value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        optional = type(None) in args
-        inner = _converter(next(a for a in args if a is not type(None)))
-        return lambda value, path: None if value is None and optional else inner(value, path)
-    if origin is list:
-        item = _converter(typing.get_args(tp)[0])
-
-        def to_list(value: Any, path: str) -> list:
-            _expect(isinstance(value, list), path, "a list", value)
-            return [item(v, f"{path}[{i}]") for i, v in enumerate(value)]
-
-        return to_list
-    if origin is dict:
-        entry = _converter(typing.get_args(tp)[1])
-
-        def to_dict(value: Any, path: str) -> dict:
-            _expect(isinstance(value, dict), path, "a map", value)
-            return {k: entry(v, f"{path}.{k}") for k, v in value.items()}
-
-        return to_dict
-    if isinstance(tp, type) and issubclass(tp, Message):
-        return _message_converter(tp)
-    if tp is float:
-
-        def to_float(value: Any, path: str) -> float:
-            _expect(isinstance(value, int | float) and not isinstance(value, bool), path, "a number", value)
-            return float(value)
-
-        return to_float
-    if tp is int:
-
-        def to_int(value: Any, path: str) -> int:
-            _expect(isinstance(value, int) and not isinstance(value, bool), path, "an integer", value)
-            return value
-
-        return to_int
-
-    def check(value: Any, path: str) -> Any:
-        _expect(isinstance(value, tp), path, tp.__name__, value)
-        return value
-
-    return check
-
-
-def _message_converter(cls: type[Message]) -> Converter:
-    hints = typing.get_type_hints(cls)
-    specs: list[tuple[str, Converter, bool]] = []
-
-    def build(value: Any, path: str) -> Message:
-        _expect(isinstance(value, dict), path, "a map", value)
-        kwargs = {}
-        for name, conv, required in specs:
-            if name in value:
-                kwargs[name] = conv(value[name], f"{path}.{name}")
-            elif required:
-                raise DecodeError(f"{path}.{name}: missing")
-        return cls(**kwargs)
-
-    _CONVERTERS[cls] = build  # before the fields: a message may contain its own kind
-    for f in dataclasses.fields(cls):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        specs.append((f.name, _converter(hints[f.name]), required))
-    return build
-
-
-def _expect(ok: bool, path: str, what: str, value: Any) -> None:
-    if not ok:
-        raise DecodeError(f"{path}: expected {what}, got {type(value).__name__}")

@@ -53,37 +53,59 @@ def vocab_size(model_path: str) -> int | None:
 def check_values(group: RolloutGroup, newest: Mapping[str, int], vocab: Mapping[str, int]) -> None:
     """Raise InvalidRollout unless every trajectory that did not fail has a finite reward and metrics,
     finite logprobs <= 0, token ids in its policy's vocabulary (`vocab`, where known), and versions of
-    its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known)."""
-    for i, t in enumerate(group.trajectories):
-        if t.error is not None:
-            continue
-        where = f"trajectory {i} ({t.model})"
+    its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known).
+
+    The arrays are checked a policy's trajectories at a time (a few reductions per group, not per
+    trajectory); only a group that fails is looked at trajectory by trajectory, to say which one."""
+    ok = [(i, t) for i, t in enumerate(group.trajectories) if t.error is None]
+    for i, t in ok:
         if not math.isfinite(t.reward):
-            raise InvalidRollout(f"{where}: reward {t.reward} is not finite")
+            raise InvalidRollout(f"trajectory {i} ({t.model}): reward {t.reward} is not finite")
         bad = [k for k, v in t.metrics.items() if not math.isfinite(v)]
         if bad:
-            raise InvalidRollout(f"{where}: metric {bad[0]!r} is not finite")
-        if len(t.token_ids) == 0:
-            continue
-        if not np.isfinite(t.logprobs).all():
-            raise InvalidRollout(f"{where}: logprobs are not finite")
-        if t.logprobs.max() > LOGPROB_SLACK:
-            raise InvalidRollout(f"{where}: logprob {float(t.logprobs.max())} > 0")
-        n = vocab.get(t.model)
-        low, high = int(t.token_ids.min()), int(t.token_ids.max())
-        if low < 0 or (n is not None and high >= n):
-            token = low if low < 0 else high
-            raise InvalidRollout(f"{where}: token id {token} outside the vocabulary [0, {n or 'inf'})")
-        trained = t.versions[t.loss_mask != 0]
-        if len(trained) == 0:
-            continue
-        if int(trained.min()) < 0:
-            raise InvalidRollout(f"{where}: token version {int(trained.min())} < 0 on a trained token")
-        top = newest.get(t.model)
-        if top is not None and int(trained.max()) > top + VERSIONS_AHEAD:
-            raise InvalidRollout(
-                f"{where}: token version {int(trained.max())} > newest version {top} + {VERSIONS_AHEAD}"
-            )
+            raise InvalidRollout(f"trajectory {i} ({t.model}): metric {bad[0]!r} is not finite")
+    for model in dict.fromkeys(t.model for _, t in ok):  # in order: the first bad trajectory is named
+        mine = [(i, t) for i, t in ok if t.model == model and len(t.token_ids)]
+        limits = (newest.get(model), vocab.get(model))
+        if mine and not _arrays_ok([t for _, t in mine], *limits):
+            for i, t in mine:
+                _check_arrays(f"trajectory {i} ({model})", t, *limits)
+
+
+def _arrays_ok(trajectories: Sequence[Trajectory], top: int | None, n: int | None) -> bool:
+    """Whether the arrays of `trajectories` (one policy's, none empty) pass `_check_arrays`, at once."""
+    logprobs = np.concatenate([t.logprobs for t in trajectories])
+    ids = np.concatenate([t.token_ids for t in trajectories])
+    versions = np.concatenate([t.versions for t in trajectories])
+    trained = versions[np.concatenate([t.loss_mask for t in trajectories]) != 0]
+    with np.errstate(invalid="ignore"):
+        if not (np.isfinite(logprobs).all() and logprobs.max() <= LOGPROB_SLACK):
+            return False
+    if ids.min() < 0 or (n is not None and ids.max() >= n):
+        return False
+    if len(trained) and (trained.min() < 0 or (top is not None and trained.max() > top + VERSIONS_AHEAD)):
+        return False
+    return True
+
+
+def _check_arrays(where: str, t: Trajectory, top: int | None, n: int | None) -> None:
+    if not np.isfinite(t.logprobs).all():
+        raise InvalidRollout(f"{where}: logprobs are not finite")
+    if t.logprobs.max() > LOGPROB_SLACK:
+        raise InvalidRollout(f"{where}: logprob {float(t.logprobs.max())} > 0")
+    low, high = int(t.token_ids.min()), int(t.token_ids.max())
+    if low < 0 or (n is not None and high >= n):
+        token = low if low < 0 else high
+        raise InvalidRollout(f"{where}: token id {token} outside the vocabulary [0, {n or 'inf'})")
+    trained = t.versions[t.loss_mask != 0]
+    if len(trained) == 0:
+        return
+    if int(trained.min()) < 0:
+        raise InvalidRollout(f"{where}: token version {int(trained.min())} < 0 on a trained token")
+    if top is not None and int(trained.max()) > top + VERSIONS_AHEAD:
+        raise InvalidRollout(
+            f"{where}: token version {int(trained.max())} > newest version {top} + {VERSIONS_AHEAD}"
+        )
 
 
 def group_filter(name: str):

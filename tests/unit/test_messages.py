@@ -171,6 +171,29 @@ def test_random_bytes_raise_decode_error(data):
             raise AssertionError(f"decoded {result!r}")
 
 
+def test_a_bad_value_deep_in_a_message_is_named_by_its_whole_path():
+    def traj(reward):
+        z = np.zeros(2, np.int32)
+        return Trajectory(
+            model="m", token_ids=z, logprobs=z.astype(np.float32), loss_mask=z, versions=z, reward=reward
+        )
+
+    fields = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj(0.5), traj(1.0)]))
+    plain = msgpack.unpackb(fields["data"], raw=False)
+    plain["trajectories"][1]["reward"] = "high"
+    data = msgpack.packb(plain, use_bin_type=True)
+    with pytest.raises(
+        DecodeError, match=r"^rollout_group\.trajectories\[1\]\.reward: expected a number, got str$"
+    ):
+        decode({**fields, "data": data})
+    plain["trajectories"][1]["reward"], plain["trajectories"][0]["metrics"] = 1.0, {"tool": "x"}
+    data = msgpack.packb(plain, use_bin_type=True)
+    with pytest.raises(
+        DecodeError, match=r"^rollout_group\.trajectories\[0\]\.metrics\.tool: expected a number"
+    ):
+        decode({**fields, "data": data})
+
+
 def test_arrays_travel_as_raw_bytes_not_lists():
     n = 1000
     traj = Trajectory(

@@ -23,7 +23,17 @@ FLOORS = {
     2: {"launch", "settings_doc"},  # assembly and processes: builds services from the settings
     # 1: every other part - config, policies, the services and their libraries (dataflow, raas, trainer,
     #    weights, engines, workflows, tracking, ...)
-    0: {"streams", "messages", "errors", "logs", "processes", "redis_server", "metrics_server", "astraflow"},
+    0: {
+        "streams",
+        "messages",
+        "decoding",
+        "errors",
+        "logs",
+        "processes",
+        "redis_server",
+        "metrics_server",
+        "astraflow",
+    },
 }
 """The floor of each part of the package (`tests.import_graph.room`); parts not named are on floor 1."""
 
