@@ -271,7 +271,7 @@ class Bus:
         """Raise MessageTooLarge when `out` is over `streams.max_entry_bytes` or has too many fields."""
         if not 1 <= len(out.fields) <= MAX_FIELDS:
             raise MessageTooLarge(f"entry for {out.stream}: {len(out.fields)} fields (1 to {MAX_FIELDS})")
-        size = sum(len(v) for v in out.fields.values())
+        size = sum(map(len, out.fields.values()))
         if size > self.settings.max_entry_bytes:
             limit = self.settings.max_entry_bytes
             raise MessageTooLarge(f"entry for {out.stream}: {size} bytes > streams.max_entry_bytes={limit}")

@@ -70,7 +70,10 @@ def _hiredis_packing(connection_class: type) -> type:
                 args = (*args[0].encode().split(), *args[1:])
             elif b" " in args[0]:
                 args = (*args[0].split(), *args[1:])
-            args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError:  # hiredis takes bytes, str, int and float: a bytearray or memoryview once more
+                args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
             try:
                 return [hiredis.pack_command(args)]
             except TypeError as e:
