@@ -2,23 +2,26 @@
 
 The default recipe's RaaS (`addition-tiny`: its engine, `raas.slots`, sampling and tiny model, warm-started
 as `astraflow run` builds it) runs as its own worker process on a real Redis. A feeder here keeps
-`raas.slots` prompt groups of `feeder.n_samples` samples in flight, as the dataflow's feeder does with
-`backlog_factor: 1`: a new group goes out as each rollout group comes back, so groups reach the engine one
-by one as slots free up. Rows are the recipe's task rows, in order. Timed from the first prompt group to
-the last rollout group (rewards and Redis included), after a warm-up round.
+`feeder.backlog_factor` x `raas.slots` prompt groups of `feeder.n_samples` samples outstanding (in flight
+or waiting in `prompts`), as the dataflow's feeder does: a new group goes out as each rollout group comes
+back, so groups reach the engine one by one as slots free up. Rows are the recipe's task rows, in order.
+Timed from the first prompt group to the last rollout group (rewards and Redis included), after a warm-up
+round. The last round's engine batching is shown (mean requests and prompts prefilled per batch).
 
 Baseline: in a fresh process on the same number of torch threads, `transformers` `model.generate` of the
 same requests, `raas.slots` groups (slots x samples sequences, left-padded) per call: the plain loop's
 batched generate, same max new tokens and temperature. Rounds alternate; medians are shown, and the
 ratio per torch thread (both sides run `engine.threads` threads).
 
-    python tests/bench/raas_generation.py [--groups 320] [--rounds 2] [--smoke]
+    python tests/bench/raas_generation.py [--groups 320] [--rounds 2] [--set engine.max_batch=64] [--smoke]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -38,8 +41,8 @@ from astraflow.workflows.tasks import rows
 RECIPE = "addition-tiny"
 
 
-def recipe(model: Path, url: str, run_dir: Path) -> Settings:
-    s = load_settings(RECIPE)
+def recipe(model: Path, url: str, run_dir: Path, overrides: list[str]) -> Settings:
+    s = load_settings(RECIPE, overrides)
     s.run.name, s.run.dir, s.run.tiny = "bench-raas-generation", run_dir, None
     s.redis.url = url
     s.engine.model = str(model)
@@ -61,8 +64,9 @@ def task_rows(s: Settings, n: int) -> list[dict]:
     return rows(s.dataflow.dataset.task, n)
 
 
-async def pipeline(s: Settings, groups: int, round_: int) -> float:
-    """Samples/s of a fresh RaaS worker process fed `raas.slots` groups at a time (after a warm-up)."""
+async def pipeline(s: Settings, groups: int, round_: int) -> tuple[float, dict]:
+    """Samples/s of a fresh RaaS worker process fed as the dataflow feeds it (after a warm-up), and
+    its engine's batching stats (from its last log line)."""
     bus = Bus.connect(s.redis.url or "", s.run.name, s.redis, s.streams)
     await bus.bootstrap(["policy"])
     log = open(s.run.path / "raas.log", "wb")
@@ -73,18 +77,21 @@ async def pipeline(s: Settings, groups: int, round_: int) -> float:
             if worker.poll() is not None:
                 raise RuntimeError(f"the RaaS worker exited with {worker.returncode}: see {log.name}")
             await asyncio.sleep(0.2)
-        await feed(bus, s, f"w{round_}", max(groups // 4, s.raas.slots), worker)
-        return await feed(bus, s, f"r{round_}", groups, worker)
+        await feed(bus, s, f"w{round_}", max(groups // 4, 2 * s.raas.slots), worker)
+        rate = await feed(bus, s, f"r{round_}", groups, worker)
     finally:
         worker.terminate()
         worker.wait(timeout=60)
         await bus.close()
+    stopped = [json.loads(line) for line in open(log.name) if '"raas_stopped"' in line]
+    return rate, stopped[-1]["engines"]["policy"] if stopped else {}
 
 
 async def feed(bus: Bus, s: Settings, tag: str, n: int, worker: subprocess.Popen) -> float:
-    """Publish `n` groups keeping `raas.slots` outstanding; samples/s from the first publish to the last
-    rollout group back."""
-    samples = s.dataflow.feeder.n_samples
+    """Publish `n` groups keeping as many outstanding as the dataflow's feeder would for this worker;
+    samples/s from the first publish to the last rollout group back."""
+    f = s.dataflow.feeder
+    samples, outstanding = f.n_samples, max(f.min_backlog, math.ceil(f.backlog_factor * s.raas.slots))
 
     def group(i: int, row: dict) -> Out:
         g = PromptGroup(
@@ -95,8 +102,8 @@ async def feed(bus: Bus, s: Settings, tag: str, n: int, worker: subprocess.Popen
     pending = [group(i, row) for i, row in enumerate(task_rows(s, n))]
     last = (await bus.redis.xinfo_stream(bus.keys.rollouts))["last-generated-id"] or "0-0"
     started = time.perf_counter()
-    await bus.publish_many(pending[: s.raas.slots])
-    sent, back, generated = min(s.raas.slots, n), 0, 0
+    await bus.publish_many(pending[:outstanding])
+    sent, back, generated = min(outstanding, n), 0, 0
     while back < n:
         got = await bus.redis.xread({bus.keys.rollouts: last}, block=1000)
         if not got:
@@ -153,6 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=320, help="prompt groups per round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], help="a recipe override, e.g. engine.max_batch=64")
     ap.add_argument(
         "--smoke",
         action="store_true",
@@ -165,12 +173,13 @@ def main() -> None:
         model = model_dir(args.smoke, Path(tmp))
         server = redis_server.start(Path(tmp) / "redis")
         try:
-            s = recipe(model, server.url, Path(tmp) / "run")
+            s = recipe(model, server.url, Path(tmp) / "run", args.set)
             s.run.path.mkdir(parents=True, exist_ok=True)
-            plain, piped = [], []
+            plain, piped, stats = [], [], {}
             for r in range(args.rounds):
                 plain.append(generate_in_child(model, s, args.groups))
-                piped.append(asyncio.run(pipeline(s, args.groups, r)))
+                rate, stats = asyncio.run(pipeline(s, args.groups, r))
+                piped.append(rate)
         finally:
             server.stop()
     threads, p, g = s.engine.threads, statistics.median(piped), statistics.median(plain)
@@ -181,6 +190,13 @@ def main() -> None:
     )
     print(f"transformers generate ({s.raas.slots} groups/call): {g:.0f} samples/s, {g / threads:.0f}/thread")
     print(f"pipeline (RaaS worker, {s.engine.type} engine): {p:.0f} samples/s, {p / threads:.0f}/thread")
+    if stats.get("batches"):
+        per = stats["batches"]
+        print(
+            f"pipeline batches (last round, warm-up included): {stats['requests'] / per:.0f} requests "
+            f"(max {stats['max_batch']}), {stats.get('prefilled', stats['requests']) / per:.1f} prompts "
+            "prefilled"
+        )
     print(f"raas generation: pipeline/generate {p / g:.2f} per thread")
 
 
