@@ -5,15 +5,16 @@ as `astraflow run` builds it) runs as its own worker process on a real Redis. A 
 `feeder.backlog_factor` x `raas.slots` prompt groups of `feeder.n_samples` samples outstanding (in flight
 or waiting in `prompts`), as the dataflow's feeder does: a new group goes out as each rollout group comes
 back, so groups reach the engine one by one as slots free up. Rows are the recipe's task rows, in order.
-Timed from the first prompt group to the last rollout group (rewards and Redis included), after a warm-up
-round. The last round's engine batching is shown (mean requests and prompts prefilled per batch).
+Timed from the first prompt group to the last rollout group (rewards and Redis included).
 
 Baseline: in a fresh process on the same number of torch threads, `transformers` `model.generate` of the
 same requests, `raas.slots` groups (slots x samples sequences, left-padded) per call: the plain loop's
-batched generate, same max new tokens and temperature. Rounds alternate; medians are shown, and the
-ratio per torch thread (both sides run `engine.threads` threads).
+batched generate, same max new tokens and temperature. Both processes start once; after a warm-up round
+each, their rounds alternate (the machine's noise falls on both). Medians are shown, the ratio per torch
+thread (both sides run `engine.threads` threads), and the engine's batching (mean requests and prompts
+prefilled per batch).
 
-    python tests/bench/raas_generation.py [--groups 320] [--rounds 2] [--set engine.max_batch=64] [--smoke]
+    python tests/bench/raas_generation.py [--groups 160] [--rounds 8] [--set engine.max_batch=64] [--smoke]
 """
 
 from __future__ import annotations
@@ -64,27 +65,33 @@ def task_rows(s: Settings, n: int) -> list[dict]:
     return rows(s.dataflow.dataset.task, n)
 
 
-async def pipeline(s: Settings, groups: int, round_: int) -> tuple[float, dict]:
-    """Samples/s of a fresh RaaS worker process fed as the dataflow feeds it (after a warm-up), and
-    its engine's batching stats (from its last log line)."""
+async def compare(s: Settings, model: Path, groups: int, rounds: int) -> tuple[list, list, dict]:
+    """Samples/s of one RaaS worker process and of one baseline process, both started once, in
+    alternating rounds (after a warm-up round each), and the worker's engine batching stats (from its
+    last log line)."""
     bus = Bus.connect(s.redis.url or "", s.run.name, s.redis, s.streams)
     await bus.bootstrap(["policy"])
     log = open(s.run.path / "raas.log", "wb")
     env = {**os.environ, **to_env(s)}
     worker = subprocess.Popen([sys.executable, "-m", "workers.raas"], env=env, stdout=log, stderr=log)
+    plain, piped = [], []
     try:
-        while not await bus.redis.exists(bus.keys.raas(s.raas.id)):
-            if worker.poll() is not None:
-                raise RuntimeError(f"the RaaS worker exited with {worker.returncode}: see {log.name}")
-            await asyncio.sleep(0.2)
-        await feed(bus, s, f"w{round_}", max(groups // 4, 2 * s.raas.slots), worker)
-        rate = await feed(bus, s, f"r{round_}", groups, worker)
+        with mp.get_context("spawn").Pool(1) as pool:
+            while not await bus.redis.exists(bus.keys.raas(s.raas.id)):
+                if worker.poll() is not None:
+                    raise RuntimeError(f"the RaaS worker exited with {worker.returncode}: see {log.name}")
+                await asyncio.sleep(0.2)
+            await feed(bus, s, "warm", max(groups, 2 * s.raas.slots), worker)
+            pool.apply(_generate, (str(model), s, groups))
+            for r in range(rounds):
+                plain.append(pool.apply(_generate, (str(model), s, groups)))
+                piped.append(await feed(bus, s, f"r{r}", groups, worker))
     finally:
         worker.terminate()
         worker.wait(timeout=60)
         await bus.close()
     stopped = [json.loads(line) for line in open(log.name) if '"raas_stopped"' in line]
-    return rate, stopped[-1]["engines"]["policy"] if stopped else {}
+    return plain, piped, stopped[-1]["engines"]["policy"] if stopped else {}
 
 
 async def feed(bus: Bus, s: Settings, tag: str, n: int, worker: subprocess.Popen) -> float:
@@ -120,19 +127,20 @@ async def feed(bus: Bus, s: Settings, tag: str, n: int, worker: subprocess.Popen
     return generated / (time.perf_counter() - started)
 
 
-def generate_in_child(model: Path, s: Settings, groups: int) -> float:
-    """The baseline, in a fresh process (the worker is one too)."""
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_generate, (str(model), s, groups))
+_loaded: dict = {}
+"""The baseline process's model and tokenizer, loaded at its first round."""
 
 
 def _generate(model_dir: str, s: Settings, groups: int) -> float:
+    """One round of the baseline, in its own process (the worker is one too)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(s.engine.threads)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if not _loaded:
+        torch.set_num_threads(s.engine.threads)
+        _loaded["tok"] = AutoTokenizer.from_pretrained(model_dir)
+        _loaded["model"] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok, model = _loaded["tok"], _loaded["model"]
     n, per_call = s.dataflow.feeder.n_samples, s.raas.slots
     prompts = [tok.encode(r["prompt"]) for r in task_rows(s, groups)]
     calls = [prompts[i : i + per_call] for i in range(0, len(prompts), per_call)]
@@ -150,7 +158,6 @@ def _generate(model_dir: str, s: Settings, groups: int) -> float:
             )  # fmt: skip
         return len(batch)
 
-    run(calls[0])  # warm-up
     started = time.perf_counter()
     generated = sum(run(c) for c in calls)
     return generated / (time.perf_counter() - started)
@@ -158,8 +165,8 @@ def _generate(model_dir: str, s: Settings, groups: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--groups", type=int, default=320, help="prompt groups per round")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=160, help="prompt groups per round")
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], help="a recipe override, e.g. engine.max_batch=64")
     ap.add_argument(
         "--smoke",
@@ -175,11 +182,7 @@ def main() -> None:
         try:
             s = recipe(model, server.url, Path(tmp) / "run", args.set)
             s.run.path.mkdir(parents=True, exist_ok=True)
-            plain, piped, stats = [], [], {}
-            for r in range(args.rounds):
-                plain.append(generate_in_child(model, s, args.groups))
-                rate, stats = asyncio.run(pipeline(s, args.groups, r))
-                piped.append(rate)
+            plain, piped, stats = asyncio.run(compare(s, model, args.groups, args.rounds))
         finally:
             server.stop()
     threads, p, g = s.engine.threads, statistics.median(piped), statistics.median(plain)
@@ -193,7 +196,7 @@ def main() -> None:
     if stats.get("batches"):
         per = stats["batches"]
         print(
-            f"pipeline batches (last round, warm-up included): {stats['requests'] / per:.0f} requests "
+            f"pipeline batches (all rounds): {stats['requests'] / per:.0f} requests "
             f"(max {stats['max_batch']}), {stats.get('prefilled', stats['requests']) / per:.1f} prompts "
             "prefilled"
         )
