@@ -1,11 +1,13 @@
-"""The built-in engine on transformers + torch: micro-batched sampling with a KV cache.
+"""The built-in engine on transformers + torch: batched sampling with a KV cache.
 
-Requests that arrive less than `batch_window_ms` apart are generated as one left-padded batch; a
-batch runs in a worker thread, one decode step at a time. `pause` parks that thread between two steps,
-so weights are swapped between tokens: tokens sampled from logits of the new weights carry the new
-version (the KV cache of earlier tokens is kept, as vLLM's `pause?mode=keep` does). The model runs on the
-device of `hf_device` (`engine.devices`); sampling is batched on that device (`engines.sampling`): a
-seeded request gives the same tokens alone or in a batch.
+An idle engine starts a batch at once with every request queued; requests that arrive while a batch
+runs make up the next one (`batch_window_ms` can hold an idle engine's batch open for more). A batch runs
+in a worker thread, one decode step at a time; the samples of one prompt share its prefill
+(`engines.hf_batch`). `pause` parks that thread between two steps, so weights are swapped between
+tokens: tokens sampled from logits of the new weights carry the new version (the KV cache of earlier
+tokens is kept, as vLLM's `pause?mode=keep` does). The model runs on the device of `hf_device`
+(`engine.devices`); sampling is batched on that device (`engines.sampling`): a seeded request gives the
+same tokens alone or in a batch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.engines.hf_batch import Progress, prefill
 from astraflow.engines.sampling import Sampler
 from astraflow.engines.settings import EngineSettings, hf_device
 
@@ -27,7 +30,8 @@ class HFEngine(Engine):
         self.settings = settings
         self.version = 0
         self.stats: Counter[str] = Counter()
-        """`batches`, `requests`, `steps`, `tokens`, `max_batch`: what batching actually happened."""
+        """`batches`, `requests`, `steps`, `tokens`, `max_batch`, `prefilled` (distinct prompts run): what
+        batching actually happened."""
         # One lock guards paused/busy/parked; the worker thread parks at a pause point until unpaused.
         self._cond = threading.Condition()
         self._paused = self._busy = self._parked = False
@@ -72,17 +76,11 @@ class HFEngine(Engine):
         assert self._queue is not None
         while True:
             batch = [await self._queue.get()]
-            # Collect a burst: wait until no request came for one window (at most ten windows in all).
-            window = self.settings.batch_window_ms / 1000
-            cap = time.perf_counter() + 10 * window
-            while len(batch) < self.settings.max_batch:
-                wait = min(window, cap - time.perf_counter())
-                if wait <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), wait))
-                except TimeoutError:
-                    break
+            await asyncio.sleep(0)  # the rest of a burst sent in this turn of the loop (a group's samples)
+            # Start at once with what is queued: requests that arrive while this batch runs join the next.
+            while len(batch) < self.settings.max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            await self._wait_window(batch)
             started = time.perf_counter()
             try:
                 responses = await asyncio.to_thread(self._generate_batch, [r for r, _, _ in batch])
@@ -95,6 +93,21 @@ class HFEngine(Engine):
                 resp.timings.update(queue_s=started - queued, generate_s=time.perf_counter() - started)
                 if not done.done():
                     done.set_result(resp)
+
+    async def _wait_window(self, batch: list) -> None:
+        """With `batch_window_ms`, let `batch` grow until no request came for one window (at most ten
+        windows in all)."""
+        assert self._queue is not None
+        window = self.settings.batch_window_ms / 1000
+        cap = time.perf_counter() + 10 * window
+        while len(batch) < self.settings.max_batch:
+            wait = min(window, cap - time.perf_counter())
+            if wait <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), wait))
+            except TimeoutError:
+                break
 
     # -- pause / load / resume ---------------------------------------------------------------------------
 
@@ -165,55 +178,36 @@ class HFEngine(Engine):
         n = len(requests)
         self.stats.update(batches=1, requests=n)
         self.stats["max_batch"] = max(self.stats["max_batch"], n)
-        params = [r.params for r in requests]
-        width = max(len(r.prompt_ids) for r in requests)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        sampler = Sampler.of(params, self.device)
-        limits = [
-            min(p.max_new_tokens, self.settings.max_model_len - len(r.prompt_ids))
-            for p, r in zip(params, requests, strict=True)
-        ]
-        stops = [self.eos_ids | set(p.stop_token_ids) for p in params]
-        out = [GenerateResponse([], [], [], "length") for _ in requests]
-        active = [limit > 0 for limit in limits]
-        past = None
+        sampler = Sampler.of([r.params for r in requests], self.device)
+        rows = Progress.of(requests, self.eos_ids, self.settings.max_model_len, self.device)
+        tokens = None  # a step's sampled tokens: the next step's input
         with torch.inference_mode():
             for step in itertools.count():
-                if not any(active):
+                if not rows.running():
                     break
                 self._pause_point()
                 self.stats["steps"] += 1
                 version = self.version
-                result = self.model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    past_key_values=past,
-                    use_cache=True,
-                    logits_to_keep=1,  # the prompt's other positions predict nothing we sample
-                )
-                past = result.past_key_values
-                tokens, logprobs = sampler(result.logits[:, -1, :], step)
-                # n tokens and n logprobs to the host: the one copy per step
-                for i, (t, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist(), strict=True)):
-                    if not active[i]:
-                        continue
-                    out[i].token_ids.append(t)
-                    out[i].logprobs.append(lp)
-                    out[i].versions.append(version)
-                    if t in stops[i]:
-                        out[i].finish_reason, active[i] = "stop", False
-                    elif len(out[i].token_ids) >= limits[i]:
-                        active[i] = False
-                ids = tokens[:, None]
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=1)
-                positions = positions[:, -1:] + 1
+                if step == 0:
+                    prompts = [r.prompt_ids for r in requests]
+                    logits, past, mask, positions, distinct = prefill(
+                        self.model, prompts, self.pad_id, self.device
+                    )
+                    self.stats["prefilled"] += distinct
+                else:
+                    mask = torch.cat([mask, mask.new_ones((n, 1))], dim=1)
+                    positions = positions + 1
+                    result = self.model(
+                        input_ids=tokens[:, None],  # type: ignore[index]
+                        attention_mask=mask,
+                        position_ids=positions,
+                        past_key_values=past,
+                        use_cache=True,
+                    )
+                    logits, past = result.logits[:, -1, :], result.past_key_values
+                tokens, logprobs = sampler(logits, step)
+                rows.add(tokens, logprobs, version)
+        out = rows.responses()
         self.stats["tokens"] += sum(len(o.token_ids) for o in out)
         return out
 

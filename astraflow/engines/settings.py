@@ -63,8 +63,10 @@ class EngineSettings(BaseModel):
     """torch threads of the hf engine; 0 = torch's default."""
     max_batch: int = Field(64, ge=1)
     """hf: most requests generated together in one batch."""
-    batch_window_ms: int = Field(5, ge=0)
-    """hf: a batch closes when no request arrived for this long (at most ten windows after its first)."""
+    batch_window_ms: int = Field(0, ge=0)
+    """hf: an idle engine starts a batch at once with the requests queued (0); more holds the batch open
+    until no request arrived for this long (at most ten windows). Requests that arrive while a batch runs
+    always join the next one."""
     kv_cache_gb: float = Field(1.0, gt=0)
     """vllm on CPU: KV cache size, GiB (VLLM_CPU_KVCACHE_SPACE); on cuda see vllm.gpu_memory_utilization."""
     devices: str = ""

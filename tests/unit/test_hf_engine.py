@@ -1,6 +1,7 @@
 """The built-in hf engine: exact logprobs, real batching, seeded determinism, versioned weight loads."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -12,12 +13,20 @@ torch = pytest.importorskip("torch")
 LOGPROB_TOL = 1e-4  # float32 incremental decoding vs one full forward pass
 
 
+@contextlib.asynccontextmanager
+async def started(tiny_model, **settings):
+    e = HFEngine(EngineSettings(type="hf", model=tiny_model, **settings))
+    await e.start()
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
 @pytest.fixture
 async def engine(tiny_model):
-    e = HFEngine(EngineSettings(type="hf", model=tiny_model, batch_window_ms=20))
-    await e.start()
-    yield e
-    await e.close()
+    async with started(tiny_model, batch_window_ms=20) as e:
+        yield e
 
 
 def requests(n, max_new=12, **kw):
@@ -27,6 +36,23 @@ def requests(n, max_new=12, **kw):
     ]
 
 
+@pytest.fixture
+async def idle_start(tiny_model):
+    """An engine with no batching window (the default): an idle engine starts at once."""
+    async with started(tiny_model, batch_window_ms=0) as e:
+        yield e
+
+
+def teacher_forced(model, req: GenerateRequest, resp) -> list[float]:
+    """The logprobs of `resp`'s tokens from one full forward pass of prompt + completion."""
+    full = torch.tensor([req.prompt_ids + resp.token_ids])
+    with torch.no_grad():
+        logits = model(full).logits[0].float() / (req.params.temperature or 1.0)
+    logp = torch.log_softmax(logits, -1)
+    p = len(req.prompt_ids)
+    return [float(logp[p - 1 + j, t]) for j, t in enumerate(resp.token_ids)]
+
+
 async def test_logprobs_match_a_teacher_forced_forward_pass(engine, tiny_model):
     from transformers import AutoModelForCausalLM
 
@@ -34,13 +60,46 @@ async def test_logprobs_match_a_teacher_forced_forward_pass(engine, tiny_model):
     for temperature in (1.0, 0.7):
         for req in requests(3, temperature=temperature):
             resp = await engine.generate(req)
-            full = torch.tensor([req.prompt_ids + resp.token_ids])
-            with torch.no_grad():
-                logits = model(full).logits[0].float() / temperature
-            logp = torch.log_softmax(logits, -1)
-            p = len(req.prompt_ids)
-            expected = [float(logp[p - 1 + j, t]) for j, t in enumerate(resp.token_ids)]
-            assert resp.logprobs == pytest.approx(expected, abs=LOGPROB_TOL)
+            assert resp.logprobs == pytest.approx(teacher_forced(model, req, resp), abs=LOGPROB_TOL)
+
+
+async def test_a_groups_samples_share_one_prefill_and_sample_as_alone(idle_start, tiny_model):
+    """Two prompt groups of 4 samples in one batch: two prompts prefilled, each sample's cache its own
+    (the logprobs of a full forward pass), and each seeded sample the same as when run alone."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[5, 17, 42], [9, 8, 7, 6, 5, 4]]  # different lengths: the shared prefill is left-padded
+    reqs = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=10 * g + i))
+        for g, p in enumerate(prompts)
+        for i in range(4)
+    ]
+    together = await asyncio.gather(*[idle_start.generate(r) for r in reqs])
+    assert idle_start.stats["batches"] == 1 and idle_start.stats["prefilled"] == 2
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    for req, resp in zip(reqs, together, strict=True):
+        assert resp.logprobs == pytest.approx(teacher_forced(model, req, resp), abs=LOGPROB_TOL)
+    assert len({tuple(r.token_ids) for r in together[:4]}) > 1  # the samples of a group differ
+    alone = [await idle_start.generate(r) for r in reqs]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+
+
+async def test_requests_that_arrive_during_a_batch_make_up_the_next_one(idle_start):
+    """No batching window: groups that arrive one by one while a batch runs are generated together next."""
+    engine = idle_start
+    first = asyncio.create_task(
+        engine.generate(GenerateRequest([7, 8, 9], SamplingParams(temperature=0.0, max_new_tokens=20)))
+    )
+    while engine.stats["steps"] < 1:  # the first batch runs
+        await asyncio.sleep(0.001)
+    await engine.pause()  # hold it mid-batch while the groups arrive, one event-loop turn apart
+    group_a = [asyncio.create_task(engine.generate(r)) for r in requests(4, max_new=3)]
+    await asyncio.sleep(0.01)
+    group_b = [asyncio.create_task(engine.generate(r)) for r in requests(4, max_new=3)]
+    await asyncio.sleep(0.01)
+    await engine.resume()
+    await asyncio.gather(first, *group_a, *group_b)
+    assert engine.stats["batches"] == 2 and engine.stats["max_batch"] == 8
 
 
 async def test_concurrent_requests_are_batched_and_equal_one_by_one(engine):
