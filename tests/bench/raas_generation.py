@@ -32,9 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse
+
 from astraflow import redis_server, tiny
 from astraflow.config import Settings, load_settings, to_env
-from astraflow.launch.tiny import build_tiny
+from astraflow.launch.tiny_cache import build_tiny
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
@@ -168,14 +170,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=160, help="prompt groups per round")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], help="a recipe override, e.g. engine.max_batch=64")
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="a size that finishes in seconds, a random model (--groups 32 --rounds 1)",
-    )
-    if ap.parse_known_args()[0].smoke:  # explicit flags still win
-        ap.set_defaults(groups=32, rounds=1)
-    args = ap.parse_args()
+    args = parse(ap, groups=32, rounds=1)  # and a random model
     with tempfile.TemporaryDirectory() as tmp:
         model = model_dir(args.smoke, Path(tmp))
         server = redis_server.start(Path(tmp) / "redis")

@@ -30,6 +30,7 @@ FIGURES = {
     "logprob_memory": rf"^ float32 +{NUMBER} \|.*\| .* {NUMBER}x \| +{NUMBER} +{NUMBER}$",
     "plain_loop": rf"^plain loop: \d+ steps, time to {NUMBER}: .*; per step generate {NUMBER} ms, train ",
     "publication_state": rf"^publication \(.*\): trainer blocked {NUMBER}x shorter, {NUMBER}x fewer bytes",
+    "raas_generation": rf"^raas generation: pipeline/generate {NUMBER} per thread$",
     "raas_scaling": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}$",
     "raas_throughput": rf"^hf +\d+ +\d+ +{NUMBER}$",
     "real_shape_run": r"^real-shape run tiny: 2 versions trained \(run.max_steps 2\), completed, no OOM",
@@ -42,7 +43,7 @@ FIGURES = {
 """Script -> a regular expression (per line) of its figure line at the smoke size, in the format its full
 size prints."""
 
-SLOW = {"e2e", "eval_overhead", "raas_throughput", "real_shape_run"}
+SLOW = {"e2e", "eval_overhead", "raas_generation", "raas_throughput", "real_shape_run"}
 """Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""
 
 
