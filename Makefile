@@ -34,7 +34,8 @@ bench: setup
 # The developer's loop (CONTRIBUTING.md): lint, the fitness tests, then the unit tests but the `slow` ones
 # and a warm-start run (with the dataflow property test, 2.7 of the unit suite's 6 minutes on 2 busy
 # cores), which `make test` runs.
-FITNESS := tests/unit/test_service_boundaries.py tests/unit/test_docs.py tests/unit/test_settings_doc.py
+FITNESS := tests/unit/test_service_boundaries.py tests/unit/test_imports.py tests/unit/test_docs.py \
+	tests/unit/test_settings_doc.py
 CHECK_SKIP := tests/unit/test_tiny.py::test_warm_start_lowers_the_loss
 
 check: lint

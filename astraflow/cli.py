@@ -1,28 +1,13 @@
-"""The `astraflow` command. Imports stay inside the handlers so `astraflow --help` is instant."""
+"""The `astraflow` command: its parser, and the handlers that start a run or one worker. The operator
+commands live in `astraflow.ops`; every handler is named here as `module:function` and imported when its
+command runs, so `astraflow --help` is instant."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import sys
 import traceback
-from pathlib import Path
-
-from astraflow.commands import (
-    cmd_clear,
-    cmd_inspect,
-    cmd_ledger,
-    cmd_model_tiny,
-    cmd_redis,
-    cmd_scale,
-    cmd_top,
-    cmd_trace,
-    cmd_workflow,
-    redis_url,
-    settings_from,
-)
-from astraflow.export import cmd_export
-from astraflow.tracking.command import cmd_track
 
 DEFAULT_RECIPE = "addition-tiny"
 
@@ -45,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.handler(args) or 0
+        return handler(args.handler)(args) or 0
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # the command's boundary: one line, the fix when there is one
@@ -53,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(e)
         print(f"astraflow: {one_line(e)}", file=sys.stderr)
         return 1
+
+
+def handler(ref: str):
+    """The function `module:function` names (imported now: a command's imports wait for its use)."""
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def one_line(e: BaseException) -> str:
@@ -85,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"astraflow {_version()}")
     sub = p.add_subparsers(metavar="COMMAND")
 
-    def command(name: str, handler, help: str, recipe: bool = True) -> argparse.ArgumentParser:
+    def command(name: str, ref: str, help: str, recipe: bool = True) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
         if recipe:
             c.add_argument(
@@ -104,64 +95,128 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
         c.add_argument("--redis-file", metavar="PATH", help="read the --redis URL from PATH")
         c.add_argument("--debug", action="store_true", help="show the traceback of an error")
-        c.set_defaults(handler=handler)
+        c.set_defaults(handler=ref)
         return c
 
-    run = command("run", _cmd_run, f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})")
+    run = command(
+        "run",
+        "astraflow.ops.start:cmd_run",
+        f"run a recipe end to end on one machine (default {DEFAULT_RECIPE})",
+    )
+    run.set_defaults(default_recipe=DEFAULT_RECIPE)
     run.add_argument("--keep-redis", action="store_true", help="leave the embedded Redis running afterwards")
     fresh = run.add_mutually_exclusive_group()
     fresh.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
     fresh.add_argument("--overwrite", action="store_true", help="replace what run.dir holds (not a live run)")
-    command("top", cmd_top, "live progress of a run (also one started elsewhere: --redis URL --run NAME)")
-    record = command("record", _cmd_record, "write a run's metrics.jsonl, summary.json, reward.png (any run)")
+    command(
+        "top",
+        "astraflow.ops.top:cmd_top",
+        "live progress of a run (also one started elsewhere: --redis URL --run NAME)",
+    )
+    record = command(
+        "record",
+        "astraflow.ops.record:cmd_record",
+        "write a run's metrics.jsonl, summary.json, reward.png (any run)",
+    )
     record.add_argument("--dir", metavar="D", help="where to write them (default: run.dir)")
     record.add_argument("--once", action="store_true", help="record what the run holds now, then exit")
-    command("inspect", cmd_inspect, "every stream: length, groups, consumers, pending, lag; dead letters")
-    command("config", _cmd_config, "print the effective settings (secrets masked)")
+    command(
+        "inspect",
+        "astraflow.ops.inspect:cmd_inspect",
+        "every stream: length, groups, consumers, pending, lag; dead letters",
+    )
+    command("config", "astraflow.ops.context:cmd_config", "print the effective settings (secrets masked)")
     redis = command(
-        "redis", cmd_redis, "the embedded redis-server (start/stop/status); a run's ACL users", False
+        "redis",
+        "astraflow.ops.admin:cmd_redis",
+        "the embedded redis-server (start/stop/status); a run's ACL users",
+        False,
     )
     redis.add_argument("action", choices=["start", "stop", "status", "acl"])
     redis.add_argument("--apply", action="store_true", help="acl: install the users on the configured Redis")
     redis.add_argument("--passwords", metavar="FILE", help="acl: role=password lines (made if missing)")
-    raas = command("raas", _cmd_raas, "run a RaaS worker: prompts in, rollout groups out")
-    trainer = command("trainer", _cmd_trainer, "run the trainer of one policy: batches in, versions out")
+    raas = command(
+        "raas", "astraflow.ops.start:cmd_raas", "run a RaaS worker: prompts in, rollout groups out"
+    )
+    trainer = command(
+        "trainer",
+        "astraflow.ops.start:cmd_trainer",
+        "run the trainer of one policy: batches in, versions out",
+    )
     trainer.add_argument("--model", help="the policy to train (default: the run's first trained policy)")
-    dataflow = command("dataflow", _cmd_dataflow, "run a dataflow replica: feeder, collector, batches")
+    dataflow = command(
+        "dataflow", "astraflow.ops.start:cmd_dataflow", "run a dataflow replica: feeder, collector, batches"
+    )
     for server in (raas, trainer):  # they serve weights
         server.add_argument(
             "--advertise", metavar="ADDR", help="HOST[:PORT] others pull weights from (weights.advertise)"
         )
     for worker in (raas, trainer, dataflow):  # joining a running run needs no flag
         worker.add_argument("--resume", action="store_true", help="continue a stopped run, or adopt keys")
-    health = command("health", _cmd_health, "exit 0 if this host's worker of a role is ready (or alive)")
+    health = command(
+        "health",
+        "astraflow.ops.health:cmd_health",
+        "exit 0 if this host's worker of a role is ready (or alive)",
+    )
     health.add_argument("--role", required=True, choices=["raas", "dataflow", "trainer"])
     health.add_argument("--name", help="the worker's consumer name (default: its id, else this host's)")
     health.add_argument("--model", help="trainer: the policy it trains (default: the first trained)")
     health.add_argument("--live", action="store_true", help="liveness: judge only the worker's own signal")
     health.add_argument("--max-idle-s", type=float, help="bound on the consumer's idle s (default: by role)")
-    clear = command("clear", cmd_clear, "delete every Redis key of a run (--run NAME)", recipe=False)
+    clear = command(
+        "clear", "astraflow.ops.admin:cmd_clear", "delete every Redis key of a run (--run NAME)", recipe=False
+    )
     clear.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     clear.add_argument(
         "--unknown-groups", action="store_true", help="only remove consumer groups that are not the run's"
     )
-    ledger = command("ledger", cmd_ledger, "print the run's ledger and check it balances (exit 1 if not)")
+    ledger = command(
+        "ledger",
+        "astraflow.ops.audit:cmd_ledger",
+        "print the run's ledger and check it balances (exit 1 if not)",
+    )
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
-    scale = command("scale", cmd_scale, "how many RaaS workers the run needs, and why (--serve: for KEDA)")
+    scale = command(
+        "scale",
+        "astraflow.ops.scale:cmd_scale",
+        "how many RaaS workers the run needs, and why (--serve: for KEDA)",
+    )
     scale.add_argument("--headroom", type=float, default=1.2, help="margin over the demand (default 1.2)")
     scale.add_argument("--window", type=int, default=20, help="recent trainer steps measured (default 20)")
     scale.add_argument("--serve", type=int, metavar="PORT", help="serve Prometheus gauges on PORT, refreshed")
     scale.add_argument("--bind", default="0.0.0.0", help="--serve: address to listen on (default all)")
     scale.add_argument("--interval", type=float, default=5.0, help="--serve: seconds between refreshes")
-    push = command("workflow", cmd_workflow, "push a workflow class to a running run's RaaS")
+    push = command(
+        "workflow", "astraflow.ops.admin:cmd_workflow", "push a workflow class to a running run's RaaS"
+    )
     push.add_argument("action", choices=["push"])
     push.add_argument("ref", metavar="module:Class", help="the RolloutWorkflow subclass to push")
     push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
-    trace = command("trace", cmd_trace, "show the path of one prompt group")
+    trace = command("trace", "astraflow.ops.audit:cmd_trace", "show the path of one prompt group")
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
-    track = command("track", cmd_track, "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)")
+    peek = command(
+        "peek",
+        "astraflow.ops.peek:cmd_peek",
+        "decode a run's stream entries (or a hash) to JSON",
+        recipe=False,
+    )
+    peek.add_argument(
+        "stream", metavar="STREAM", help="prompts, rollouts, batches:<model>, dead, raas:<id>, ..."
+    )
+    peek.add_argument("--count", type=int, default=1, help="the newest N entries (default 1)")
+    peek.add_argument("--id", help="the entry with this id")
+    peek.add_argument("--recipe", help="recipe YAML or a shipped recipe's name (for the run's settings)")
+    track = command(
+        "track",
+        "astraflow.ops.track:cmd_track",
+        "feed the run's metrics to TensorBoard/W&B/MLflow (tracking.sinks)",
+    )
     track.add_argument("--once", action="store_true", help="log what the stream holds now, then exit")
-    export = command("export", cmd_export, "a checkpoint as a Hugging Face directory (transformers, vLLM)")
+    export = command(
+        "export",
+        "astraflow.ops.models:cmd_export",
+        "a checkpoint as a Hugging Face directory (transformers, vLLM)",
+    )
     export.add_argument("out", metavar="OUT", help="the directory to write (new or empty)")
     export.add_argument("--version", type=int, help="the checkpoint's version (default: the newest)")
     export.add_argument("--model", help="the policy (default: the run's first trained policy)")
@@ -178,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--steps", type=int, default=300, help="warm-start steps (default 300)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
-    tiny.set_defaults(handler=cmd_model_tiny)
+    tiny.set_defaults(handler="astraflow.ops.models:cmd_model_tiny")
     return p
 
 
@@ -191,88 +246,6 @@ def _version() -> str:
         from astraflow import __version__
 
         return __version__
-
-
-def _cmd_record(args) -> int:
-    from astraflow.launch.record import cmd_record
-
-    return cmd_record(args)
-
-
-def _cmd_config(args) -> int:
-    import yaml
-
-    print(yaml.safe_dump(settings_from(args).redacted(), sort_keys=False), end="")
-    return 0
-
-
-def worker_start(url: str, settings, resume: bool):
-    """`launch.runs.worker_start` (imported when a worker command runs)."""
-    from astraflow.launch.runs import worker_start
-
-    return worker_start(url, settings, resume)
-
-
-def _cmd_raas(args) -> int:
-    from astraflow.launch.services import run_raas
-    from astraflow.launch.tiny import build_tiny
-
-    settings = settings_from(args)
-    url = redis_url(settings)
-    with worker_start(url, settings, args.resume):
-        build_tiny(settings)
-        run_raas(settings, url)
-    return 0
-
-
-def _cmd_trainer(args) -> int:
-    from astraflow.launch.services import run_trainer
-    from astraflow.launch.tiny import build_tiny
-
-    settings = settings_from(args)
-    url = redis_url(settings)
-    with worker_start(url, settings, args.resume):
-        build_tiny(settings)
-        run_trainer(settings, url, args.model)
-    return 0
-
-
-def _cmd_dataflow(args) -> int:
-    from astraflow.launch.services import run_dataflow
-
-    settings = settings_from(args)
-    url = redis_url(settings)
-    with worker_start(url, settings, args.resume):
-        run_dataflow(settings, url)
-    return 0
-
-
-def _cmd_health(args) -> int:
-    from astraflow.health import probe
-
-    settings = settings_from(args)
-    kw = {"name": args.name, "model": args.model, "live": args.live, "max_idle_s": args.max_idle_s}
-    healthy, line = asyncio.run(probe(settings, redis_url(settings), args.role, **kw))
-    print(line)
-    return 0 if healthy else 1
-
-
-def _cmd_run(args) -> int:
-    if args.resume:  # the run's own settings, as it saved them (overrides still apply)
-        args.recipe = str(Path(args.resume) / "settings.yaml")
-        args.set = [*args.set, f"run.dir={args.resume}"]
-    if args.recipe is None:
-        args.recipe = DEFAULT_RECIPE
-    settings = settings_from(args)
-    if settings.run.kind == "demo":
-        from astraflow.launch import demo
-
-        return demo.main(settings, keep_redis=args.keep_redis)
-    from astraflow.launch import launcher
-
-    return launcher.main(
-        settings, keep_redis=args.keep_redis, resume=bool(args.resume), overwrite=args.overwrite
-    )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ class TinyModelSettings(BaseModel):
 
     @property
     def path(self) -> Path:
-        """Where this configuration's model is built (once; `launch.tiny.build_tiny`), absolute."""
+        """Where this configuration's model is built (once; `launch.tiny_cache.build_tiny`), absolute."""
         key = hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:12]
         return (TINY_CACHE / f"tiny-{self.tokenizer}-{key}").resolve()
 

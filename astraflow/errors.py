@@ -65,3 +65,10 @@ class WorkerFailed(AstraflowError):
 
 class ForeignCheckpointError(AstraflowError):
     """A trainer checkpoint belongs to another run (another nonce) than the one being trained."""
+
+
+def describe(error: BaseException) -> str:
+    """An error as a log line says it: its type and message (redis-py's own repr of its errors, e.g.
+    `server:ResponseError`, leaves the message out)."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

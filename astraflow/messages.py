@@ -29,6 +29,11 @@ _ARRAY_EXT = 1
 class Message:
     KIND: ClassVar[str] = ""
 
+    def readable(self) -> dict[str, str]:
+        """Plain fields beside `data` for a person reading the entry with redis-cli (never decoded: the
+        message is `data` alone). A few short ones: entries are on the hot path."""
+        return {}
+
     def _check(self) -> None:
         """Raise DecodeError naming a field whose value is inconsistent; called after decoding."""
 
@@ -52,6 +57,10 @@ class PromptGroup(Message):
     """The eval dataset the row comes from (eval groups only)."""
     sampling: dict[str, float] = field(default_factory=dict)
     """Overrides of the RaaS's sampling for this group (eval: `temperature` 0, `max_new_tokens`)."""
+
+    def readable(self) -> dict[str, str]:
+        out = {"policy": " ".join(self.models), "workflow": self.workflow, "n": str(self.n_samples)}
+        return out | ({"eval_version": str(self.eval_version)} if self.eval_version >= 0 else {})
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,6 +117,21 @@ class RolloutGroup(Message):
     eval_version: int = -1
     """The prompt group's `eval_version` (>= 0: an eval group, scored and never trained on)."""
     eval_dataset: str = ""
+
+    def readable(self) -> dict[str, str]:
+        trajs = self.trajectories
+        out = {"raas": self.raas, "n": str(len(trajs)), "status": "failed" if self.error else "ok"}
+        if trajs:
+            out["policy"] = " ".join(sorted({t.model for t in trajs}))
+            out["reward"] = f"{sum(t.reward for t in trajs) / len(trajs):.4g}"
+            out["tokens"] = str(sum(len(t.token_ids) for t in trajs))
+            made = [v for t in trajs if len(v := t.versions[t.versions >= 0])]
+            if made:
+                low, high = min(int(v.min()) for v in made), max(int(v.max()) for v in made)
+                out["token_versions"] = f"{low}..{high}"
+        if self.error:
+            out["error"] = self.error[:120]
+        return out
 
     def _check(self) -> None:
         for traj in self.trajectories:
@@ -178,6 +202,9 @@ class VersionPublished(Message):
     checkpoint: str = ""
     """A loadable checkpoint directory of this version on a shared file system ('' = none)."""
 
+    def readable(self) -> dict[str, str]:
+        return {"step": str(self.step), "incarnation": self.incarnation, "eval": str(int(self.eval))}
+
 
 @dataclass(frozen=True, eq=False)
 class VersionNotice(Message):
@@ -196,6 +223,9 @@ class VersionNotice(Message):
     incarnations: dict[str, str] = field(default_factory=dict)
     """Model -> trainer incarnation of its version: weights of another incarnation are dropped (a
     restarted trainer rolled back to an older version and trains the next ones again, differently)."""
+
+    def readable(self) -> dict[str, str]:
+        return {"load": _pairs(self.models), "eval": str(int(self.eval))}
 
 
 @dataclass(frozen=True, eq=False)
@@ -236,6 +266,10 @@ class WeightManifest(Message):
     """Digest of the base version's weights: a receiver holding exactly those bytes may apply the delta
     (whichever trainer incarnation produced them)."""
 
+    def readable(self) -> dict[str, str]:
+        base = "" if self.base_version is None else str(self.base_version)
+        return {"sync": self.kind, "base_version": base, "nbytes": str(self.nbytes)}
+
 
 @dataclass(frozen=True, eq=False)
 class Heartbeat(Message):
@@ -258,6 +292,20 @@ class Heartbeat(Message):
     groups: int = 0
     """Prompt groups handed off to `rollouts` since `started_at` (its production, for `astraflow scale`)."""
 
+    def readable(self) -> dict[str, str]:
+        return {
+            "region": self.region,
+            "capacity": str(self.capacity),
+            "in_flight": str(self.in_flight),
+            "versions": _pairs(self.versions),
+            "engine": self.engine,
+            "groups": str(self.groups),
+        }
+
+
+def _pairs(values: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items())
+
 
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
@@ -273,6 +321,7 @@ def encode(msg: Message) -> dict[str, bytes]:
         value = getattr(msg, name, None)
         if value is not None:
             fields[name] = str(value).encode()
+    fields.update((k, v.encode()) for k, v in msg.readable().items())
     fields["data"] = pack(msg)
     return fields
 
@@ -299,25 +348,9 @@ def unpack(cls: type[Message], data: Any, max_bytes: int | None = None, path: st
     return msg
 
 
-def encode_batch(batch: Batch, refs: Sequence[str]) -> dict[str, bytes]:
-    """A batch entry: readable headers, `groups` and `replayed` (space-separated uids) and `refs`: where
-    each group's packed SampleGroup is kept (fields of the `samples:<model>` hash), in group order."""
-    if len(refs) != len(batch.groups):
-        raise ValueError(f"{len(refs)} refs for {len(batch.groups)} groups")
-    return {
-        "kind": Batch.KIND.encode(),
-        "schema": str(SCHEMA).encode(),
-        "uid": batch.uid.encode(),
-        "model": batch.model.encode(),
-        "version": str(batch.version).encode(),
-        "groups": " ".join(g.uid for g in batch.groups).encode(),
-        "replayed": " ".join(batch.replayed_uids).encode(),
-        "refs": " ".join(refs).encode(),
-    }
-
-
 def batch_refs(fields: dict[Any, Any]) -> list[str]:
-    """The sample references of a batch entry (see `encode_batch`)."""
+    """The sample references of a batch entry (written by the dataflow's form.lua: `groups` and `replayed`
+    are space-separated uids, `refs` where each group's packed SampleGroup is kept, in group order)."""
     fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
     return _text(fields, "refs").split()
 

@@ -8,11 +8,11 @@ joined by `,`. The trainer and the dataflow serve what they write to the run's `
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from astraflow.errors import ConfigError
+from astraflow.streams.records import EvalResult, Record, RolloutStats, TrainerStep
 
 LABELS = ("run", "worker", "policy")
 
@@ -90,7 +90,7 @@ class StreamMetrics:
             self.step_stat = m.gauge(
                 "astraflow_trainer_step_stat", "The last step's statistics (loss, reward_mean, ...)", ["stat"]
             )
-            self.kinds["trainer"] = self._trainer
+            self.kinds[TrainerStep] = self._trainer
             seeded = [self.version, self.steps]
         else:
             self.groups = m.counter("astraflow_dataflow_rollout_groups", "Rollout groups collected")
@@ -99,34 +99,34 @@ class StreamMetrics:
                 "astraflow_dataflow_reward_mean", "Mean reward of the last rollouts collected"
             )
             self.eval_rows = m.counter("astraflow_dataflow_eval_rows", "Eval rows scored", ["dataset"])
-            self.kinds.update(rollouts=self._rollouts, eval=self._eval)
+            self.kinds.update({RolloutStats: self._rollouts, EvalResult: self._eval})
             seeded = [self.groups, self.samples, self.reward]
         for policy in policies:
             for series in seeded:
                 series.of(policy)
 
-    def observe(self, entries: Iterable[Mapping[str, str]]) -> None:
-        """Count entries just written to the `metrics` stream (other kinds are ignored)."""
-        for fields in entries:
-            handler = self.kinds.get(fields.get("kind", ""))
+    def observe(self, records: Iterable[Record]) -> None:
+        """Count records just written to the `metrics` stream (other kinds are ignored)."""
+        for r in records:
+            handler = self.kinds.get(type(r))
             if handler is not None:
-                handler(fields["model"], fields)
+                handler(r)
 
-    def _trainer(self, policy: str, f: Mapping[str, str]) -> None:
-        self.version.of(policy).set(int(f["version"]))
-        self.steps.of(policy).inc()
-        for stat, value in json.loads(f["data"]).items():
+    def _trainer(self, r: TrainerStep) -> None:
+        self.version.of(r.model).set(r.version)
+        self.steps.of(r.model).inc()
+        for stat, value in r.stats.items():
             if isinstance(value, int | float):
-                self.step_stat.of(policy, stat=stat).set(value)
+                self.step_stat.of(r.model, stat=stat).set(value)
 
-    def _rollouts(self, policy: str, f: Mapping[str, str]) -> None:
-        self.groups.of(policy).inc(int(f["groups"]))
-        self.samples.of(policy).inc(int(f["samples"]))
-        if int(f["samples"]):
-            self.reward.of(policy).set(float(f["reward_sum"]) / int(f["samples"]))
+    def _rollouts(self, r: RolloutStats) -> None:
+        self.groups.of(r.model).inc(r.groups)
+        self.samples.of(r.model).inc(r.samples)
+        if r.samples:
+            self.reward.of(r.model).set(r.reward_sum / r.samples)
 
-    def _eval(self, policy: str, f: Mapping[str, str]) -> None:
-        self.eval_rows.of(policy, dataset=f["dataset"]).inc(int(f["rows"]))
+    def _eval(self, r: EvalResult) -> None:
+        self.eval_rows.of(r.model, dataset=r.dataset).inc(r.rows)
 
 
 def serve_stream_metrics(

@@ -11,6 +11,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from astraflow.workflows.tasks import get_task, rows
+
 PAD, EOS, IM_START, EOT = "<|pad|>", "<|im_end|>", "<|im_start|>", "<|endoftext|>"
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -26,8 +28,6 @@ def build_tokenizer(vocab_size: int = 512):
     """A byte-level BPE trained on the built-in tasks and a little text; pad, eos and chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from astraflow.workflows.tasks import rows
 
     # These two tasks only: a task added later must not change the merges of existing tokenizers.
     corpus = [r["prompt"] + r["answer"] for name in ("addition", "reverse") for r in rows(name, 2000, seed=1)]
@@ -156,8 +156,6 @@ def warm_start(
     torch's default). `on_step(done, loss)` after each step (a progress line)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from astraflow.workflows.tasks import get_task
 
     if threads:
         torch.set_num_threads(threads)

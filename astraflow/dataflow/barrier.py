@@ -8,7 +8,6 @@ replica killed between recording and announcing leaves nothing undone: the next 
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from astraflow.errors import DecodeError
 from astraflow.messages import VersionNotice, VersionPublished, decode, encode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.keys import GROUP_DATAFLOW
+from astraflow.streams.runstate import RunState
 
 if TYPE_CHECKING:
     from astraflow.dataflow.evaluation import Evals
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 KEEP_VERSIONS = 64
 """Versions whose manifest keys are remembered (older ones are forgotten as new ones are announced)."""
-VERSIONED = re.compile(r"(?:eval|eval_submitted|eval_pending|manifest:.+|checkpoint:.+):(\d+)")
 
 
 class Barrier:
@@ -69,10 +68,12 @@ class Barrier:
         sent = 0
         while True:
             state = await self.store.state()
-            versions = [int(state[f"v:{m}"]) for m in self.store.models if f"v:{m}" in state]
+            recorded = [state.version(m) for m in self.store.models]
+            versions = [v for v in recorded if v is not None]
             if len(versions) < len(self.store.models):
                 return sent  # some model has no version yet
-            last, ready, rollback = int(state.get("notice", -1)), min(versions), "rollback" in state
+            notice = state.notice
+            last, ready, rollback = -1 if notice is None else notice, min(versions), state.rollback
             if ready <= last and not rollback:
                 return sent
             if not rollback and self.evals is not None and self.evals.holds(state, last):
@@ -80,30 +81,30 @@ class Barrier:
                 return sent
             # Every eval version in between is announced (they are synchronous); other ones only matter
             # as the newest, which a RaaS loads anyway. A rollback goes straight to the older version.
-            due = [] if rollback else [v for v in range(last + 1, ready) if f"eval:{v}" in state]
+            due = [] if rollback else [v for v in range(last + 1, ready) if state.is_eval(v)]
             version = due[0] if due else ready
             fields, forget = self._notice(state, version), _forget(state, version)
             status, _ = await self.store.announce(last, version, fields, forget)
             if status == "ok":
                 sent += 1
-                log.info("version_announced", version=version, eval=f"eval:{version}" in state)
-                if self.evals is not None and f"eval:{version}" in state:
+                log.info("version_announced", version=version, eval=state.is_eval(version))
+                if self.evals is not None and state.is_eval(version):
                     await self.evals.submit(self.store, version)
 
-    def _notice(self, state: dict[str, str], version: int) -> dict[str, bytes]:
+    def _notice(self, state: RunState, version: int) -> dict[str, bytes]:
         """The notice of `version`. An eval (or sync-mode) notice loads `version` itself; otherwise each
         model loads its newest version, but none past the next eval version: a trainer ahead of the
         slowest one serves `version` no longer once it has published the next one (a double buffer),
         and an eval version until the barrier has passed it."""
         models = self.store.models
-        synchronous = self.synchronous or f"eval:{version}" in state
+        synchronous = self.synchronous or state.is_eval(version)
         loads = {m: version for m in models}
         if not synchronous:
-            evals = [int(k[5:]) for k in state if k.startswith("eval:") and int(k[5:]) > version]
-            newest = {m: int(state[f"v:{m}"]) for m in models}
+            evals = [v for v in state.eval_versions() if v > version]
+            newest = {m: state.version(m) or 0 for m in models}
             loads = {m: min(v, min(evals)) if evals else v for m, v in newest.items()}
-        manifests = {m: state.get(f"manifest:{m}:{v}", "") for m, v in loads.items()}
-        checkpoints = {m: state.get(f"checkpoint:{m}:{v}", "") for m, v in loads.items()}
+        manifests = {m: state.manifest(m, v) for m, v in loads.items()}
+        checkpoints = {m: state.checkpoint(m, v) for m, v in loads.items()}
         notice = VersionNotice(
             uid=f"notice:{version}:{uuid.uuid4().hex[:8]}",
             version=version,
@@ -111,12 +112,11 @@ class Barrier:
             manifests={m: k for m, k in manifests.items() if k},
             checkpoints={m: c for m, c in checkpoints.items() if c},
             eval=synchronous,
-            incarnations={m: state[f"inc:{m}"] for m in models if f"inc:{m}" in state},
+            incarnations={m: i for m in models if (i := state.incarnation(m)) is not None},
         )
         return encode(notice)
 
 
-def _forget(state: dict[str, str], version: int) -> list[str]:
+def _forget(state: RunState, version: int) -> list[str]:
     """State fields of versions more than KEEP_VERSIONS older than `version`."""
-    fields = (VERSIONED.fullmatch(name) for name in state)
-    return [m.group(0) for m in fields if m and int(m.group(1)) < version - KEEP_VERSIONS]
+    return state.versioned_before(version - KEEP_VERSIONS)

@@ -1,7 +1,8 @@
 """The trainer's side of `batches:<model>`: batches in, owner-checked acknowledgements out.
 
 The dataflow owns the batch entry's layout (headers, `refs` into the `samples:<model>` hash, see
-`messages.encode_batch`), so it alone reads it: a trainer sees `Received` batches, never stream keys.
+`schema.BatchEntry`, written by form.lua), so it alone reads it: a trainer sees `Received` batches,
+never stream keys.
 A batch's samples stay in Redis until it is acknowledged; after that they may be gone.
 
 A batch the trainer cannot train on is set aside: dead-lettered with the reason, and its groups counted
@@ -24,6 +25,7 @@ from astraflow.streams import LOST, Bus, Consumer, Entry
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES
 from astraflow.streams.keys import GROUP_TRAINER
+from astraflow.streams.schema import Errors
 
 log = structlog.get_logger(__name__)
 
@@ -104,7 +106,7 @@ class BatchReader:
 
     def _fields(self, received: Received) -> tuple[str, str]:
         """The errors-hash fields of a batch's step attempts and of the last error of one."""
-        return f"{self.stream}|{received.id}|attempts", f"{self.stream}|{received.id}|error"
+        return Errors.attempts(self.stream, received.id), Errors.error(self.stream, received.id)
 
     async def begin(self, received: Received) -> str | None:
         """Count an attempt to train `received`; returns why it must be set aside instead (the trainer

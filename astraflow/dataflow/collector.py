@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -10,13 +9,16 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import structlog
 
 from astraflow.dataflow.evaluation import score
-from astraflow.dataflow.policies import Judge, check_values, vocab_size
 from astraflow.dataflow.store import Collected, EvalRow, Store
-from astraflow.errors import DecodeError
+from astraflow.dataflow.verdicts import Judge, check_values, vocab_size
+from astraflow.errors import DecodeError, describe
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
+from astraflow.streams.records import EvalResult, Record, RolloutStats, encode_record
+from astraflow.streams.runstate import recorded_versions
+from astraflow.streams.schema import Trace
 
 log = structlog.get_logger(__name__)
 UID = re.compile(r"[^\s]{1,200}")
@@ -41,7 +43,7 @@ class Collector:
         self.vocab = {m: n for m, n in sizes.items() if n is not None}
         self.consumer = Consumer(store.bus, store.keys.rollouts, GROUP_DATAFLOW, name)
         self.judge = Judge(self.settings, store.models)
-        self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
+        self.observe: Callable[[list[Record]], None] = lambda records: None
         """Sees the `metrics` entries once written (the replica's Prometheus series: `launch.build`)."""
 
     async def step(self, block_ms: int | None) -> int:
@@ -97,20 +99,9 @@ class Collector:
                 for name, (total, n) in sums.items():
                     acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
                     acc[0], acc[1] = acc[0] + total, acc[1] + n
-        now = f"{time.time():.3f}"
-        entries = [
-            {
-                "kind": "rollouts",
-                "model": m,
-                "groups": str(g),
-                "samples": str(n),
-                "reward_sum": repr(r),
-                "time": now,
-                **({"metrics": json.dumps(metrics[m])} if metrics.get(m) else {}),
-            }
-            for m, (r, n, g) in totals.items()
-        ]
-        await self._add_metrics(entries)
+        now = time.time()
+        records = [RolloutStats(m, g, n, r, now, metrics.get(m, {})) for m, (r, n, g) in totals.items()]
+        await self._add_metrics(records)
 
     async def _eval_metrics(self, items: list[Collected]) -> None:
         """Per eval version, dataset and policy, the sums of the eval metrics over the rows scored here
@@ -125,27 +116,23 @@ class Collector:
                 for name, value in values.items():
                     acc[name] = acc.get(name, 0.0) + value
                 sums[key] = (rows + 1, acc)
-        now = f"{time.time():.3f}"
-        entries = [
-            {"kind": "eval", "model": m, "dataset": d, "version": str(v), "rows": str(n)}
-            | {"sums": json.dumps(acc), "time": now}
-            for (v, d, m), (n, acc) in sums.items()
-        ]
-        await self._add_metrics(entries)
+        now = time.time()
+        await self._add_metrics([EvalResult(m, d, v, n, acc, now) for (v, d, m), (n, acc) in sums.items()])
 
-    async def _add_metrics(self, entries: list[dict[str, str]]) -> None:
-        if not entries:
+    async def _add_metrics(self, records: list[Record]) -> None:
+        if not records:
             return
         bus = self.store.bus
 
         async def add() -> None:  # one round trip for every model
             async with bus.redis.pipeline(transaction=False) as pipe:
-                for fields in entries:
+                for r in records:
+                    fields = encode_record(r)
                     pipe.xadd(bus.keys.metrics, fields, maxlen=bus.settings.capped_maxlen, approximate=True)
                 await pipe.execute()
 
         await bus.call(add)
-        self.observe(entries)
+        self.observe(records)
 
     def _eval(self, entry_id: str, group: RolloutGroup) -> Collected:
         """An eval row: scored, never put into a ready set (no parts); dropped (counted, logged) when it
@@ -159,15 +146,14 @@ class Collector:
             parts=[],
             rewards={},
             zero_variance=False,
-            trace={"raas": group.raas, "eval": f"dropped: {reason}" if reason else "scored"},
+            trace={Trace.raas: group.raas, Trace.eval: f"dropped: {reason}" if reason else "scored"},
             eval=EvalRow(group.eval_version, group.eval_dataset, scores, reason),
         )
 
     async def _newest(self) -> dict[str, int]:
         """The trainer version recorded for each trained policy (0 before its first)."""
-        state, fields = self.store.keys.state, [f"v:{m}" for m in self.store.models]
-        values = await self.store.bus.call(lambda: self.store.bus.redis.hmget(state, fields))
-        return {m: int(v or 0) for m, v in zip(self.store.models, values, strict=True)}
+        recorded = await recorded_versions(self.store.bus, self.store.models)
+        return {m: recorded[m][0] if m in recorded else 0 for m in self.store.models}
 
     async def _judge(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released (or settling that
@@ -176,7 +162,7 @@ class Collector:
             return await self._decide(entry, newest)
         except Exception as e:
             raise_if_cancelled()
-            log.error("rollout_unsettled", id=entry.id, error=repr(e))
+            log.error("rollout_unsettled", id=entry.id, error=describe(e))
             await self.consumer.give_back([entry.id], e)
             return None
 
@@ -196,6 +182,6 @@ class Collector:
             log.error("rollout_dead_lettered", id=entry.id, error=str(e))
             await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
         except Exception as e:  # a user filter raised: retried, dead after max_deliveries
-            log.warning("rollout_failed", id=entry.id, error=repr(e))
+            log.warning("rollout_failed", id=entry.id, error=describe(e))
             await self.consumer.release(entry, f"{type(e).__name__}: {e}")
         return None

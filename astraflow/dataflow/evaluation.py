@@ -17,10 +17,12 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, encode
+from astraflow.streams.schema import EVAL_UID
 from astraflow.workflows.datasets import DatasetSettings, load_rows
 
 if TYPE_CHECKING:
     from astraflow.dataflow.store import Store
+    from astraflow.streams.runstate import RunState
 
 log = structlog.get_logger(__name__)
 HELD_OUT_SEED = 1_000_003
@@ -101,7 +103,7 @@ class EvalSettings(BaseModel):
 
 
 def eval_uid(version: int, dataset: str, row: int) -> str:
-    return f"eval:{version}:{dataset}:{row}"
+    return EVAL_UID(version, dataset, row)
 
 
 class Evals:
@@ -116,25 +118,23 @@ class Evals:
                 raise ValueError(f"eval dataset {d.name}: no rows")
             self.rows[d.name] = [{**r, "reward": d.reward} if d.reward else r for r in rows]
 
-    def due(self, state: dict[str, str]) -> int | None:
+    def due(self, state: RunState) -> int | None:
         """The newest announced eval version whose groups were not submitted yet (None: none)."""
-        if not self.rows or "notice" not in state:
+        notice = state.notice
+        if not self.rows or notice is None:
             return None
-        notice = int(state["notice"])
-        versions = [int(k[5:]) for k in state if k.startswith("eval:") and int(k[5:]) <= notice]
-        newest = max(versions, default=None)
-        return None if newest is None or f"eval_submitted:{newest}" in state else newest
+        newest = max((v for v in state.eval_versions() if v <= notice), default=None)
+        return None if newest is None or state.eval_submitted(newest) is not None else newest
 
-    def holds(self, state: dict[str, str], version: int) -> bool:
+    def holds(self, state: RunState, version: int) -> bool:
         """Whether the eval of announced `version` holds later notices back: its groups are not submitted
         yet, or not all collected and submitted less than `timeout_s` ago."""
-        if not self.rows or f"eval:{version}" not in state:
+        if not self.rows or not state.is_eval(version):
             return False
-        submitted = state.get(f"eval_submitted:{version}")
+        submitted = state.eval_submitted(version)
         if submitted is None:
             return True
-        pending = int(state.get(f"eval_pending:{version}", 0))
-        return pending > 0 and time.time() - float(submitted) < self.settings.timeout_s
+        return state.eval_pending(version) > 0 and time.time() - submitted < self.settings.timeout_s
 
     def groups(self, version: int) -> list[PromptGroup]:
         now, sampling = time.time(), self.settings.sampling()

@@ -19,6 +19,7 @@ from astraflow.dataflow.store import Store, SubmitItem
 from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
 from astraflow.streams.names import heartbeat_holder
+from astraflow.streams.runstate import RunState
 from astraflow.streams.strays import Strays
 
 if TYPE_CHECKING:
@@ -109,12 +110,11 @@ class Feeder:
         b = self.settings.dataflow.batch
         return b.size if b.unit == "groups" else math.ceil(b.size / self.feeder.n_samples)
 
-    def _batch_formed(self, state: dict[str, str], version: int) -> bool:
+    def _batch_formed(self, state: RunState, version: int) -> bool:
         """Sync mode: whether every model's batch for `version` exists (or no version is announced yet)."""
-        if "notice" not in state:
+        if state.notice is None:
             return True
-        models = self.settings.trained
-        return all(int(state.get(f"batch_version:{m}", -1)) >= version for m in models)
+        return all(state.batch_version(m) >= version for m in self.settings.trained)
 
     async def step(self) -> tuple[str, int]:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
@@ -122,7 +122,7 @@ class Feeder:
         state = await self.store.state()
         if self.evals is not None and (due := self.evals.due(state)) is not None:
             await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
-        cursor, version = int(state.get("cursor", 0)), max(int(state.get("notice", 0)), 0)
+        cursor, version = state.cursor, max(state.notice or 0, 0)
         sync = self.settings.sync
         if sync and self._batch_formed(state, version):
             return "full", 0  # lockstep: this version's batch is formed; wait for the next version

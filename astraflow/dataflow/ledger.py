@@ -1,4 +1,4 @@
-"""The ledger (counters that must always balance) and the lineage of one prompt group.
+"""The ledger: counters that must always balance, and the reading of them.
 
 Identity (docs/ARCHITECTURE.md, "The ledger"), read in one transaction so concurrent writers cannot skew it:
     submitted == in_flight + dead + collected                        (prompt groups)
@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
+from astraflow.streams.schema import Counters as C
 from astraflow.streams.strays import stranded_at_least
 
 
@@ -158,28 +158,26 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
     counts = {key.decode(): int(v) for key, v in raw.items()}
     per_model = {}
     for m, ready_set in zip(models, ready_sets, strict=True):
-        prefix = f"{m}:dropped:"
-        dropped = {name.removeprefix(prefix): n for name, n in counts.items() if name.startswith(prefix)}
+        parsed = ((C.dropped.parse(name), n) for name, n in counts.items())
+        dropped = {args[1]: n for args, n in parsed if args and args[0] == m}
         per_model[m] = ModelLedger(
-            collected=counts.get(f"{m}:collected", 0),
-            ready=counts.get(f"{m}:ready", 0),
-            trained=counts.get(f"{m}:trained", 0),
-            replayed=counts.get(f"{m}:replayed", 0),
+            collected=counts.get(C.model_collected(m), 0),
+            ready=counts.get(C.model_ready(m), 0),
+            trained=counts.get(C.model_trained(m), 0),
+            replayed=counts.get(C.model_replayed(m), 0),
             dropped=dropped,
             ready_set=ready_set,
-            dead=counts.get(f"{m}:dead", 0),
+            dead=counts.get(C.model_dead(m), 0),
         )
     return Ledger(
-        submitted=counts.get("submitted", 0),
+        submitted=counts.get(C.submitted, 0),
         in_flight=in_flight,
-        dead=counts.get("dead", 0),
-        collected=counts.get("collected", 0),
-        skipped=counts.get("skipped", 0),
-        unknown=counts.get("unknown", 0),
-        eval=counts.get("eval", 0),
-        eval_dropped={
-            n.removeprefix("eval_dropped:"): c for n, c in counts.items() if n.startswith("eval_dropped:")
-        },
+        dead=counts.get(C.dead, 0),
+        collected=counts.get(C.collected, 0),
+        skipped=counts.get(C.skipped, 0),
+        unknown=counts.get(C.unknown, 0),
+        eval=counts.get(C.eval, 0),
+        eval_dropped={args[0]: c for n, c in counts.items() if (args := C.eval_dropped.parse(n))},
         models=per_model,
         failover_offset=await failover_offset(bus),
         stranded=await stranded_at_least(bus),
@@ -196,56 +194,3 @@ async def failover_offset(bus: Bus) -> int | None:
     if info.get("role") != "master" or set(str(info.get("master_replid2", "0"))) == {"0"}:
         return None
     return int(info["second_repl_offset"])
-
-
-DEAD_SCAN = 10_000
-"""Newest dead letters searched for a traced group."""
-
-
-async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
-    """The lineage of prompt group `uid` (None when unknown or past the retention), dead letters included."""
-    raw = await bus.redis.hgetall(bus.keys.trace(uid))
-    trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
-    for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
-        if fields.get(b"field.uid") == uid.encode():
-            source = bus.keys.short(fields.get(b"source", b"").decode())
-            trace.setdefault("dead", f"{source}: {fields.get(b'reason', b'').decode(errors='replace')}")
-    return trace or None
-
-
-def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
-    def when(field_name: str) -> str:
-        at = trace.get(field_name)
-        return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
-
-    lines = [f"prompt group {uid}"]
-    if "row" in trace:
-        lines.append(
-            f"  submitted  at version {trace.get('submitted_version')}, dataset row {trace['row']}"
-            + when("submitted_at")
-        )
-    if "raas" in trace:
-        lines.append(
-            f"  rolled out by {trace['raas']}, token versions {trace.get('token_versions', 'none')}"
-            + when("collected_at")
-        )
-    if "error" in trace:
-        lines.append(f"  error      {trace['error']}")
-    for m in models:
-        if m not in trace:
-            continue
-        outcome = trace[m]
-        if outcome == "trained":
-            outcome = (
-                f"trained in batch {trace.get(f'{m}:batch')} (formed at trainer version "
-                f"{trace.get(f'{m}:batch_version')}, trained by the step to the next version)"
-                + when(f"{m}:batched_at")
-            )
-        elif outcome == "ready":
-            outcome = f"ready, min token version {trace.get(f'{m}:min_version')}, waiting for a batch"
-        lines.append(f"  {m}: {outcome}")
-    if "dead" in trace:
-        lines.append(f"  dead-lettered from {trace['dead']}")
-    if "raas" not in trace and "dead" not in trace and "row" in trace:
-        lines.append("  in flight (not collected yet)")
-    return "\n".join(lines)

@@ -21,6 +21,7 @@ from astraflow.dataflow.evaluation import Evals, EvalSettings
 from astraflow.dataflow.feeder import Feeder
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.store import Store
+from astraflow.errors import describe
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.workflows.api import check_row_rewards
@@ -107,7 +108,7 @@ class Dataflow:
                 await loop()
             except Exception as e:
                 raise_if_cancelled()
-                log.error("dataflow_loop_failed", loop=loop.__name__, error=repr(e))
+                log.error("dataflow_loop_failed", loop=loop.__name__, error=describe(e))
                 await asyncio.sleep(1.0)
 
     async def _feed(self) -> None:

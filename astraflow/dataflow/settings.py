@@ -1,4 +1,4 @@
-"""Settings of the dataflow: feeder and curators, collector policies, batch formation, lineage."""
+"""Settings of the dataflow: feeder and curators, the collector's verdicts, batch formation, lineage."""
 
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
+from astraflow.streams.runstate import RunState, read_state
+from astraflow.streams.schema import Entry
 
 SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
 
@@ -87,9 +89,8 @@ class Store:
 
     # -- reads -------------------------------------------------------------------------------------
 
-    async def state(self) -> dict[str, str]:
-        raw = await self.bus.call(lambda: self.bus.redis.hgetall(self.keys.state))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+    async def state(self) -> RunState:
+        return await read_state(self.bus)
 
     async def fewest_ready(self) -> int:
         """Groups in the smallest ready set of the run's models."""
@@ -109,8 +110,8 @@ class Store:
     ) -> tuple[str, int, int]:
         """Submit/skip `items` from dataset position `cursor`; returns (status, new cursor, submitted)."""
         k = self.keys
-        keys = [k.prompts, k.state, k.in_flight, k.ledger, *(k.ready(m) for m in self.models)]
-        args: list = [cursor, GROUP_RAAS, backlog_limit, ready_limit, k.prefix]
+        keys = [k.prompts, k.state, k.in_flight, k.ledger, k.traces, *(k.ready(m) for m in self.models)]
+        args: list = [cursor, GROUP_RAAS, backlog_limit, ready_limit, k.trace_prefix]
         args += [
             self.settings.trace_retention_s,
             f"{time.time():.3f}",
@@ -134,7 +135,7 @@ class Store:
         for name, n in rows.items():
             args += [name, n]
         for fields in groups:
-            args += [fields["uid"], len(fields)]
+            args += [fields[Entry.uid], len(fields)]
             for name, value in fields.items():
                 args += [name, value]
         keys = [k.prompts, k.state, k.in_flight, k.ledger, k.metrics]
@@ -155,7 +156,7 @@ class Store:
         for m in self.models:
             index[m] = len(keys) + 1
             keys += [k.ready(m), k.samples(m), k.refs(m)]
-        args: list = [GROUP_DATAFLOW, consumer, s.max_staleness_steps, k.prefix, s.trace_retention_s]
+        args: list = [GROUP_DATAFLOW, consumer, s.max_staleness_steps, k.trace_prefix, s.trace_retention_s]
         curator = "" if s.feeder.curator == "accept_all" else s.feeder.curator
         args += [s.collector.order, s.feeder.solved_alpha, f"{time.time():.3f}", curator, len(items)]
         for it in items:
@@ -188,7 +189,7 @@ class Store:
         quota = round(b.replay_ratio * b.size)
         capacity = b.replay_capacity if b.replay_ratio > 0 else 0
         args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]
-        args += [b.prefetch, GROUP_TRAINER, k.prefix, s.trace_retention_s, s.collector.order]
+        args += [b.prefetch, GROUP_TRAINER, k.trace_prefix, s.trace_retention_s, s.collector.order]
         args += [f"{time.time():.3f}", *(repr(r) for r in randoms)]
         status, uid, fresh, replayed, expired = await self._run("form", keys, args)
         return status.decode(), uid.decode(), int(fresh), int(replayed), int(expired)

@@ -50,6 +50,7 @@ from astraflow.engines.vllm_server import (
     server_command,
 )
 from astraflow.engines.vllm_weights import make_weight_loader
+from astraflow.errors import describe
 from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
 
@@ -167,7 +168,7 @@ class VLLMEngine(Engine):
                 try:
                     await self._spawn()
                 except Exception as e:  # keep trying: the next round sees the failed process and retries
-                    log.error("vllm_restart_failed", error=repr(e))
+                    log.error("vllm_restart_failed", error=describe(e))
 
     async def close(self) -> None:
         self._closing = True
@@ -223,7 +224,7 @@ class VLLMEngine(Engine):
         # asked on the generation client: every failed call asks, and a pause must not wait behind them
         if self._closing or await answers(self._http, "/health", 2.0):
             return False
-        log.warning("vllm_call_retry", error=repr(e))  # the watchdog restarts the server
+        log.warning("vllm_call_retry", error=describe(e))  # the watchdog restarts the server
         await asyncio.sleep(1.0)
         return True
 

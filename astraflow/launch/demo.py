@@ -1,31 +1,34 @@
 """The bus demo: feeder and collector in this process, demo RaaS workers as child processes.
 
-`python -m workers.demo raas NAME` is one demo worker (`worker_main`); `main` is what
-`astraflow run recipes/bus-demo.yaml` runs. The workers stand in for real rollouts (a later issue): each
-entry is decoded, held for `demo.episode_ms` and handed off as a rollout group.
+`main` is what `astraflow run recipes/bus-demo.yaml` runs, on the machinery of `astraflow run`
+(`local_run.LocalRun`): the embedded Redis unless one is configured, the workers started, restarted and
+stopped by the `Supervisor`, the same stop signals. `python -m workers.demo raas NAME` is one demo worker
+(`worker_main`), run like every worker (`worker_loop.run_until_signalled`). The workers stand in for real
+rollouts: each entry is decoded, held for `demo.episode_ms` and handed off as a rollout group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
 import numpy as np
 import structlog
 
-from astraflow import logs, redis_server
+from astraflow import logs
 from astraflow.config import Settings, load_settings, redact_url, to_env
+from astraflow.errors import WorkerFailed
+from astraflow.launch.local_run import LocalRun
+from astraflow.launch.worker_loop import run_until_signalled
 from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, encode
-from astraflow.processes import STOP_SIGNALS, Stopped, die_with_parent, exit_status, raise_stopped
+from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
 from astraflow.streams import Bus, Consumer, Entry, Out, Runner
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 
 log = structlog.get_logger("demo")
+EXIT_FAILED = 1
+"""The groups were not all collected once each, or a worker kept dying."""
 
 
 def connect(settings: Settings, url: str) -> Bus:
@@ -59,12 +62,9 @@ def rollout(group: PromptGroup, worker: str) -> RolloutGroup:
     return RolloutGroup(uid=group.uid, raas=worker, version=group.version, trajectories=trajectories)
 
 
-async def raas_worker(settings: Settings, name: str) -> None:
-    """One demo RaaS: consume `prompts`, hand each group off to `rollouts`; SIGTERM drains and exits."""
-    bus = connect(settings, settings.redis.url or "")
+async def raas_worker(settings: Settings, name: str, bus: Bus, stop: asyncio.Event) -> None:
+    """One demo RaaS: consume `prompts`, hand each group off to `rollouts`, until `stop` (SIGTERM)."""
     await bus.bootstrap(settings.trained)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 
     async def handle(entry: Entry) -> list[Out]:
         group = decode(entry.fields, PromptGroup, settings.streams.max_entry_bytes)
@@ -74,41 +74,39 @@ async def raas_worker(settings: Settings, name: str) -> None:
     runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, name), handle, settings.raas.slots)
     await runner.run(stop)
     log.info("worker_stopped", **runner.stats)
-    await bus.close()
 
 
 def main(settings: Settings, keep_redis: bool = False) -> int:
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # until the demo's loop takes them over: stop here
-        signal.signal(sig, raise_stopped)
-    logs.configure(run=settings.run.name, worker="launcher")
-    run_dir = settings.run.path
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    server = None
+    local = LocalRun(settings, keep_redis)
+    logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal shows progress
     try:
-        if not settings.redis.url:
-            server = redis_server.start(run_dir / "redis", with_parent=not keep_redis)
-            settings.redis.url = server.url
+        url = local.start_redis()
         print(
-            f"run {settings.run.name!r} on {redact_url(settings.redis.url)}; "
+            f"run {settings.run.name!r} on {redact_url(url)}; "
             f"watch it with: astraflow inspect --run {settings.run.name}",
             flush=True,
         )
-        return asyncio.run(_orchestrate(settings))
+        return asyncio.run(_orchestrate(settings, local))
     except Stopped as e:  # before the workers started
         print(f"stopping ({e})", flush=True)
         return exit_status(e.signum)
     finally:
-        if server is not None and not keep_redis:
-            server.stop()
+        local.close()
 
 
-async def _orchestrate(settings: Settings) -> int:
+def _start_workers(settings: Settings, local: LocalRun) -> None:
+    supervised = settings.model_copy(deep=True)
+    supervised.run.supervised = True  # this process stops them
+    env = to_env(supervised)
+    for i in range(settings.demo.workers):
+        local.supervisor.start(local.worker(f"raas-{i}", "workers.demo", env, "raas", f"raas-{i}"))
+
+
+async def _orchestrate(settings: Settings, local: LocalRun) -> int:
     d = settings.demo
     bus = connect(settings, settings.redis.url or "")
     await bus.bootstrap(settings.trained)
-    env = {**os.environ, **to_env(settings)}
-    workers = {f"raas-{i}": _spawn(f"raas-{i}", settings, env) for i in range(d.workers)}
-
+    _start_workers(settings, local)
     await bus.publish_many(
         [Out(bus.keys.prompts, encode(prompt(i)), f"prompt:{prompt(i).uid}") for i in range(d.groups)]
     )
@@ -124,9 +122,17 @@ async def _orchestrate(settings: Settings) -> int:
     stop = asyncio.Event()
     collector = Runner(Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "collector"), collect, 64)
     task = asyncio.create_task(collector.run(stop))
-    started, killed = time.monotonic(), None
+    started, killed, failed = time.monotonic(), None, None
     while len(seen) < d.groups and not task.done() and not received:
         await asyncio.sleep(0.5)
+        try:
+            restarted = local.supervisor.check()
+        except WorkerFailed as e:  # a worker that keeps dying: the demo cannot finish
+            print(f"stopping: {e}", flush=True)
+            failed = e
+            break
+        for name in restarted:
+            print(f"  restarted {name}", flush=True)
         pending = (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"]
         print(
             f"  {time.monotonic() - started:5.1f}s  collected {len(seen)}/{d.groups}  "
@@ -136,10 +142,11 @@ async def _orchestrate(settings: Settings) -> int:
         if d.kill_one and killed is None and len(seen) >= d.groups // 2:
             killed = "raas-0"
             held = await bus.redis.xpending_range(bus.keys.prompts, GROUP_RAAS, "-", "+", 1000, killed)
-            workers[killed].kill()
+            proc = local.supervisor.workers[killed].proc
+            proc.kill()
             print(
-                f"  kill -9 {killed} (pid {workers[killed].pid}) holding {len(held)} entries; "
-                f"they are reclaimed after the {settings.streams.lease_ms} ms lease",
+                f"  kill -9 {killed} (pid {proc.pid}) holding {len(held)} entries; the supervisor restarts"
+                f" it, and they are reclaimed after the {settings.streams.lease_ms} ms lease",
                 flush=True,
             )
     elapsed = time.monotonic() - started
@@ -147,11 +154,7 @@ async def _orchestrate(settings: Settings) -> int:
         print(f"stopping ({STOP_SIGNALS[received[0]]})", flush=True)
     stop.set()
     await task
-    for proc in workers.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in workers.values():
-        proc.wait(timeout=60)
+    await asyncio.to_thread(local.supervisor.stop)  # drained before the dead letters are counted
     dupes = sum(1 for n in seen.values() if n > 1)
     print(
         f"done: {len(seen)}/{d.groups} groups in {elapsed:.1f}s ({len(seen) / elapsed:.0f}/s), "
@@ -161,23 +164,11 @@ async def _orchestrate(settings: Settings) -> int:
     await bus.close()
     if received:
         return exit_status(received[0])
-    return 0 if len(seen) == d.groups and dupes == 0 else 1
-
-
-def _spawn(name: str, settings: Settings, env: dict[str, str]) -> subprocess.Popen:
-    logfile = open(settings.run.path / "logs" / f"{name}.log", "ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "workers.demo", "raas", name],
-        env=env,
-        stdout=logfile,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=die_with_parent(signal.SIGTERM),
-    )
+    return 0 if failed is None and len(seen) == d.groups and dupes == 0 else EXIT_FAILED
 
 
 def worker_main(name: str) -> None:
     """`python -m workers.demo raas NAME`: one demo RaaS, its settings from the environment."""
     settings = load_settings()
-    logs.configure(settings.log.level, run=settings.run.name, worker=name)
-    asyncio.run(raas_worker(settings, name))
+    body = lambda bus, stop: raas_worker(settings, name, bus, stop)  # noqa: E731
+    asyncio.run(run_until_signalled(settings, settings.redis.url or "", name, body, "its NAME", "raas"))

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
+
+from astraflow.streams import records
 
 
 @dataclass
@@ -37,17 +38,16 @@ class EvalResults:
     def __bool__(self) -> bool:
         return bool(self.results)
 
-    def add(self, fields: dict[str, str], wall_s: float) -> None:
-        """Add one `kind=eval` entry (rows of one policy, dataset and version scored together), or one
-        `kind=eval_submitted` (how many rows a dataset's eval at a version has)."""
-        dataset, version = fields["dataset"], int(fields["version"])
-        if fields.get("kind") == "eval_submitted":
-            self.sizes[(dataset, version)] = int(fields["rows"])
+    def add(self, record: records.EvalResult | records.EvalSubmitted, wall_s: float) -> None:
+        """Add one eval record (rows of one policy, dataset and version scored together), or one eval
+        submitted (how many rows a dataset's eval at a version has)."""
+        if isinstance(record, records.EvalSubmitted):
+            self.sizes[(record.dataset, record.version)] = record.rows
             return
-        key = (fields["model"], dataset, version)
+        key = (record.model, record.dataset, record.version)
         result = self.results.setdefault(key, EvalResult(*key))
-        result.rows += int(fields["rows"])
-        for name, total in json.loads(fields["sums"]).items():
+        result.rows += record.rows
+        for name, total in record.sums.items():
             result.sums[name] = result.sums.get(name, 0.0) + total
         result.wall_s = wall_s
 

@@ -22,16 +22,16 @@ from astraflow import logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
-from astraflow.launch.process import stop_grace_s
+from astraflow.launch.local_run import LocalRun
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.run_dir import RUN_MARK, claim
-from astraflow.launch.runs import check_start
+from astraflow.launch.start_checks import check_start
 from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_reason
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
-from astraflow.launch.tiny import build_tiny
-from astraflow.processes import STOP_SIGNALS, Stopped, exit_status, raise_stopped
+from astraflow.launch.tiny_cache import build_tiny
+from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing, mark_stopped
+from astraflow.streams.identity import existing, mark_stopped
 from astraflow.tracking.tracker import follow
 
 
@@ -108,17 +108,9 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
     limit before the target; EXIT_FAILED when a worker keeps dying; the signal's for Ctrl-C, SIGTERM or
     SIGHUP (`processes.exit_status`: 130, 143, 129). A run directory that holds anything is refused
     unless `resume` or `overwrite` (RunDirError), as is one a live launcher holds."""
-    for sig in STOP_SIGNALS:  # until the watch takes them over: stop here, ending what was started
-        signal.signal(sig, raise_stopped)
+    local = LocalRun(settings, keep_redis)  # the stop signals raise Stopped until the watch takes them
     logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
     run_dir = settings.run.path
-    server = None
-    supervisor = Supervisor(
-        settings.run.max_restarts,
-        run_dir / "pids.json",
-        restart_window_s=settings.run.restart_window_s,
-        grace_s=stop_grace_s(settings),
-    )
     held = None
     try:
         held = claim(run_dir, resume=resume, overwrite=overwrite)  # refused before anything is touched
@@ -132,23 +124,17 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
         build_tiny(settings)
         place_threads(settings)
         if not settings.redis.url:
-            server = redis_server.start(run_dir / "redis", with_parent=not keep_redis)
-            settings.redis.url = server.url
-            asyncio.run(check_start(server.url, settings, fresh=not resume, resume=resume))
+            asyncio.run(check_start(local.start_redis(), settings, fresh=not resume, resume=resume))
         print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
         for w in workers(settings):
-            supervisor.start(w)
-        return asyncio.run(_watch(settings, supervisor, resume, server.pid if server else None))
+            local.supervisor.start(w)
+        return asyncio.run(_watch(settings, local.supervisor, resume, local.redis_pid))
     except (KeyboardInterrupt, Stopped) as e:  # before the watch began: nothing to report yet
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
         print(f"stopping ({STOP_SIGNALS[signum]})", flush=True)
         return exit_status(signum)
     finally:
-        for sig in STOP_SIGNALS:  # a second signal must not cut the clean-up short
-            signal.signal(sig, signal.SIG_IGN)
-        supervisor.stop()
-        if server is not None and not keep_redis:
-            server.stop()
+        local.close()
         if held is not None:
             held.release()
 

@@ -17,7 +17,8 @@ from astraflow.errors import DecodeError
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import Heartbeat, decode
 from astraflow.streams import Bus
-from astraflow.streams.inspect import inspect_run
+from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, decode_record
+from astraflow.streams.views import inspect_run
 
 
 @dataclass
@@ -124,28 +125,26 @@ class Progress:
         try:
             for entry_id, fields in entries:
                 self._cursor = entry_id.decode()
-                f = {k.decode(): v.decode() for k, v in fields.items()}
-                if f.get("kind") in ("eval", "eval_submitted"):  # any policy's, trained or not
-                    self.evals.add(f, float(f["time"]) - self.started)
+                r = decode_record(fields)
+                if isinstance(r, EvalResult | EvalSubmitted):  # any policy's, trained or not
+                    self.evals.add(r, r.time - self.started)
                     continue
-                if f.get("model") not in self.models:
+                if not isinstance(r, RolloutStats | TrainerStep) or r.model not in self.models:
                     continue
-                m = self.models[f["model"]]
-                if f.get("kind") == "rollouts":
-                    m.pending[0] += float(f["reward_sum"])
-                    m.pending[1] += int(f["samples"])
-                    for name, (total, n) in json.loads(f.get("metrics", "{}")).items():
+                m = self.models[r.model]
+                if isinstance(r, RolloutStats):
+                    m.pending[0] += r.reward_sum
+                    m.pending[1] += r.samples
+                    for name, (total, n) in r.metrics.items():
                         acc = m.pending_metrics.setdefault(name, [0.0, 0])
                         acc[0], acc[1] = acc[0] + total, acc[1] + n
                     continue
-                if f.get("kind") != "trainer":
-                    continue
-                stats = json.loads(f["data"])
-                at = float(f["time"]) - self.started
+                stats = dict(r.stats)
+                at = r.time - self.started
                 reward = m.pending[0] / m.pending[1] if m.pending[1] else stats.get("reward_mean", 0.0)
                 m.pending = [0.0, 0.0]
                 stats["rollout_reward"] = reward
-                version = int(f["version"])
+                version = r.version
                 for curve in (m.steps, *m.curves.values()):
                     while curve and curve[-1][0] >= version:  # a restarted trainer retrained these
                         curve.pop()
@@ -158,13 +157,8 @@ class Progress:
                 m.samples += int(stats.get("samples", 0))
                 m.train_s += float(stats.get("step_s", 0.0))
                 if out is not None:
-                    record = {
-                        "model": f["model"],
-                        "version": int(f["version"]),
-                        "wall_s": round(at, 3),
-                        **stats,
-                    }
-                    out.write(json.dumps(record) + "\n")
+                    line = {"model": r.model, "version": r.version, "wall_s": round(at, 3), **stats}
+                    out.write(json.dumps(line) + "\n")
         finally:
             if out is not None:
                 out.close()

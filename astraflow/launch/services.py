@@ -12,7 +12,8 @@ import os
 from astraflow.config import Settings
 from astraflow.errors import ConfigError
 from astraflow.launch.build import build_dataflow, build_raas, build_trainer
-from astraflow.launch.process import process_name, run_until_signalled
+from astraflow.launch.worker_loop import process_name, run_until_signalled
+from astraflow.streams import Bus
 
 
 def run_dataflow(settings: Settings, url: str) -> None:
@@ -41,9 +42,8 @@ def run_trainer(settings: Settings, url: str, model: str | None = None) -> None:
     trainer = settings.policy(name).trainer
     if trainer.devices:  # before torch initialises CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = trainer.devices
-    import torch
+    import torch  # (after CUDA_VISIBLE_DEVICES)
 
-    from astraflow.streams import Bus
     from astraflow.trainer import devices, distributed
 
     if trainer.threads:

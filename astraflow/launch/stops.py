@@ -4,7 +4,7 @@ from the metrics stream, and the stop notice every process of the run follows.
 `astraflow run` judges the conditions for the workers it starts and stops them itself. Workers started on
 their own (`astraflow dataflow|trainer|raas` against a shared Redis) do it between them: the dataflow and
 the trainer judge the conditions their settings carry, and the first to find one met records it in the
-run's stop notice (`streams.runs.mark_stopped`: `stopped` and `stop_reason`); every worker, the RaaS too,
+run's stop notice (`streams.identity.mark_stopped`: `stopped` and `stop_reason`); every worker, the RaaS too,
 follows that notice and stops as it would on SIGTERM. The RaaS's ACL user may not read the metrics
 stream, so it only follows. `max_time_s` counts from the run's creation, whoever created it.
 """
@@ -20,7 +20,7 @@ import structlog
 from astraflow.config import RunSettings, Settings
 from astraflow.launch.progress import Progress
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing, mark_stopped, stop_key
+from astraflow.streams.identity import existing, mark_stopped, stop_key
 
 log = structlog.get_logger(__name__)
 FOLLOW_EVERY_S = 1.0

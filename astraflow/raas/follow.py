@@ -19,7 +19,7 @@ from pathlib import Path
 import structlog
 
 from astraflow.engines import Engine
-from astraflow.errors import WeightIntegrityError
+from astraflow.errors import WeightIntegrityError, describe
 from astraflow.messages import VersionNotice, WeightManifest, decode
 from astraflow.raas.metrics import Metrics
 from astraflow.streams import Bus
@@ -83,7 +83,7 @@ class NoticeFollower:
                     entries = reply[0][1] if reply else []
             except Exception as e:  # Redis away or refusing: keep following, it is the weights' only path
                 raise_if_cancelled()
-                log.warning("notices_unreachable", error=repr(e))
+                log.warning("notices_unreachable", error=describe(e))
                 await asyncio.sleep(0.5)
                 continue
             cursor = entries[-1][0].decode() if entries else (cursor or "0-0")
@@ -140,7 +140,7 @@ class NoticeFollower:
         try:
             notice = decode(fields, VersionNotice)
         except Exception as e:  # a bad notice must not stop the worker from following the next ones
-            log.error("bad_notice", error=repr(e))
+            log.error("bad_notice", error=describe(e))
             return True
         if newest:
             if notice.eval:  # exact: nothing else to try
@@ -164,7 +164,7 @@ class NoticeFollower:
                     if await self._load(model, engine, version, notice) and incarnation is not None:
                         self._incarnations[model] = incarnation
             except Exception as e:
-                log.error("weights_load_failed", version=notice.version, error=repr(e))
+                log.error("weights_load_failed", version=notice.version, error=describe(e))
                 return False
             finally:
                 self.synced.set()

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import structlog
 
 from astraflow.engines import Engine, SamplingParams, resolve_type
+from astraflow.errors import describe
 from astraflow.messages import (
     Heartbeat,
     PromptGroup,
@@ -131,7 +132,7 @@ class RaasWorker:
         if errors and len(errors) == len(results):
             raise errors[0]  # nothing ran: the entry is retried, then dead-lettered with this reason
         for e in errors:
-            log.warning("episode_failed", uid=group.uid, error=repr(e))
+            log.warning("episode_failed", uid=group.uid, error=describe(e))
         trajectories = [
             t for r in results if r is not None and not isinstance(r, BaseException) for t in r.trajectories
         ]
@@ -193,5 +194,5 @@ class RaasWorker:
                     log.warning("heartbeat_not_written", key=key, reason="this process holds no name")
             except Exception as e:  # a missed beat is not fatal; the next one may get through
                 raise_if_cancelled()
-                log.warning("heartbeat_failed", error=repr(e))
+                log.warning("heartbeat_failed", error=describe(e))
             await asyncio.sleep(period / 1000)

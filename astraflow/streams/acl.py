@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from astraflow.errors import ConfigError
+from astraflow.streams.connection import make_client
+from astraflow.streams.identity import provision
 from astraflow.streams.keys import Keys
 
 if TYPE_CHECKING:
@@ -260,8 +262,6 @@ async def apply(client, users: list[AclUser], run: str | None = None) -> None:
     if int(str(version).split(".")[0]) < 7:
         raise ConfigError(f"redis acl needs Redis 7 or newer (read-only key patterns); this one is {version}")
     if run is not None and (await client.info("replication"))["role"] == "master":  # a replica copies it
-        from astraflow.streams.runs import provision
-
         await provision(client, Keys(run))
     for u in users:
         await client.execute_command(*u.command())
@@ -270,8 +270,6 @@ async def apply(client, users: list[AclUser], run: str | None = None) -> None:
 async def command(settings: Settings, url: str | None, passwords_file: Path | None) -> int:
     """`astraflow redis acl`: print the run's users (and, once, passwords just generated and not written
     to a file); with `url`, install them there."""
-    from astraflow.streams.connection import make_client
-
     run = settings.run.name
     secrets_, new = passwords(passwords_file)
     users = [acl_user(run, role, secrets_[role]) for role in ROLES]

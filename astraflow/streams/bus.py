@@ -21,9 +21,12 @@ from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.chunks import ARG_OVERHEAD_BYTES, arg_bytes, chunked
 from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
+from astraflow.streams.identity import RunIdentity, new_identity_args
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
+from astraflow.streams.records import DeadLetter, encode_record
 from astraflow.streams.replica import ReplicaReads, connect_clients
-from astraflow.streams.runs import RunIdentity, new_identity_args
+from astraflow.streams.schema import Entry as E
+from astraflow.streams.schema import Errors
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 log = structlog.get_logger(__name__)
@@ -293,10 +296,10 @@ class Bus:
         async def ack(chunk: list[str]) -> None:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.xack(stream, group, *chunk)
-                pipe.hdel(self.keys.errors, *(f"{stream}|{i}" for i in chunk))
+                pipe.hdel(self.keys.errors, *(Errors.entry(stream, i) for i in chunk))
                 await pipe.execute()
 
-        for chunk in self._chunks(ids, lambda i: (2, arg_bytes([i, f"{stream}|{i}"]))):
+        for chunk in self._chunks(ids, lambda i: (2, arg_bytes([i, Errors.entry(stream, i)]))):
             await self.call(lambda chunk=chunk: ack(chunk))
 
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
@@ -356,20 +359,12 @@ class Bus:
     async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
         """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it;
         an entry of a tracked stream also settles its prompt group as dead in the ledger."""
-        fields: dict[str, bytes | str] = {
-            "kind": "dead",
-            "source": entry.stream,
-            "source_id": entry.id,
-            "group": group,
-            "consumer": consumer,
-            "deliveries": str(entry.deliveries),
-            "reason": reason,
-        }
-        fields.update({f"field.{k}": dead_field_value(v) for k, v in entry.fields.items()})
-        out = Out(self.keys.dead, fields, dedup=f"dead:{entry.stream}:{entry.id}")
+        copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
+        letter = DeadLetter(entry.stream, reason, entry.id, group, consumer, entry.deliveries, copied)
+        out = Out(self.keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
         dead_uid = ""
         if entry.stream in self.keys.tracked_streams():
-            uid = entry.fields.get("uid", b"")
+            uid = entry.fields.get(E.uid, b"")
             dead_uid = uid.decode(errors="replace") if isinstance(uid, bytes) else str(uid)
         [(status, _)] = await self.handoff(entry.stream, group, consumer, [Item(entry, [out], dead_uid)])
         return status

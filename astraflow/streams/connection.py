@@ -24,7 +24,8 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from astraflow.errors import BusConnectionError, BusError
+from astraflow.errors import BusConnectionError, BusError, describe
+from astraflow.streams.schema import lua_prelude
 from astraflow.streams.settings import RedisSettings
 
 T = TypeVar("T")
@@ -104,11 +105,12 @@ def register_scripts(
     names: tuple[str, ...] = SCRIPT_NAMES,
     prelude: str | None = None,
 ) -> dict[str, object]:
-    """Load `<package>/lua/<name>.lua` once each, with the `prelude` file's helpers prepended; a script
-    lost to a Redis restart is reloaded on NOSCRIPT."""
+    """Load `<package>/lua/<name>.lua` once each, with the schema's names (`schema.lua_prelude`) and the
+    `prelude` file's helpers prepended; a script lost to a Redis restart is reloaded on NOSCRIPT."""
     lua = resources.files(package) / "lua"
     head = (lua / prelude).read_text() + "\n" if prelude else ""
-    return {name: client.register_script(head + (lua / f"{name}.lua").read_text()) for name in names}
+    scripts = {name: head + (lua / f"{name}.lua").read_text() for name in names}
+    return {name: client.register_script(lua_prelude(text) + text) for name, text in scripts.items()}
 
 
 TRANSIENT_CODES = frozenset(
@@ -176,7 +178,7 @@ async def reconnecting(
                 on_lost()
             refusals = refusals + 1 if await _refused(e, probe) else 0
             if refusals >= REFUSED_AFTER:
-                log.warning("redis_refused_request", attempts=refusals, error=repr(e))
+                log.warning("redis_refused_request", attempts=refusals, error=describe(e))
                 raise RequestRefused(
                     f"redis closed the connection on this request {refusals} times in a row while it "
                     f"answered others (a request larger than it accepts?): {e}"
@@ -185,7 +187,7 @@ async def reconnecting(
                 raise BusConnectionError(f"redis unreachable for {budget_s:.0f}s: {e}") from None
             if now - (reported or down_since) >= REPORT_EVERY_S:
                 reported = now
-                log.warning("redis_unreachable", down_s=round(now - down_since), error=repr(e))
+                log.warning("redis_unreachable", down_s=round(now - down_since), error=describe(e))
         else:
             if reported:
                 log.info("redis_reachable", down_s=round(time.monotonic() - down_since))

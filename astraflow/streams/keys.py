@@ -47,7 +47,7 @@ class Keys:
     @property
     def identity(self) -> str:
         """Hash `run`: the run's identity - `nonce`, `created` (unix s), `stopped` (unix s, once the run was
-        ended) and `stop_reason` - written when the run is bootstrapped (see `streams.runs`)."""
+        ended) and `stop_reason` - written when the run is bootstrapped (see `streams.identity`)."""
         return self._k("run")
 
     @property
@@ -126,7 +126,12 @@ class Keys:
 
     def trace(self, uid: str) -> str:
         """Hash with a TTL: the lineage of one prompt group."""
-        return self._k(f"trace:{uid}")
+        return self.trace_prefix + uid
+
+    @property
+    def trace_prefix(self) -> str:
+        """What every trace key starts with (the scripts that write traces are given it)."""
+        return self._k("trace:")
 
     @property
     def traces(self) -> str:

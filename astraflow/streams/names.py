@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from astraflow import processes
-from astraflow.errors import AstraflowError
+from astraflow.errors import AstraflowError, describe
 from astraflow.streams.bus import Bus
 from astraflow.streams.connection import raise_if_cancelled
 
@@ -118,7 +118,7 @@ async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: li
             held = await bus.call(lambda: take(keys=[key], args=[me, ttl_ms, me]))
         except Exception as e:  # Redis down: the bus waits it out elsewhere; try again next time
             raise_if_cancelled()
-            log.warning("name_renewal_failed", key=key, error=repr(e))
+            log.warning("name_renewal_failed", key=key, error=describe(e))
             continue
         if held:
             lost.append(held.decode())

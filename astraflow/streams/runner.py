@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
-from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy
+from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy, describe
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
 from astraflow.streams.entries import DUP, LOST, OK, Entry, Out
@@ -183,7 +183,7 @@ class Runner:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # Redis gone while settling a failure: the entry will be taken back.
-            self.log.error("entry_unsettled", id=entry.id, error=repr(e))
+            self.log.error("entry_unsettled", id=entry.id, error=describe(e))
             self.consumer.forget(entry.id)
 
     async def _timeouts(self) -> None:
@@ -212,7 +212,7 @@ class Runner:
             self.stats["released"] += 1
         except Exception as e:  # it stays pending and is taken back after the lease
             raise_if_cancelled()
-            self.log.error("release_failed", id=entry.id, error=repr(e))
+            self.log.error("release_failed", id=entry.id, error=describe(e))
 
     async def _commit_loop(self) -> None:
         while True:
@@ -230,7 +230,7 @@ class Runner:
             try:
                 statuses = await self.consumer.complete(batch)
             except Exception as e:  # taken back at the next read; released (counted) unless Redis was away
-                self.log.error("handoff_failed", entries=len(batch), error=repr(e))
+                self.log.error("handoff_failed", entries=len(batch), error=describe(e))
                 await self.consumer.give_back([entry.id for entry, _ in batch], e)
                 statuses = ["failed"] * len(batch)
             finally:
@@ -249,7 +249,7 @@ class Runner:
                 lost = await self.consumer.renew()
             except Exception as e:
                 raise_if_cancelled()
-                self.log.error("lease_renewal_failed", error=repr(e))
+                self.log.error("lease_renewal_failed", error=describe(e))
                 continue
             for entry in lost:
                 self.log.warning("lease_lost", id=entry.id)
@@ -268,4 +268,4 @@ class Runner:
                 await bus.trim(bus.keys.dead)
             except Exception as e:
                 raise_if_cancelled()
-                self.log.warning("trim_failed", error=repr(e))
+                self.log.warning("trim_failed", error=describe(e))

@@ -15,6 +15,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
+from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, decode_record
+
 Record = tuple[str, int, dict[str, float]]
 """(policy, step: its version, scalars)."""
 DONE_KEPT = 1000
@@ -54,28 +56,27 @@ class Feed:
         out: list[Record] = []
         for entry_id, f in entries:
             self.cursor = entry_id
-            kind, model = f.get("kind"), f.get("model", "")
-            if kind == "eval_submitted":
-                self.sizes[f"{f['dataset']}|{f['version']}"] = int(f["rows"])
-            elif kind == "eval":
-                self._eval(f, out)
-            elif model not in self.models:
+            r = decode_record(f)
+            if isinstance(r, EvalSubmitted):
+                self.sizes[f"{r.dataset}|{r.version}"] = r.rows
+            elif isinstance(r, EvalResult):
+                self._eval(r, out)
+            elif not isinstance(r, RolloutStats | TrainerStep) or r.model not in self.models:
                 continue
-            elif kind == "rollouts":
-                acc = self.pending.setdefault(model, [0.0, 0])
-                acc[0], acc[1] = acc[0] + float(f["reward_sum"]), acc[1] + int(f["samples"])
-                for name, (total, n) in json.loads(f.get("metrics", "{}")).items():
-                    m = self.pending_metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
+            elif isinstance(r, RolloutStats):
+                acc = self.pending.setdefault(r.model, [0.0, 0])
+                acc[0], acc[1] = acc[0] + r.reward_sum, acc[1] + r.samples
+                for name, (total, n) in r.metrics.items():
+                    m = self.pending_metrics.setdefault(r.model, {}).setdefault(name, [0.0, 0])
                     m[0], m[1] = m[0] + total, m[1] + n
-            elif kind == "trainer":
-                self._step(model, f, out)
+            else:
+                self._step(r, out)
         return out
 
-    def _step(self, model: str, f: dict[str, str], out: list[Record]) -> None:
-        stats = json.loads(f["data"])
+    def _step(self, r: TrainerStep, out: list[Record]) -> None:
+        model, stats, version = r.model, r.stats, r.version
         reward_sum, samples = self.pending.pop(model, [0.0, 0])
         metrics = self.pending_metrics.pop(model, {})
-        version = int(f["version"])
         if version <= self.logged.get(model, -1):  # trained again after a trainer restart: logged once
             return
         scalars = {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
@@ -84,15 +85,15 @@ class Feed:
         self.logged[model] = version
         out.append((model, version, scalars))
 
-    def _eval(self, f: dict[str, str], out: list[Record]) -> None:
-        key = json.dumps([f["model"], f["dataset"], int(f["version"])])
+    def _eval(self, r: EvalResult, out: list[Record]) -> None:
+        key = json.dumps([r.model, r.dataset, r.version])
         if key in self.done:
             return
         rows, sums = self.evals.setdefault(key, [0, {}])
-        for name, total in json.loads(f["sums"]).items():
+        for name, total in r.sums.items():
             sums[name] = sums.get(name, 0.0) + total
-        self.evals[key][0] = rows = rows + int(f["rows"])
-        size = self.sizes.get(f"{f['dataset']}|{f['version']}")
+        self.evals[key][0] = rows = rows + r.rows
+        size = self.sizes.get(f"{r.dataset}|{r.version}")
         if size is not None and rows >= size:
             out.append(self._logged(key))
 

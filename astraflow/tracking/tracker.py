@@ -19,9 +19,9 @@ from typing import IO
 
 import structlog
 
-from astraflow.errors import ConfigError
+from astraflow.errors import ConfigError, describe
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing
+from astraflow.streams.identity import existing
 from astraflow.tracking.feed import Feed, Record
 from astraflow.tracking.settings import TrackingSettings
 from astraflow.tracking.sinks import Sink, check_installed, make_sinks
@@ -83,7 +83,7 @@ class Tracker:
             try:
                 await self.drain()
             except Exception as e:  # Redis away: the cursor stays, nothing is lost
-                log.warning("tracking_poll_failed", error=repr(e))
+                log.warning("tracking_poll_failed", error=describe(e))
             try:
                 await asyncio.wait_for(stop.wait(), poll_s)
             except TimeoutError:
@@ -152,7 +152,7 @@ class Following:
             await self.task
             self.tracker.close(finished=True)
         except Exception as e:  # a tracker that fails must not cost the run its report
-            log.error("tracking_failed", error=repr(e), dir=str(self.tracker.root))
+            log.error("tracking_failed", error=describe(e), dir=str(self.tracker.root))
 
 
 async def follow(settings, bus: Bus) -> Following:

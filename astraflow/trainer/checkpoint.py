@@ -33,7 +33,7 @@ class State:
     consumed: list[str] = field(default_factory=list)
     """Uids of the batches trained into this version."""
     run: str = ""
-    """The nonce of the run it belongs to (see `streams.runs`)."""
+    """The nonce of the run it belongs to (see `streams.identity`)."""
     last_batch: str = "0-0"
     """Stream id of the newest batch entry trained into it. A batch with a uid in `consumed` and a
     newer id is not the one trained: a Redis that lost its last writes (AOF) may hand out a uid again,

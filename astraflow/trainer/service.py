@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -26,8 +25,10 @@ import structlog
 import torch
 
 from astraflow.dataflow.batches import BatchReader, Received
+from astraflow.errors import describe
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.streams.records import Record, TrainerStep, encode_record
 from astraflow.trainer import checkpoint, commands, devices, distributed
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
@@ -77,7 +78,7 @@ class TrainerService:
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
         self._served_dtype = getattr(torch, settings.weights.dtype)
         self._leader = commands.Leader() if self.rank == 0 and self.size > 1 else None
-        self.observe: Callable[[list[dict[str, str]]], None] = lambda entries: None
+        self.observe: Callable[[list[Record]], None] = lambda records: None
         """Sees each `metrics` entry once written (its Prometheus series: `launch.build`)."""
 
     # -- every rank -----------------------------------------------------------------------------------
@@ -285,19 +286,12 @@ class TrainerService:
             log.error("batch_ack_refused", model=self.model_name, id=batch_id)
 
     async def _metrics(self, batch_uid: str, stats: dict[str, float]) -> None:
-        fields = {
-            "kind": "trainer",
-            "model": self.model_name,
-            "version": str(self.state.version),
-            "batch": batch_uid,
-            "time": f"{time.time():.3f}",
-            "data": json.dumps(stats),
-        }
-        maxlen = self.bus.settings.capped_maxlen
+        record = TrainerStep(self.model_name, self.state.version, batch_uid, time.time(), stats)
+        fields, maxlen = encode_record(record), self.bus.settings.capped_maxlen
         await self.bus.call(
             lambda: self.bus.redis.xadd(self.bus.keys.metrics, fields, maxlen=maxlen, approximate=True)
         )
-        self.observe([fields])
+        self.observe([record])
 
     async def _renew_loop(self) -> None:
         """Keep the leases of held batches (held until a checkpoint covers them)."""
@@ -307,7 +301,7 @@ class TrainerService:
                 lost = await self.batches.renew()
             except Exception as e:
                 raise_if_cancelled()
-                log.warning("lease_renewal_failed", error=repr(e))
+                log.warning("lease_renewal_failed", error=describe(e))
                 continue
             for batch_id in lost:
                 log.error("batch_lease_lost", id=batch_id)

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import structlog
 
-from astraflow.errors import DecodeError, NonFiniteWeights
+from astraflow.errors import DecodeError, NonFiniteWeights, describe
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
+from astraflow.streams.runstate import last_notice, recorded_versions
 from astraflow.weights import codec, layout, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
-from astraflow.weights.served import ServedFiles
+from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
 from astraflow.weights.transport import Source
@@ -55,20 +56,16 @@ class Published:
 
 
 async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Published]:
-    """The newest published version of each of `models` that has one: as the dataflow recorded it (the
-    run state's `v:<model>` and `inc:<model>`), or newer and not recorded yet, in `versions` (the dataflow
-    trims the entries it has recorded). The stream is read first, so an entry recorded and trimmed in
+    """The newest published version of each of `models` that has one: as the dataflow recorded it (read
+    through `streams.runstate`), or newer and not recorded yet, in `versions` (the dataflow trims the
+    entries it has recorded). The stream is read first, so an entry recorded and trimmed in
     between is found in the state."""
     models = list(models)
     entries = await bus.call(lambda: bus.redis.xrevrange(bus.keys.versions, count=256))
-    names = [name for m in models for name in (f"v:{m}", f"inc:{m}")]
-    recorded = await bus.call(lambda: bus.redis.hmget(bus.keys.state, names)) if models else []
-    newest: dict[str, Published] = {}
-    for i, model in enumerate(models):
-        version, incarnation = recorded[2 * i], recorded[2 * i + 1]
-        if version is not None:
-            v = int(version)
-            newest[model] = Published(v, bus.keys.weights(model, v), incarnation and incarnation.decode())
+    newest = {
+        m: Published(v, bus.keys.weights(m, v), incarnation)
+        for m, (v, incarnation) in (await recorded_versions(bus, models)).items()
+    }
     for _, fields in entries:
         try:
             msg = decode(fields, VersionPublished)
@@ -127,8 +124,7 @@ class WeightPublisher:
         exactly it, so a trainer that ran ahead must still serve it."""
         if idle not in self._eval_halves and not self.evals.versions:
             return
-        key = self.bus.keys.state
-        notice = int(await self.bus.call(lambda: self.bus.redis.hget(key, "notice")) or -1)
+        notice = await last_notice(self.bus)
         self.evals.drop(v for v in self.evals.versions if v < notice)
         if idle not in self._eval_halves:
             return
@@ -138,7 +134,7 @@ class WeightPublisher:
                 await asyncio.to_thread(self.evals.add, idle, self.buffer.idle.data)
                 return  # served from the copy now
             except OSError as e:  # a full disk: its eval cannot run on a RaaS that did not load it yet
-                log.error("eval_copy_failed", model=self.model, version=idle, error=repr(e))
+                log.error("eval_copy_failed", model=self.model, version=idle, error=describe(e))
         self.server.unregister(self.model, idle, "full")
 
     async def wait(self) -> None:
@@ -182,7 +178,7 @@ class WeightPublisher:
                     self.deltas.add(version, delta)
                     delta_nbytes, delta_digest = len(delta), digest
                 except OSError as e:  # a full disk: receivers pull the full buffer
-                    log.warning("delta_not_served", model=self.model, version=version, error=repr(e))
+                    log.warning("delta_not_served", model=self.model, version=version, error=describe(e))
                 self.deltas.drop(self.deltas.versions[: -self.settings.keep_deltas])
         if durable is not None:
             await durable

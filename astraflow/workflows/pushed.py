@@ -35,7 +35,7 @@ import msgpack
 import structlog
 
 from astraflow.errors import ConfigError
-from astraflow.streams.runs import RunIdentity, existing
+from astraflow.streams.identity import RunIdentity, existing
 from astraflow.workflows.api import RolloutWorkflow, UnknownName, load, resolve_workflow
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import redis.asyncio as aioredis
+from _smoke import parse
 
 from astraflow import redis_server
 from astraflow.streams import Bus, Consumer, Out, Runner
@@ -151,7 +152,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--consumers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = parse(ap, messages=500, rounds=1)
     scenarios = {"consume + publish_and_ack": True, "end to end (producer running)": False}
     results: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

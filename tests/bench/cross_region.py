@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` helpers, run as a script
 
+from _smoke import parse
+
 from astraflow import redis_server
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
@@ -112,7 +114,7 @@ def main() -> None:
     ap.add_argument("--link-mbps", type=float, default=100.0, help="link bandwidth, megabits/s each way")
     ap.add_argument("--changed", type=float, default=0.01, help="share of elements a step changes")
     ap.add_argument("--rounds", type=int, default=1)
-    args = ap.parse_args()
+    args = parse(ap, mib=0.25, receivers=2, latency_ms=5, link_mbps=1000)
     results: dict[tuple[str, str], list[tuple[int, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         server = redis_server.start(tmp)

@@ -11,7 +11,7 @@ processes start together and the clock runs until every group is out:
 Paths alternate within each round; the median of the rounds is shown. Redis keeps AOF (everysec) with
 automatic rewrites off.
 
-    python tests/bench/dataflow_throughput.py [--groups 3000] [--rounds 3]
+    python tests/bench/dataflow_throughput.py [--groups 3000] [--rounds 3] [--deadline-s 120]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 import redis.asyncio as aioredis
+from _smoke import parse
 
 from astraflow import redis_server
 from astraflow.config import load_settings
@@ -59,7 +60,7 @@ def rollout(i: int) -> dict[str, bytes]:
         Trajectory(
             model=MODEL,
             token_ids=rng.integers(0, 32_000, TOKENS, dtype=np.int32),
-            logprobs=rng.normal(-1, 0.5, TOKENS).astype(np.float32),
+            logprobs=-np.abs(rng.normal(1, 0.5, TOKENS)).astype(np.float32),  # log p <= 0
             loss_mask=mask,
             versions=np.where(mask == 1, 0, -1).astype(np.int32),
             reward=s / SAMPLES,  # all different: no group is dropped for zero variance
@@ -70,10 +71,19 @@ def rollout(i: int) -> dict[str, bytes]:
 
 
 async def prefill(url: str, path: str, run: str, n: int) -> None:
+    """The groups in the input stream. astraflow: the run bootstrapped first, as its launcher does (its
+    identity, streams and groups: the batch former refuses to form a batch of a run without identity)."""
     r = aioredis.Redis.from_url(url, protocol=2)
     keys = Keys(run)
-    stream = keys.rollouts if path == "astraflow" else f"{run}:in"
-    await r.xgroup_create(stream, "dataflow", id="0", mkstream=True)
+    if path == "astraflow":
+        s = settings(url, run)
+        bus = Bus.connect(url, run, s.redis, s.streams)
+        await bus.bootstrap([MODEL])
+        await bus.close()
+        stream = keys.rollouts
+    else:
+        stream = f"{run}:in"
+        await r.xgroup_create(stream, "dataflow", id="0", mkstream=True)
     for start in range(0, n, 200):
         pipe = r.pipeline(transaction=False)
         ids = range(start, min(n, start + 200))
@@ -104,11 +114,17 @@ async def dataflow_worker(url: str, run: str, name: str, n: int) -> None:
     bus = Bus.connect(url, run, s.redis, s.streams)
     df = Dataflow(dataflow_setup(s), bus, name, rows=[{"prompt": "unused"}])
     await gate(url, run)
-    tasks = [asyncio.create_task(df._forever(loop)) for loop in (df._collect, df._form)]
-    while int(await bus.redis.hget(bus.keys.ledger, f"{MODEL}:trained") or 0) < n:
-        await asyncio.sleep(0.005)
-    await cancel_and_wait(tasks)
-    await bus.close()
+    # The loops bare, not under `Dataflow._forever` (which logs an error and restarts the loop, as a
+    # replica should): here an error ends the worker, and `finish` reports it instead of waiting.
+    tasks = [asyncio.create_task(loop()) for loop in (df._collect, df._form)]
+    try:
+        while int(await bus.redis.hget(bus.keys.ledger, f"{MODEL}:trained") or 0) < n:
+            if failed := [t for t in tasks if t.done()]:
+                await failed[0]  # raises the loop's error
+            await asyncio.sleep(0.005)
+    finally:
+        await cancel_and_wait(tasks)
+        await bus.close()
 
 
 def _proc(fn, *args) -> None:
@@ -125,22 +141,33 @@ async def gate(url: str, run: str) -> None:
     await r.aclose()
 
 
-async def finish(url: str, path: str, run: str, n: int) -> float:
+async def finish(url: str, path: str, run: str, n: int, procs: list, deadline_s: float) -> float:
+    """Seconds from the start signal until all `n` groups are out. Raises when a worker exits first or
+    `deadline_s` passes: a bench that stalls says so instead of waiting forever."""
     r = aioredis.Redis.from_url(url, protocol=2)
     await r.set(f"{run}:go", 1)
     started = time.perf_counter()
+    try:
+        while (done := await _done(r, path, run)) < n:
+            if dead := [p.exitcode for p in procs if p.exitcode is not None]:
+                raise RuntimeError(f"{path}: a worker exited with {dead[0]} after {done} of {n} groups")
+            if path == "astraflow" and (rejected := await r.xlen(Keys(run).dead)):
+                raise RuntimeError(f"{path}: {rejected} rollout groups dead-lettered (see the log above)")
+            if time.perf_counter() - started > deadline_s:
+                raise RuntimeError(f"{path}: {done} of {n} groups out after {deadline_s:.0f} s: stalled")
+            await asyncio.sleep(0.002)
+        return time.perf_counter() - started
+    finally:
+        await r.aclose()
+
+
+async def _done(r: aioredis.Redis, path: str, run: str) -> int:
     if path == "raw":
-        while await r.xlen(f"{run}:out") < n:
-            await asyncio.sleep(0.002)
-    else:
-        while int(await r.hget(Keys(run).ledger, f"{MODEL}:trained") or 0) < n:
-            await asyncio.sleep(0.002)
-    took = time.perf_counter() - started
-    await r.aclose()
-    return took
+        return await r.xlen(f"{run}:out")
+    return int(await r.hget(Keys(run).ledger, f"{MODEL}:trained") or 0)
 
 
-def measure(url: str, path: str, run: str, n: int, replicas: int) -> float:
+def measure(url: str, path: str, run: str, n: int, replicas: int, deadline_s: float) -> float:
     asyncio.run(prefill(url, path, run, n))
     worker = dataflow_worker if path == "astraflow" else raw_worker
     ctx = mp.get_context("fork")
@@ -148,9 +175,15 @@ def measure(url: str, path: str, run: str, n: int, replicas: int) -> float:
     for p in procs:
         p.start()
     time.sleep(1.0)  # started, imported, connected
-    took = asyncio.run(finish(url, path, run, n))
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        took = asyncio.run(finish(url, path, run, n, procs, deadline_s))
+    except BaseException:
+        for p in procs:
+            p.terminate()
+        raise
+    finally:
+        for p in procs:
+            p.join(timeout=60)
     return n / took
 
 
@@ -158,7 +191,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--deadline-s", type=float, default=120.0, help="fail when a measurement takes longer")
+    args = parse(ap, groups=64, rounds=1)
     args.groups -= args.groups % (128 // SAMPLES)  # whole batches: every group ends in one
     results: dict[tuple[int, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +203,7 @@ def main() -> None:
                 for replicas in (1, 2):
                     for path in ("raw", "astraflow"):
                         run = f"{path}{r}r{replicas}"
-                        rate = measure(server.url, path, run, args.groups, replicas)
+                        rate = measure(server.url, path, run, args.groups, replicas, args.deadline_s)
                         results.setdefault((replicas, path), []).append(rate)
                         asyncio.run(_flush(server.url))
         finally:

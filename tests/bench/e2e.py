@@ -16,6 +16,7 @@ Redis and launcher: the system's own work), with the Redis commands per step. Ra
 times to target, against plain.
 
     python tests/bench/e2e.py [--seeds 0,1,2] [--contenders plain,async,sync] [--max-time 900]
+                              [--max-steps N]
     python tests/bench/e2e.py --report ROOT   # the table again, from the runs an invocation kept in ROOT
 """
 
@@ -29,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _smoke import parse
+
 BENCH = Path(__file__).parent
 
 
@@ -39,11 +42,13 @@ def run(contender: str, seed: int, root: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, str(BENCH / "plain_loop.py"), "--recipe", args.recipe, "--seed", str(seed)]
         cmd += ["--max-time", str(args.max_time), "--json", str(out / "plain.json")]
+        cmd += ["--max-steps", str(args.max_steps)] if args.max_steps else []
     else:
         cmd = [sys.executable, "-m", "astraflow.cli", "run", args.recipe, "--run", f"bench-{contender}"]
         for s in (f"run.dir={out}", f"run.seed={seed}", f"trainer.mode={contender}"):
             cmd += ["--set", s]
         cmd += ["--set", f"run.max_time_s={args.max_time}"]
+        cmd += ["--set", f"run.max_steps={args.max_steps}"] if args.max_steps else []
     print(f"{contender} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=args.max_time + 300)
     if done.returncode not in (0, 3):  # 3: the time limit came before the target (its figures say so)
@@ -140,5 +145,6 @@ if __name__ == "__main__":
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--report", metavar="ROOT", help="print the table of the runs kept in ROOT")
-    args = parser.parse_args()
+    parser.add_argument("--max-steps", type=int, help="stop every run after this many steps (default: none)")
+    args = parse(parser, seeds="0", contenders="plain,async", max_steps=3, max_time=300)
     main()

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _smoke import parse
+
 
 def run(every: int, seed: int, root: Path, steps: int) -> dict:
     out = root / f"every{every}-{seed}"
@@ -45,7 +47,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seeds", default="0")
     p.add_argument("--every", type=int, default=10)
-    args = p.parse_args()
+    args = parse(p, steps=2, every=1)
     results: dict[int, list[dict]] = {0: [], args.every: []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in (int(s) for s in args.seeds.split(",")):

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 import torch
+from _smoke import parse
 
 from astraflow import tiny
 from astraflow.engines.base import GenerateRequest, SamplingParams
@@ -67,7 +68,7 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+    args = parse(ap, vocab=512, requests=4, prompt_tokens=8, new_tokens=8, rounds=1)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         path = str(tiny.build(tmp, vocab_size=args.vocab))

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from _smoke import parse
+
 from astraflow.trainer.batching import LOGPROB_CHUNK_ROWS
 
 GB = 1e9
@@ -65,7 +67,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--chunk-rows", type=int, default=LOGPROB_CHUNK_ROWS)
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "DTYPE"))
-    args = ap.parse_args()
+    args = parse(ap, tokens=64, vocab=1024, chunk_rows=16)
     if args.child:
         print(json.dumps(child(*args.child[:1], args.tokens, args.vocab, args.child[1], args.chunk_rows)))
         return

@@ -8,6 +8,7 @@ moving average of the batch reward (the on-policy reward) reaches the target. No
 trainer, Redis or process: only the recipe's settings and its cached model are taken from astraflow.
 
     python tests/bench/plain_loop.py [--recipe recipes/addition-tiny.yaml] [--seed 0] [--json OUT]
+                                     [--max-steps N]
 
 Prints one line per 100 steps and a summary; `--json` writes the per-step record for e2e.py.
 """
@@ -22,6 +23,7 @@ import time
 STARTED = time.time()  # time to target counts from here: imports and model load included
 
 import torch  # noqa: E402
+from _smoke import parse  # noqa: E402
 
 
 def generate(model, tok, prompts: list[str], n: int, temperature: float, max_new_tokens: int):
@@ -66,7 +68,7 @@ def load(recipe: str, seed: int, threads: int):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from astraflow.config import load_settings
-    from astraflow.launch.tiny import build_tiny
+    from astraflow.launch.tiny_cache import build_tiny
 
     s = load_settings(recipe, [f"run.seed={seed}"])
     torch.set_num_threads(threads)
@@ -90,7 +92,7 @@ def main() -> None:
     n, prompts_per_step = s.dataflow.feeder.n_samples, s.dataflow.batch.size // s.dataflow.feeder.n_samples
     t, sampling = s.trainer, s.raas.sampling
     steps, rewards, cursor, ma = [], [], 0, 0.0
-    while time.time() - STARTED < args.max_time:
+    while time.time() - STARTED < args.max_time and len(steps) < (args.max_steps or float("inf")):
         t0 = time.perf_counter()
         batch = [rows[order[(cursor + i) % len(rows)]] for i in range(prompts_per_step)]
         cursor += prompts_per_step
@@ -138,5 +140,6 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-time", type=float, default=1200.0)
     parser.add_argument("--json", help="write the per-step record here")
-    args = parser.parse_args()
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps (default: no limit)")
+    args = parse(parser, max_steps=2)
     main()

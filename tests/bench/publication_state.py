@@ -22,11 +22,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
+from _smoke import parse
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from astraflow.trainer import distributed
 from astraflow.weights import layout
 from astraflow.weights.buffer import DoubleBuffer
+
+QWEN = dict(
+    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2
+)
+"""Qwen2.5-0.5B's dimensions."""
+TINY = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2
+)
+"""`--smoke`: a tiny model of the same architecture."""
 
 
 def clone_per_name(state: dict) -> dict:
@@ -54,16 +64,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-    config = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=args.layers,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    args = parse(parser, layers=1, rounds=1)
+    dims = TINY if args.smoke else QWEN
+    config = Qwen2Config(**dims, num_hidden_layers=args.layers, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     params = sum(p.numel() for p in model.parameters())

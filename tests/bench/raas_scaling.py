@@ -25,12 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse
+
 from astraflow import redis_server, tiny
 from astraflow.config import Settings, load_settings, to_env
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.launch.progress import read_heartbeats
 from astraflow.messages import PromptGroup, encode
-from astraflow.scale import pool_rates
+from astraflow.ops.scale_plan import pool_rates
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 
@@ -70,7 +72,7 @@ def worker_main(token_ms: float) -> None:
     from transformers import AutoTokenizer
 
     from astraflow.launch.build import raas_setup
-    from astraflow.launch.process import run_until_signalled
+    from astraflow.launch.worker_loop import run_until_signalled
     from astraflow.raas.worker import RaasWorker
 
     s = load_settings()
@@ -153,7 +155,7 @@ def main() -> None:
     ap.add_argument("--token-ms", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse(ap, sizes="1", per_worker=4, samples=2, tokens=4, token_ms=5)
     if args.worker:
         worker_main(args.token_ms)
         return

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse
+
 from astraflow import redis_server, tiny
 from astraflow.config import Settings, to_env
 from astraflow.engines import GenerateRequest, SamplingParams, make_engine
@@ -158,7 +160,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every contender")
-    args = ap.parse_args()
+    args = parse(ap, engines="hf", groups=2, samples=2, tokens=4, rounds=1)
     with tempfile.TemporaryDirectory() as tmp:
         model = str(tiny.build(Path(tmp) / "model"))
         server = redis_server.start(Path(tmp) / "redis")

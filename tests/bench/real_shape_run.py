@@ -21,6 +21,7 @@ model's groups would all score 0 on the task, their advantages would be 0, and n
 a weight. See docs/real-sizes.md for what this shows and what not.
 
     python tests/bench/real_shape_run.py [--shape qwen2.5-0.5b] [--keep DIR]
+    python tests/bench/real_shape_run.py --smoke   # the tiny model on the hf engine, 2 versions (CI)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from astraflow import tiny
+from tests.bench._smoke import parse  # by its package: the RaaS imports this module (the reward)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "real-shape-cpu.yaml"
@@ -185,11 +187,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
     ap.add_argument("--versions", type=int, default=5)
+    ap.add_argument("--engine", choices=("vllm", "hf"), help="the RaaS's engine (default: the recipe's)")
     ap.add_argument("--keep", type=Path, help="build the model and run here, and keep them")
     ap.add_argument(
         "--report", type=Path, metavar="DIR", help="only print the split of a kept run (--keep DIR)"
     )
-    args = ap.parse_args()
+    args = parse(ap, versions=2, engine="hf")
+    if args.smoke:  # the tiny model, not a shape
+        args.shape = "tiny"
     if args.report:
         report(args.report / "run")
         out = args.report / "launcher.out"
@@ -201,13 +206,15 @@ def main() -> int:
         started = time.perf_counter()
         model = work / "model"
         if not (model / "config.json").exists():  # in a child: its memory is not held during the run
-            build = f"from astraflow import tiny; tiny.build_shape({str(model)!r}, {args.shape!r})"
+            how = f"build({str(model)!r})" if args.smoke else f"build_shape({str(model)!r}, {args.shape!r})"
+            build = f"from astraflow import tiny; tiny.{how}"
             subprocess.run([sys.executable, "-c", build], cwd=ROOT, env=env(), check=True)
         print(f"built {args.shape} in {time.perf_counter() - started:.0f} s", flush=True)
         run_dir = work / "run"
         shutil.rmtree(run_dir, ignore_errors=True)
         cmd = [sys.executable, "-m", "astraflow.cli", "run", str(RECIPE), "--run", "real-shape"]
-        for s in (f"run.dir={run_dir}", f"engine.model={model}", f"run.max_steps={args.versions}"):
+        sets = [f"run.dir={run_dir}", f"engine.model={model}", f"run.max_steps={args.versions}"]
+        for s in sets + ([f"engine.type={args.engine}"] if args.engine else []):
             cmd += ["--set", s]
         log = work / "launcher.out"
         started = time.perf_counter()

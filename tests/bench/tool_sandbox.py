@@ -12,6 +12,8 @@ import asyncio
 import statistics
 import time
 
+from _smoke import parse
+
 from astraflow.workflows import isolation
 from astraflow.workflows.sandbox import run_python
 
@@ -30,7 +32,7 @@ async def timings(calls: int, namespaces: bool) -> list[float]:
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20)
-    calls = parser.parse_args().calls
+    calls = parse(parser, calls=3).calls
     modes = [("process group", False)]
     why_not = isolation.available()
     if why_not is None:

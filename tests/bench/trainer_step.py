@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _smoke import parse
 from plain_loop import generate, load, train_step
 
 from astraflow.messages import Batch, RolloutGroup, SampleGroup, Trajectory, pack
@@ -80,5 +81,5 @@ if __name__ == "__main__":
     parser.add_argument("--recipe", default="recipes/addition-tiny.yaml")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=30)
-    args = parser.parse_args()
+    args = parse(parser, threads="1", rounds=3)
     main()

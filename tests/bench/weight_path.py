@@ -17,6 +17,7 @@ engine load out (`load` 0, `end to end` without it): fp32 master, four bf16 halv
 of the 1.5B shape do not fit in 24 GB.
 
     python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step]
+    python tests/bench/weight_path.py --smoke   # the tiny model (CI)
 
 `run(model_dir, device=...)` is the same measurement for other scripts (`tests/gpu/check.py`): on CUDA the
 master model lives on the GPU, `publish` gets device tensors (cast to bf16 on the device, then copied), the
@@ -35,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from _smoke import parse
 
 from astraflow import redis_server, tiny
 from astraflow.config import RedisSettings, StreamsSettings
@@ -228,14 +231,17 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="buffers here (default: /dev/shm)")
     ap.add_argument("--no-engine", action="store_true", help="no engine load (memory: 1.5B on 24 GB)")
     ap.add_argument("--model-dir", type=Path, default=None, help="the shape, built before (tiny.build_shape)")
-    args = ap.parse_args()
+    args = parse(ap, tokens=16)
     if args.shape == "qwen2.5-1.5b":
         args.emulate_step = True  # fp32 weights, gradients and AdamW state: 25 GB
+    if args.smoke:  # the tiny model, not a shape
+        args.shape = "tiny"
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model_dir
         if model_dir is None:
             print(f"building {args.shape} ...", flush=True)
-            model_dir = tiny.build_shape(Path(tmp) / "model", args.shape)
+            model = Path(tmp) / "model"
+            model_dir = tiny.build(model) if args.smoke else tiny.build_shape(model, args.shape)
         result = run(model_dir, args.tokens, args.emulate_step, "cpu", args.dir, not args.no_engine)
     rows, sparsity, m, gib = result["rows"], result["sparsity"], result["m"], result["gib"]
     print(

@@ -9,7 +9,7 @@ measured in the same run.
 (d) one version to 8 receivers, every process's egress capped at the same rate: a relay chain (each
     pulls from the previous one while it is still receiving) vs all pulling from the trainer.
 
-    python tests/bench/weight_sync.py [--gib 1.0] [--relay-mib 64] [--rate-mbps 400] [--rounds 3]
+    python tests/bench/weight_sync.py [--gib 1.0] [--relay-mib 64] [--rate-mbps 400] [--rounds 3] [--steps 5]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests` helpers, run as a script
+
+from _smoke import parse
 
 from astraflow.weights import codec
 from astraflow.weights.server import WeightServer
@@ -219,13 +221,14 @@ def main() -> None:
     ap.add_argument("--relay-mib", type=int, default=64)
     ap.add_argument("--rate-mbps", type=float, default=400.0, help="egress cap per process, megabits/s")
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    ap.add_argument("--steps", type=int, default=5, help="(c): training steps of the tiny model")
+    args = parse(ap, gib=1 / 64, relay_mib=2, rounds=1, steps=2)
     nbytes = int(args.gib * (1 << 30)) // 2 * 2
     d = shm_dir()
     try:
         full = bench_full(d, nbytes, args.rounds)
         delta = bench_delta(d, nbytes)
-        steps = bench_real_steps()
+        steps = bench_real_steps(args.steps)
         relay = bench_relay(d, args.relay_mib << 20, args.rate_mbps * 1e6 / 8)
     finally:
         for p in d.iterdir():

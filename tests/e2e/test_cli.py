@@ -1,5 +1,6 @@
 """The `astraflow` command end to end: embedded Redis lifecycle, the bus demo, inspect on a live run."""
 
+import json
 import os
 import subprocess
 import sys
@@ -73,3 +74,6 @@ def test_demo_runs_and_inspect_shows_its_live_streams(tmp_path):
     assert demo.returncode == 0, out
     assert "done: 120/120 groups" in out and "duplicates 0" in out
     assert "kill -9 raas-0" in out
+    # started by the supervisor, as `astraflow run` starts its workers: recorded, logging in the run dir
+    assert set(json.loads((tmp_path / "pids.json").read_text())) == {"raas-0", "raas-1"}
+    assert (tmp_path / "logs" / "raas-1.log").exists()

@@ -106,7 +106,7 @@ def prebuild_tiny_model(recipe: str, quick: dict[str, str] = QUICK) -> None:
     checkout would build it in one directory at once, so it is built once first."""
     code = (
         "from astraflow.config import load_settings as load\n"
-        f"from astraflow.launch.tiny import build_tiny\nbuild_tiny(load({recipe!r}))"
+        f"from astraflow.launch.tiny_cache import build_tiny\nbuild_tiny(load({recipe!r}))"
     )
     cmd, env = [sys.executable, "-c", code], {**os.environ, **quick}
     subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True, timeout=120)

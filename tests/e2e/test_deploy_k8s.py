@@ -13,8 +13,8 @@ import redis
 import yaml
 
 from astraflow.cli import _parser
-from astraflow.health import ROLES
-from astraflow.launch.scaling import GAUGES
+from astraflow.ops.health import ROLES
+from astraflow.ops.scale import GAUGES
 from astraflow.streams import Keys, acl
 from tests.e2e import deploy_helpers as deploy
 from tests.redis7 import system_redis

@@ -9,7 +9,7 @@ import pytest
 
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.settings import EngineSettings
-from astraflow.export import export
+from astraflow.ops.models import export
 from tests.unit.test_export import save_checkpoint, trained_model
 
 pytestmark = [

@@ -23,11 +23,12 @@ from astraflow.dataflow.service import Dataflow
 from astraflow.errors import BusError, ConfigError, RunExistsError
 from astraflow.launch.build import dataflow_setup
 from astraflow.launch.progress import Progress
+from astraflow.ops.inspect import report
 from astraflow.streams import Bus, Out, acl
-from astraflow.streams.inspect import inspect_run, report
+from astraflow.streams.identity import open_run, provision
 from astraflow.streams.keys import GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
-from astraflow.streams.runs import open_run, provision
+from astraflow.streams.views import inspect_run
 from tests.integration.acl_record import Recorder, beyond, unused
 from tests.integration.raas_helpers import spawn_raas, stop, wait_for
 from tests.redis7 import system_redis
@@ -410,7 +411,7 @@ async def test_a_judging_worker_stops_the_run_and_the_raas_follows_under_their_u
     """The stop notice lives apart from the run identity: the dataflow and the trainer (who judge the stop
     conditions) may write it, the RaaS reads it, and none of them may touch the identity."""
     from astraflow.launch.stops import stopped_reason
-    from astraflow.streams.runs import existing, mark_stopped
+    from astraflow.streams.identity import existing, mark_stopped
 
     passwords = await install(admin, RUN)
     base = run_settings(server.display_url, "unused", tmp_path)

@@ -16,7 +16,12 @@ import time
 import pytest
 
 from astraflow.config import Settings, load_settings, to_env
+from astraflow.dataflow.batches import fetch_batch
 from astraflow.dataflow.ledger import read_ledger
+from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
+from astraflow.streams import Bus
+from astraflow.streams.keys import GROUP_TRAINER
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train
 
 pytestmark = pytest.mark.integration
@@ -118,3 +123,35 @@ async def test_two_replicas_one_killed_keep_every_guarantee(bus, redis_url):
     assert result.returncode == 0, result.stderr
     assert f"prompt group {uid}" in result.stdout and "trained in batch policy:" in result.stdout
     assert "rolled out by raas-sim" in result.stdout
+
+
+async def test_a_replica_forms_batches_before_any_trainer_has_connected(
+    redis_url, redis_settings, streams_settings
+):
+    """The dataflow is the run's first process (nothing bootstrapped the run, no trainer exists): it
+    creates the run's identity and groups itself and forms batches up to its prefetch, which wait in
+    the batches stream for the trainer to come."""
+    settings = load_settings(
+        None, ["run.name=df-first", "dataflow.feeder.n_samples=4", "dataflow.batch.size=8"]
+    )
+    bus = Bus.connect(redis_url, "df-first", redis_settings, streams_settings)
+    stream = bus.keys.batches(MODEL)
+    stop = asyncio.Event()
+    replica = asyncio.create_task(Dataflow(dataflow_setup(settings), bus, "df-a").run(stop))
+    try:
+        await heartbeat(bus, "sim", 8)
+        deadline = time.monotonic() + 30
+        while await bus.redis.xlen(stream) < settings.dataflow.batch.prefetch:
+            assert time.monotonic() < deadline, "no batch formed in 30 s"
+            assert not replica.done(), replica
+            await roll_out(bus, 8, lambda g, i: float(i % 2))  # rewards vary: no group is dropped
+            await asyncio.sleep(0.05)
+        entries = await bus.redis.xrange(stream)
+        batches = [await fetch_batch(bus, fields) for _, fields in entries]
+        (group,) = await bus.redis.xinfo_groups(stream)
+    finally:
+        stop.set()
+        await replica
+        await bus.close()
+    assert all(len(b.groups) == 2 and b.model == MODEL for b in batches)  # 8 samples: 2 groups of 4
+    assert group["name"] == GROUP_TRAINER.encode() and group["consumers"] == 0 and group["pending"] == 0

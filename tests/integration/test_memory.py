@@ -7,8 +7,8 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from astraflow.ops.inspect import report
 from astraflow.streams import Out
-from astraflow.streams.inspect import report
 from astraflow.streams.memory import UNCHECKED, eviction_policy, memory_by_family, warn_if_evicting
 
 pytestmark = pytest.mark.integration

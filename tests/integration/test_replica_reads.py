@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from astraflow import redis_server
+from astraflow.ops.inspect import report
 from astraflow.streams import Bus, Out
-from astraflow.streams.inspect import report
 from astraflow.streams.replica import replica_lag
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from astraflow.weights.settings import WeightsSettings

@@ -2,7 +2,6 @@
 a real RaaS worker's heartbeats."""
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from astraflow import redis_server
 from astraflow.cli import main
 from astraflow.messages import Heartbeat, decode, encode
 from astraflow.streams import Bus
+from astraflow.streams.records import TrainerStep, encode_record
 from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
 
 
@@ -21,8 +21,8 @@ async def trainer_steps(bus, samples: int, step_s: float, wait_s: float, n: int 
     """What a trainer taking `samples` per `step_s`, waiting `wait_s` for each batch, writes to `metrics`."""
     for v in range(1, n + 1):
         stats = {"samples": samples, "step_s": step_s, "wait_s": wait_s}
-        fields = {"kind": "trainer", "model": "policy", "version": v, "time": 100.0 + v * (step_s + wait_s)}
-        await bus.redis.xadd(bus.keys.metrics, {**fields, "data": json.dumps(stats)})
+        step = TrainerStep("policy", v, f"b{v}", 100.0 + v * (step_s + wait_s), stats)
+        await bus.redis.xadd(bus.keys.metrics, encode_record(step))
 
 
 def heartbeat(uid: str, groups: int, generating_s: float, started_at: float) -> Heartbeat:

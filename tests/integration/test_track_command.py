@@ -1,13 +1,13 @@
 """`astraflow track` against a real Redis: a run's metrics stream into TensorBoard, from the command line."""
 
 import asyncio
-import json
 import subprocess
 import sys
 
 import pytest
 
 from astraflow.cli import main
+from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("tensorboard")
@@ -23,10 +23,9 @@ async def test_track_once_writes_the_reward_curve_and_a_rerun_adds_nothing(bus, 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for v in (1, 2):
-        rollouts = {"kind": "rollouts", "model": "policy", "groups": "1", "samples": "2", "time": "0"}
-        await bus.redis.xadd(bus.keys.metrics, {**rollouts, "reward_sum": repr(v / 2)})
-        trainer = {"kind": "trainer", "model": "policy", "version": str(v), "batch": f"b{v}", "time": "0"}
-        await bus.redis.xadd(bus.keys.metrics, {**trainer, "data": json.dumps({"loss": 1.0})})
+        await bus.redis.xadd(bus.keys.metrics, encode_record(RolloutStats("policy", 1, 2, v / 2, 0)))
+        trainer = TrainerStep("policy", v, f"b{v}", 0, {"loss": 1.0})
+        await bus.redis.xadd(bus.keys.metrics, encode_record(trainer))
     args = ["track", "--redis", redis_url, "--run", "it", "--once", "--set", "tracking.sinks=[tensorboard]"]
     args += ["--set", f"tracking.dir={tmp_path}"]
     first = await asyncio.to_thread(track, args)

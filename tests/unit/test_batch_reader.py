@@ -4,32 +4,28 @@ import asyncio
 
 import numpy as np
 
+from astraflow.config import load_settings
 from astraflow.dataflow.batches import BatchReader
-from astraflow.messages import Batch, RolloutGroup, SampleGroup, Trajectory, encode_batch, pack
+from astraflow.dataflow.service import Dataflow
+from astraflow.launch.build import dataflow_setup
 from astraflow.streams.keys import GROUP_TRAINER
-
-
-def group(uid: str) -> SampleGroup:
-    traj = Trajectory(
-        model="policy",
-        token_ids=np.array([1, 2, 3], np.int32),
-        logprobs=np.array([0, -0.5, -0.7], np.float32),
-        loss_mask=np.array([0, 1, 1], np.uint8),
-        versions=np.array([-1, 0, 0], np.int32),
-        reward=1.0,
-    )
-    rollout = RolloutGroup(uid=uid, raas="r", version=0, trajectories=[traj])
-    return SampleGroup(uid, "policy", 0, 0, pack(rollout), [0], np.array([0.5], np.float32))
+from tests.dataflow_helpers import SMALL_RUN, roll_out
 
 
 async def put_batch(bus, n: int, fields=None) -> str:
-    """A batch entry as the dataflow forms it: its groups' bytes in `samples:policy`, refs in the entry."""
-    groups = [group(f"b{n}g{i}") for i in range(2)]
-    refs = [f"ref-{n}-{i}" for i in range(2)]
-    samples = {r: pack(g) for r, g in zip(refs, groups, strict=True)}
-    await bus.redis.hset(bus.keys.samples("policy"), mapping=samples)
-    batch = Batch(uid=f"policy:{n}", model="policy", version=n, groups=groups)
-    return (await bus.redis.xadd(bus.keys.batches("policy"), fields or encode_batch(batch, refs))).decode()
+    """Batch `n` as the dataflow forms it (form.lua: its groups' bytes in `samples:policy`, refs in the
+    entry), from two fresh prompt groups rolled out with rewards 0 and 1; or an entry of `fields`."""
+    if fields is not None:
+        return (await bus.redis.xadd(bus.keys.batches("policy"), fields)).decode()
+    overrides = ["dataflow.batch.size=4", "dataflow.batch.prefetch=8", "dataflow.feeder.min_backlog=2"]
+    df = Dataflow(dataflow_setup(load_settings(None, [*SMALL_RUN, *overrides])), bus, "df")
+    await df.feeder.step()
+    await roll_out(bus, 2, lambda g, i: float(i % 2))
+    while await df.collector.step(1):
+        pass
+    assert await df.former.step("policy") == "ok"
+    [(entry_id, _)] = await bus.redis.xrevrange(bus.keys.batches("policy"), count=1)
+    return entry_id.decode()
 
 
 async def test_read_hands_out_batches_with_their_samples(bus):
@@ -38,9 +34,10 @@ async def test_read_hands_out_batches_with_their_samples(bus):
     ids = [await put_batch(bus, n) for n in (1, 2)]
     got = await reader.read(2, block_ms=10)
     assert [r.id for r in got] == ids
-    assert [r.batch.uid for r in got] == ["policy:1", "policy:2"]
-    assert [g.uid for g in got[1].batch.groups] == ["b2g0", "b2g1"]
-    assert got[0].batch.groups[0].advantages.tolist() == [0.5]
+    assert [r.batch.uid.rsplit(":", 1)[1] for r in got] == ["1", "2"]
+    assert [len(r.batch.groups) for r in got] == [2, 2]
+    assert not {g.uid for g in got[0].batch.groups} & {g.uid for g in got[1].batch.groups}
+    assert np.allclose(got[0].batch.groups[0].advantages, [-1, 1], atol=1e-5)  # rewards 0, 1 normalised
     assert await reader.read(1, block_ms=10) == []
 
 
@@ -59,7 +56,7 @@ async def test_a_restarted_reader_gets_its_unacknowledged_batches_back_and_acks_
     [held] = await BatchReader(bus, "policy", "trainer-policy").read(1, block_ms=10)
     again = BatchReader(bus, "policy", "trainer-policy")  # the same name after a crash
     [back] = await again.read(1, block_ms=10)
-    assert back.id == held.id and back.batch.uid == "policy:1"
+    assert back.id == held.id and back.batch.uid.endswith(":1")
     assert await again.ack([back]) == []
     assert (await bus.redis.xpending(bus.keys.batches("policy"), GROUP_TRAINER))["pending"] == 0
 

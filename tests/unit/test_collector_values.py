@@ -15,8 +15,8 @@ import pytest
 
 from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
-from astraflow.dataflow.policies import VERSIONS_AHEAD
 from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.verdicts import VERSIONS_AHEAD
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
 from astraflow.streams import Bus, Keys, Out

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from astraflow.config import load_settings
-from astraflow.dataflow.ledger import read_ledger, read_trace, render_trace
-from astraflow.dataflow.policies import advantages
+from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import RolloutGroup, VersionNotice, decode, encode
+from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory

@@ -3,8 +3,9 @@ in flight (no entry left to settle it) dead-lettered after its lease (issue 20, 
 
 from __future__ import annotations
 
-from astraflow.dataflow.ledger import read_ledger, read_trace
+from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.ops.audit import read_trace
 from astraflow.streams import Consumer, Out
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.streams.strays import Strays

@@ -12,6 +12,7 @@ from astraflow.config import ConfigError, load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import PromptGroup, VersionNotice, decode
+from astraflow.streams.records import EvalResult, EvalSubmitted, decode_record
 from tests.dataflow_helpers import publish_version, roll_out, train
 from tests.unit.test_dataflow import make
 
@@ -59,20 +60,17 @@ async def test_an_eval_version_submits_flagged_greedy_groups_once():
     ledger = await read_ledger(bus, ["policy"])
     assert (ledger.submitted, ledger.in_flight) == (3, 3)
     await df.barrier.evals.submit(df.store, 0)  # another replica, late: nothing more
-    entries = [
-        {k.decode(): v.decode() for k, v in f.items()} for _, f in await bus.redis.xrange(bus.keys.metrics)
-    ]
-    sizes = [(f["version"], f["dataset"], f["rows"]) for f in entries if f["kind"] == "eval_submitted"]
-    assert sizes == [("0", "add", "3")]  # how many rows the eval has (a stop may cut it short)
+    records = [decode_record(f) for _, f in await bus.redis.xrange(bus.keys.metrics)]
+    sizes = [(r.version, r.dataset, r.rows) for r in records if isinstance(r, EvalSubmitted)]
+    assert sizes == [(0, "add", 3)]  # how many rows the eval has (a stop may cut it short)
 
 
 def test_an_eval_cut_short_says_how_many_of_its_rows_were_scored():
     results = EvalResults()
-    scored = {"kind": "eval", "model": "policy", "dataset": "add", "sums": '{"pass@1": 2.0}'}
-    results.add({**scored, "version": "0", "rows": "3"}, 1.0)  # scored before its size is read
-    results.add({"kind": "eval_submitted", "dataset": "add", "version": "0", "rows": "3"}, 0.5)
-    results.add({"kind": "eval_submitted", "dataset": "add", "version": "2", "rows": "3"}, 2.0)
-    results.add({**scored, "version": "2", "rows": "2"}, 3.0)  # the run stopped before the third row
+    results.add(EvalResult("policy", "add", 0, 3, {"pass@1": 2.0}, 0), 1.0)  # scored before its size is read
+    results.add(EvalSubmitted(0, "add", 3, 0), 0.5)
+    results.add(EvalSubmitted(2, "add", 3, 0), 2.0)
+    results.add(EvalResult("policy", "add", 2, 2, {"pass@1": 2.0}, 0), 3.0)  # the run stopped before row 3
     assert [(e["version"], e["rows"], e["of"]) for e in results.as_list()] == [(0, 3, 3), (2, 2, 3)]
     assert results.latest() == {"policy": "v2 add pass@1 1.000 (2/3 rows)"}
 

@@ -62,7 +62,7 @@ def test_an_exported_checkpoint_loads_in_transformers_with_equal_logits(tiny_mod
 def test_a_bf16_export_holds_bf16_weights_close_to_the_checkpoint(tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from astraflow.export import export
+    from astraflow.ops.models import export
 
     model = trained_model(tiny_model)
     ckpt = save_checkpoint(tmp_path / "ckpt", model, 1)
@@ -83,7 +83,7 @@ def test_a_version_without_checkpoint_is_one_line_with_the_versions_there(tiny_m
 
 
 def test_an_existing_directory_is_never_overwritten(tiny_model, tmp_path):
-    from astraflow.export import export
+    from astraflow.ops.models import export
 
     ckpt = save_checkpoint(tmp_path / "ckpt", trained_model(tiny_model), 1)
     out = tmp_path / "kept"

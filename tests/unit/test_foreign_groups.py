@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from astraflow.streams.inspect import inspect_run, remove_unknown_groups, render
+from astraflow.ops.inspect import render
+from astraflow.streams.views import inspect_run, remove_unknown_groups
 
 
 async def test_inspect_warns_about_a_foreign_group_and_clear_removes_it(bus):

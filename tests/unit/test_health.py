@@ -7,11 +7,11 @@ import time
 import pytest
 
 from astraflow.config import Settings
-from astraflow.health import Unhealthy, check, probe
-from astraflow.launch.process import process_name
+from astraflow.launch.worker_loop import process_name
 from astraflow.messages import Heartbeat, encode
+from astraflow.ops.health import Unhealthy, check, probe
+from astraflow.streams.identity import mark_stopped
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
-from astraflow.streams.runs import mark_stopped
 from astraflow.workflows import isolation
 
 

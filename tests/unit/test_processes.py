@@ -41,7 +41,7 @@ def test_a_child_in_its_own_session_ends_when_its_parent_is_killed():
 
 STUCK = """
 import asyncio, signal
-from astraflow.launch.process import stopper
+from astraflow.launch.worker_loop import stopper
 
 async def main():
     loop, stop = asyncio.get_running_loop(), asyncio.Event()

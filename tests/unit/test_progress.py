@@ -105,11 +105,11 @@ async def test_eval_results_of_every_policy_reach_the_summary_the_line_and_the_p
 
     from astraflow.launch import report
     from astraflow.launch.progress import Progress
+    from astraflow.streams.records import EvalResult, encode_record
 
     def entry(model: str, version: int, rows: int, passed: float) -> dict[str, str]:
-        sums = json.dumps({"pass@1": passed, "mean_reward": passed})
-        fields = {"kind": "eval", "model": model, "dataset": "sums", "version": str(version)}
-        return fields | {"rows": str(rows), "sums": sums, "time": "0"}
+        sums = {"pass@1": passed, "mean_reward": passed}
+        return encode_record(EvalResult(model, "sums", version, rows, sums, 0))
 
     progress = Progress(bus, ["policy"], 10)
     for fields in (entry("policy", 0, 4, 1), entry("judge", 0, 4, 2), entry("policy", 2, 3, 2)):

@@ -16,7 +16,7 @@ from astraflow.launch.build import raas_setup
 from astraflow.messages import encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Bus, Keys, Out
-from astraflow.streams.runs import clear
+from astraflow.streams.identity import clear
 from astraflow.workflows.pushed import PushedWorkflow, push
 from tests.unit.test_code_from_data import Idle, group, run_groups
 

@@ -4,7 +4,8 @@ import asyncio
 import math
 
 import pytest
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, ResponseError
+from structlog.testing import capture_logs
 
 from astraflow.errors import DecodeError, WorkerUnhealthy
 from astraflow.streams import Consumer, Out, Runner
@@ -151,3 +152,20 @@ async def test_worker_told_to_stop_during_a_redis_outage_stops(bus):
     stop.set()
     await asyncio.wait_for(task, 10)  # returns although every call would wait forever
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1  # left for a reclaim
+
+
+async def test_a_failed_loop_logs_the_redis_error_message_not_only_its_type(bus):
+    """redis-py's repr of its errors leaves the message out (`server:ResponseError`): the log says it."""
+
+    async def refused(*args, **kwargs):
+        raise ResponseError("NOPERM this user has no permissions to access the 'x' key")
+
+    bus.trim = refused
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), lambda e: [], 1)
+    bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10})
+    with capture_logs() as logs:
+        task = asyncio.create_task(runner._trim_loop())
+        await asyncio.sleep(0.05)
+        task.cancel()
+    [first, *_] = [e for e in logs if e["event"] == "trim_failed"]
+    assert first["error"] == "ResponseError: NOPERM this user has no permissions to access the 'x' key"

@@ -6,9 +6,9 @@ import fakeredis
 import pytest
 
 from astraflow.errors import RunExistsError
-from astraflow.launch.runs import clear_run
+from astraflow.ops.admin import clear_run
 from astraflow.streams import Bus, Keys
-from astraflow.streams.runs import existing, mark_stopped, open_run
+from astraflow.streams.identity import existing, mark_stopped, open_run
 
 
 @pytest.fixture

@@ -1,10 +1,18 @@
 """`astraflow scale`: the RaaS workers a run needs, from synthetic trainer metrics and heartbeats."""
 
-import json
-
 from astraflow.config import Settings
 from astraflow.messages import Heartbeat, encode
-from astraflow.scale import Demand, Pool, plan, pool_rates, read_plan, render, trainer_rates, write_plan
+from astraflow.ops.scale_plan import (
+    Demand,
+    Pool,
+    plan,
+    pool_rates,
+    read_plan,
+    render,
+    trainer_rates,
+    write_plan,
+)
+from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
 
 
 def beat(uid: str, groups: int, generating_s: float, up_s: float = 100.0) -> Heartbeat:
@@ -21,14 +29,8 @@ async def feed(bus, steps: int, samples: int, step_s: float, wait_s: float, beat
     for v in range(1, steps + 1):
         t += step_s + wait_s
         stats = {"samples": samples, "step_s": step_s, "wait_s": wait_s}
-        await bus.redis.xadd(
-            bus.keys.metrics,
-            {"kind": "trainer", "model": "policy", "version": v, "time": t, "data": json.dumps(stats)},
-        )
-        await bus.redis.xadd(
-            bus.keys.metrics,
-            {"kind": "rollouts", "model": "policy", "groups": 4, "samples": 32, "reward_sum": 1.0, "time": t},
-        )
+        await bus.redis.xadd(bus.keys.metrics, encode_record(TrainerStep("policy", v, f"b{v}", t, stats)))
+        await bus.redis.xadd(bus.keys.metrics, encode_record(RolloutStats("policy", 4, 32, 1.0, t)))
     for hb in beats:
         await bus.redis.hset(bus.keys.raas(hb.uid), mapping=encode(hb))
 

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from astraflow.weights import files
-from astraflow.weights.served import ServedFiles
+from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.wire import TransferError
 
 

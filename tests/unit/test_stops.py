@@ -10,18 +10,19 @@ import time
 import pytest
 
 from astraflow.config import load_settings
-from astraflow.launch.record import record
 from astraflow.launch.stops import follow_run, stopped_reason
-from astraflow.streams.runs import existing, mark_stopped
+from astraflow.ops.record import record
+from astraflow.streams.identity import existing, mark_stopped
+from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
     for v in range(1, n + 1):
-        fields = {"kind": "rollouts", "model": model, "reward_sum": str(reward * 4), "samples": "4"}
-        await bus.redis.xadd(bus.keys.metrics, fields)
+        rollouts = RolloutStats(model, 1, 4, reward * 4, time.time())
+        await bus.redis.xadd(bus.keys.metrics, encode_record(rollouts))
         stats = {"samples": 4, "step_s": 0.1, "reward_mean": reward}
-        fields = {"kind": "trainer", "model": model, "version": str(v), "time": f"{time.time():.3f}"}
-        await bus.redis.xadd(bus.keys.metrics, {**fields, "data": json.dumps(stats)})
+        step = TrainerStep(model, v, f"b{v}", time.time(), stats)
+        await bus.redis.xadd(bus.keys.metrics, encode_record(step))
 
 
 def settings(*overrides: str):
@@ -74,13 +75,13 @@ async def test_record_leaves_metrics_summary_and_plot_of_a_stopped_run(bus, tmp_
 
 
 async def test_top_without_a_terminal_prints_lines_timed_from_the_run_start(bus, capsys, monkeypatch):
-    from astraflow import commands
+    from astraflow.ops import top
 
     await bus.redis.hset(bus.keys.identity, "created", f"{time.time() - 500:.3f}")
     await add_steps(bus, 2)
-    monkeypatch.setattr(commands, "TOP_LINE_EVERY_S", 0.05)
+    monkeypatch.setattr(top, "TOP_LINE_EVERY_S", 0.05)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(commands._top(bus, settings()), 0.5)
+        await asyncio.wait_for(top.top(bus, settings()), 0.5)
     out = capsys.readouterr().out.splitlines()
     assert len(out) >= 2 and "policy v2 reward(ma10) 0.500" in out[0]
     assert 500 <= float(out[0].split("s", 1)[0]) < 600  # the run's age, not top's

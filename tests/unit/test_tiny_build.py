@@ -16,7 +16,7 @@ BUILD = textwrap.dedent(
     import sys
     from transformers import AutoModelForCausalLM
     from astraflow.config import load_settings
-    from astraflow.launch.tiny import build_tiny
+    from astraflow.launch.tiny_cache import build_tiny
     tiny = "{hidden: 32, layers: 1, heads: 2, kv_heads: 1, intermediate: 64, warm_start_steps: 40}"
     path = build_tiny(load_settings(overrides=["run.tiny=" + tiny, "trainer.threads=1"]))
     AutoModelForCausalLM.from_pretrained(path)
@@ -35,7 +35,7 @@ def test_two_processes_building_at_once_both_get_the_model_built_once(tmp_path):
 
 
 def test_the_warm_start_prints_progress_lines(capsys):
-    from astraflow.launch.tiny import warm_start_progress
+    from astraflow.launch.tiny_cache import warm_start_progress
 
     on_step = warm_start_progress(300, every_s=0.0)
     for done in (1, 120, 300):

@@ -3,12 +3,11 @@ and the eval results, each step once, across a restarted feeder and a retrained 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from astraflow.errors import ConfigError
 from astraflow.streams import Bus
+from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, encode_record
 from astraflow.tracking.settings import TrackingSettings
 from astraflow.tracking.tracker import open_tracker
 
@@ -18,16 +17,17 @@ TB = TrackingSettings(sinks=["tensorboard"])
 
 async def step(bus: Bus, version: int, rewards: list[float], loss: float) -> None:
     """What the dataflow writes for the rollouts it collected, then what the trainer writes for a step."""
-    fields = {"kind": "rollouts", "model": "policy", "groups": "1", "samples": str(len(rewards))}
-    await bus.redis.xadd(bus.keys.metrics, {**fields, "reward_sum": repr(sum(rewards)), "time": "0"})
+    rollouts = RolloutStats("policy", 1, len(rewards), sum(rewards), 0)
+    await bus.redis.xadd(bus.keys.metrics, encode_record(rollouts))
     stats = {"loss": loss, "reward_mean": 0.0, "samples": len(rewards)}
-    trainer = {"kind": "trainer", "model": "policy", "version": str(version), "batch": f"b{version}"}
-    await bus.redis.xadd(bus.keys.metrics, {**trainer, "time": "0", "data": json.dumps(stats)})
+    await bus.redis.xadd(
+        bus.keys.metrics, encode_record(TrainerStep("policy", version, f"b{version}", 0, stats))
+    )
 
 
 async def eval_rows(bus: Bus, version: int, rows: int, passed: float) -> None:
-    fields = {"kind": "eval", "model": "policy", "dataset": "add", "version": str(version), "rows": str(rows)}
-    await bus.redis.xadd(bus.keys.metrics, {**fields, "sums": json.dumps({"pass@1": passed}), "time": "0"})
+    result = EvalResult("policy", "add", version, rows, {"pass@1": passed}, 0)
+    await bus.redis.xadd(bus.keys.metrics, encode_record(result))
 
 
 def scalars(logdir, tag: str) -> list[tuple[int, float]]:
@@ -47,9 +47,7 @@ async def feed(bus: Bus, tmp_path, finished: bool = False) -> None:
 async def test_tensorboard_holds_the_reward_curve_and_evals_once_across_restarts(bus, tmp_path):
     for v, reward in enumerate([0.0, 0.25, 0.5], start=1):
         await step(bus, v, [reward, reward], loss=1.0 / v)
-    await bus.redis.xadd(
-        bus.keys.metrics, {"kind": "eval_submitted", "dataset": "add", "version": "2"} | {"rows": "4"}
-    )
+    await bus.redis.xadd(bus.keys.metrics, encode_record(EvalSubmitted(2, "add", 4, 0)))
     await eval_rows(bus, 2, 3, 2.0)  # 3 of its 4 rows: not logged yet
     await feed(bus, tmp_path)
 
@@ -65,9 +63,7 @@ async def test_tensorboard_holds_the_reward_curve_and_evals_once_across_restarts
 
 
 async def test_an_eval_the_run_stopped_in_is_logged_with_the_rows_scored(bus, tmp_path):
-    await bus.redis.xadd(
-        bus.keys.metrics, {"kind": "eval_submitted", "dataset": "add", "version": "0"} | {"rows": "8"}
-    )
+    await bus.redis.xadd(bus.keys.metrics, encode_record(EvalSubmitted(0, "add", 8, 0)))
     await eval_rows(bus, 0, 2, 1.0)
     await feed(bus, tmp_path, finished=True)
     assert scalars(tmp_path / "tracking" / "tensorboard", "policy/eval/add/pass@1") == [(0, 0.5)]

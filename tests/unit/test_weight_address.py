@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from astraflow.cli import _parser
-from astraflow.commands import settings_from as _settings
+from astraflow.ops.context import settings_from as _settings
 from astraflow.weights import address
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

@@ -6,6 +6,7 @@ import time
 
 from astraflow.launch import report
 from astraflow.launch.progress import Progress, line
+from astraflow.streams.records import TrainerStep, encode_record
 from tests.dataflow_helpers import roll_out
 from tests.unit.test_dataflow import make
 
@@ -13,8 +14,8 @@ from tests.unit.test_dataflow import make
 async def trainer_step(bus, version: int) -> None:
     """The entry a trainer writes after a step."""
     stats = {"reward_mean": 0.5, "samples": 16, "step_s": 0.1}
-    fields = {"kind": "trainer", "model": "policy", "version": str(version), "time": f"{time.time():.3f}"}
-    await bus.redis.xadd(bus.keys.metrics, {**fields, "data": json.dumps(stats)})
+    step = TrainerStep("policy", version, f"b{version}", time.time(), stats)
+    await bus.redis.xadd(bus.keys.metrics, encode_record(step))
 
 
 async def test_tool_call_rate_per_step_reaches_metrics_summary_and_plot(tmp_path):

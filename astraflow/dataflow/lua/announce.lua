@@ -8,29 +8,29 @@
 -- Returns {status ('ok'/'moved'), the last announced version}.
 local notices, state, greso = KEYS[1], KEYS[2], KEYS[3]
 local expected, version, maxlen = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local last = tonumber(redis.call('HGET', state, 'notice') or '-1')
+local last = tonumber(redis.call('HGET', state, State.notice) or '-1')
 if last ~= expected then return {'moved', last} end
 
 local n_forget = tonumber(ARGV[10])
 redis.call('XADD', notices, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, 11 + n_forget))
-redis.call('HSET', state, 'notice', version)
-redis.call('HDEL', state, 'rollback')
+redis.call('HSET', state, State.notice, version)
+redis.call('HDEL', state, State.rollback)
 for i = 11, 10 + n_forget do redis.call('HDEL', state, ARGV[i]) end
 
 if ARGV[4] == '1' then
   local p_init, step, p_min = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  local collected = tonumber(redis.call('HGET', greso, 'collected') or '0')
+  local collected = tonumber(redis.call('HGET', greso, Greso.collected) or '0')
   if collected > 0 then
     for _, kind in ipairs({'easy', 'hard'}) do
       local target = tonumber(ARGV[kind == 'easy' and 8 or 9])
-      local share = tonumber(redis.call('HGET', greso, 'zero_var_' .. kind) or '0') / collected
-      local p = tonumber(redis.call('HGET', greso, 'p_' .. kind) or p_init)
+      local share = tonumber(redis.call('HGET', greso, Greso.zero_var(kind)) or '0') / collected
+      local p = tonumber(redis.call('HGET', greso, Greso.p(kind)) or p_init)
       -- Too many zero-variance groups of this kind: submit such prompts less often, else more often.
       if share > target then p = p - step else p = p + step end
-      redis.call('HSET', greso, 'p_' .. kind, tostring(math.min(1, math.max(p_min, p))))
-      redis.call('HSET', greso, 'zero_var_' .. kind, 0)
+      redis.call('HSET', greso, Greso.p(kind), tostring(math.min(1, math.max(p_min, p))))
+      redis.call('HSET', greso, Greso.zero_var(kind), 0)
     end
-    redis.call('HSET', greso, 'collected', 0)
+    redis.call('HSET', greso, Greso.collected, 0)
   end
 end
 return {'ok', version}

@@ -8,7 +8,7 @@
 -- KEYS[1] rollouts, KEYS[2] in-flight set, KEYS[3] ledger, KEYS[4] state, KEYS[5] curator ewma hash,
 -- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8] errors hash (an acknowledged entry's recorded
 -- error is removed), KEYS[9..] per model: ready set, samples hash, refs
--- ARGV: group, consumer, max_staleness, key_prefix, trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
+-- ARGV: group, consumer, max_staleness, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
 --   curator ('' = none reads the state, 'filter_solved', 'greso'), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
 --   ready_index, reason ('' = accept), min_version, n_samples
@@ -24,23 +24,23 @@ local n_items = tonumber(ARGV[10])
 
 local count, flush = counter()
 local versions = {}  -- trainer version per model, read once
-local seq = tonumber(redis.call('HGET', state, 'seq') or '0')
+local seq = tonumber(redis.call('HGET', state, State.seq) or '0')
 
 local function update_curator(uid, mean, zero_var)
-  local row = redis.call('HGET', prefix .. 'trace:' .. uid, 'row')
+  local row = redis.call('HGET', prefix .. uid, Trace.row)
   if not row or mean == '' then return end
   local m = tonumber(mean)
   if curator == 'filter_solved' then
     local old = tonumber(redis.call('HGET', ewma_key, row) or mean)
     redis.call('HSET', ewma_key, row, tostring(alpha * m + (1 - alpha) * old))
   elseif curator == 'greso' then
-    redis.call('HINCRBY', greso, 'collected', 1)
+    redis.call('HINCRBY', greso, Greso.collected, 1)
     if zero_var then
       local kind = m >= 0.5 and 'easy' or 'hard'
       local n, was = string.match(redis.call('HGET', streak_key, row) or '', '^(%d+) (%a+)$')
       local streak = was == kind and tonumber(n) or 0
       redis.call('HSET', streak_key, row, (streak + 1) .. ' ' .. kind)
-      redis.call('HINCRBY', greso, 'zero_var_' .. kind, 1)
+      redis.call('HINCRBY', greso, Greso.zero_var(kind), 1)
     else
       redis.call('HDEL', streak_key, row)
     end
@@ -60,13 +60,13 @@ for i = 1, n_items do
   local reply = {status}
   if status == 'ok' then
     redis.call('XACK', rollouts, group, id)
-    redis.call('HDEL', errors, rollouts .. '|' .. id)
+    redis.call('HDEL', errors, Errors.entry(rollouts, id))
     if redis.call('SREM', in_flight, uid) == 0 then
-      count('unknown', 1)
+      count(Counters.unknown, 1)
       reply[1] = 'unknown'
     else
-      count('collected', 1)
-      trace_pairs[#trace_pairs + 1] = 'collected_at'
+      count(Counters.collected, 1)
+      trace_pairs[#trace_pairs + 1] = Trace.collected_at
       trace_pairs[#trace_pairs + 1] = now
       for j = 0, n_parts - 1 do
         local p = parts_at + 5 * j
@@ -74,31 +74,31 @@ for i = 1, n_items do
         local minv, n = tonumber(ARGV[p + 3]), ARGV[p + 4]
         versions[model] = versions[model] or trainer_version(state, model)
         if reason == '' and versions[model] - minv > max_staleness then reason = 'stale_ingest' end
-        count(model .. ':collected', 1)
+        count(Counters.model_collected(model), 1)
         if reason == '' then
           seq = seq + 1
           local member = uid .. ' ' .. minv .. ' ' .. n .. ' ' .. id
           redis.call('ZADD', KEYS[index], order == 'edf' and minv + max_staleness or seq, member)
           hold(KEYS[index + 2], id)
-          count(model .. ':ready', 1)
-          for _, f in ipairs({model, 'ready', model .. ':ready_seq', seq, model .. ':min_version', minv}) do
+          count(Counters.model_ready(model), 1)
+          for _, f in ipairs({Trace.outcome(model), 'ready', Trace.ready_seq(model), seq, Trace.min_version(model), minv}) do
             trace_pairs[#trace_pairs + 1] = f
           end
           reply[#reply + 1] = 'ready'
         else
-          count(model .. ':dropped:' .. reason, 1)
-          trace_pairs[#trace_pairs + 1] = model
+          count(Counters.dropped(model, reason), 1)
+          trace_pairs[#trace_pairs + 1] = Trace.outcome(model)
           trace_pairs[#trace_pairs + 1] = 'dropped: ' .. reason
           reply[#reply + 1] = reason
         end
       end
       local eval_version = string.match(uid, '^eval:(%d+):')
       if eval_version then  -- an eval group: no parts; its scores go to the metrics stream
-        count('eval', 1)
-        redis.call('HINCRBY', state, 'eval_pending:' .. eval_version, -1)
+        count(Counters.eval, 1)
+        redis.call('HINCRBY', state, State.eval_pending(eval_version), -1)
         for t = 1, #trace_pairs - 1, 2 do
-          local reason = trace_pairs[t] == 'eval' and string.match(trace_pairs[t + 1], '^dropped: (.+)$')
-          if reason then count('eval_dropped:' .. reason, 1) end
+          local reason = trace_pairs[t] == Trace.eval and string.match(trace_pairs[t + 1], '^dropped: (.+)$')
+          if reason then count(Counters.eval_dropped(reason), 1) end
         end
       end
       if curator ~= '' then update_curator(uid, mean, zero_var) end
@@ -111,6 +111,6 @@ for i = 1, n_items do
   end
   replies[i] = reply
 end
-redis.call('HSET', state, 'seq', seq)
+redis.call('HSET', state, State.seq, seq)
 flush(ledger)
 return replies

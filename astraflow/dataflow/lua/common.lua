@@ -61,7 +61,7 @@ end
 
 -- The trainer version of `model` (0 before its trainer published anything).
 local function trainer_version(state, model)
-  return tonumber(redis.call('HGET', state, 'v:' .. model) or '0')
+  return tonumber(redis.call('HGET', state, State.version(model)) or '0')
 end
 
 -- Whether `consumer` owns entry `id` of `stream` in `group`; 'lost' or 'dup' when it does not.
@@ -71,11 +71,12 @@ local function ownership(stream, group, consumer, id)
   return 'dup'
 end
 
--- Add to the lineage of prompt group `uid`: `create` when it is submitted; later steps add to a trace that
--- still exists only (one past retention, or pushed out by `trace_max_groups`, is not brought back partly).
-local function trace(prefix, uid, ttl, pairs_, create)
+-- Add to the lineage of prompt group `uid` (its hash is `traces .. uid`; `traces` comes from the caller):
+-- `create` when it is submitted; later steps add to a trace that still exists only (one past retention, or
+-- pushed out by `trace_max_groups`, is not brought back partly).
+local function trace(traces, uid, ttl, pairs_, create)
   if #pairs_ == 0 then return end
-  local key = prefix .. 'trace:' .. uid
+  local key = traces .. uid
   if not create and redis.call('EXISTS', key) == 0 then return end
   redis.call('HSET', key, unpack(pairs_))
   redis.call('EXPIRE', key, ttl)

@@ -8,7 +8,7 @@
 -- member 'sortable_id id ref1 ref2 ...'), KEYS[9] the run's identity (its nonce is part of every batch
 -- uid: `model:nonce:n`, so no batch of another run of this name passes for one of this run)
 -- ARGV: model, max_staleness, size, unit ('samples'/'groups'), replay_quota (in units), replay_selection
---   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, key_prefix,
+--   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, trace_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
 -- replayed groups, expired groups}.
@@ -18,7 +18,7 @@ local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local replay_quota, selection, capacity, prefetch = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local trainer_group, prefix, ttl, order, now = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 
-local nonce = redis.call('HGET', identity, 'nonce')  -- before any write: an error here changes nothing
+local nonce = redis.call('HGET', identity, Identity.nonce)  -- before any write: an error here changes nothing
 if not nonce then return redis.error_reply('ERR run not bootstrapped: no identity at ' .. identity) end
 local version = trainer_version(state, model)
 local count, flush = counter()
@@ -46,12 +46,12 @@ else
 end
 for _, member in ipairs(expired) do
   local uid, _, _, ref = parse_member(member)
-  local seq = redis.call('HINCRBY', state, 'seq', 1)
+  local seq = redis.call('HINCRBY', state, State.seq, 1)
   redis.call('ZREM', ready, member)
   release(samples, refs, ref)
-  count(model .. ':ready', -1)
-  count(model .. ':dropped:stale_wait', 1)
-  trace(prefix, uid, ttl, {model, 'dropped: stale_wait', model .. ':expired_seq', seq})
+  count(Counters.model_ready(model), -1)
+  count(Counters.dropped(model, 'stale_wait'), 1)
+  trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), seq})
 end
 
 if redis.call('ZLEXCOUNT', formed, '(' .. string.sub(delivered_to, 2), '+') >= prefetch then
@@ -97,8 +97,8 @@ if fresh_units + replayed_units < size then
   return {'wait', '', 0, 0, #expired}
 end
 
-local seq = redis.call('HINCRBY', state, 'seq', 1)
-local batch_uid = model .. ':' .. nonce .. ':' .. redis.call('HINCRBY', state, 'batches:' .. model, 1)
+local seq = redis.call('HINCRBY', state, State.seq, 1)
+local batch_uid = model .. ':' .. nonce .. ':' .. redis.call('HINCRBY', state, State.batches(model), 1)
 local uids, replayed_uids, batch_refs = {}, {}, {}
 for _, member in ipairs(fresh) do
   local uid, _, _, ref = parse_member(member)
@@ -113,25 +113,26 @@ for _, member in ipairs(replayed) do
   hold(refs, ref)  -- held by the batch too
 end
 local refs_text = table.concat(batch_refs, ' ')
-local batch_id = redis.call('XADD', batches, '*', 'kind', 'batch', 'schema', '1', 'uid', batch_uid,
-  'model', model, 'version', version, 'seq', seq, 'groups', table.concat(uids, ' '),
-  'replayed', table.concat(replayed_uids, ' '), 'refs', refs_text)
+local batch_id = redis.call('XADD', batches, '*', Entry.kind, BatchEntry.kind, Entry.schema, BatchEntry.schema,
+  Entry.uid, batch_uid, Entry.model, model, Entry.version, version, BatchEntry.seq, seq,
+  BatchEntry.groups, table.concat(uids, ' '), BatchEntry.replayed, table.concat(replayed_uids, ' '),
+  BatchEntry.refs, refs_text)
 redis.call('ZADD', formed, 0, sortable(batch_id) .. ' ' .. batch_id .. ' ' .. refs_text)
-redis.call('HSET', state, 'batch_version:' .. model, version)
+redis.call('HSET', state, State.batch_version(model), version)
 
 for _, member in ipairs(fresh) do
   local uid, _, _, ref = parse_member(member)
   redis.call('ZREM', ready, member)  -- the ready set's reference passes to the batch
-  count(model .. ':ready', -1)
-  count(model .. ':trained', 1)
-  trace(prefix, uid, ttl, {model, 'trained', model .. ':batch', batch_uid, model .. ':batch_version', version,
-    model .. ':batch_seq', seq, model .. ':batched_at', now})
+  count(Counters.model_ready(model), -1)
+  count(Counters.model_trained(model), 1)
+  trace(prefix, uid, ttl, {Trace.outcome(model), 'trained', Trace.batch(model), batch_uid,
+    Trace.batch_version(model), version, Trace.batch_seq(model), seq, Trace.batched_at(model), now})
   if capacity > 0 then
     redis.call('ZADD', replay, seq, member)
     hold(refs, ref)
   end
 end
-count(model .. ':replayed', #replayed)
+count(Counters.model_replayed(model), #replayed)
 flush(ledger)
 -- Bound the replay set: the oldest trained groups leave first.
 local excess = redis.call('ZCARD', replay) - capacity

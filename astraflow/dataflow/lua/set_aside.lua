@@ -13,30 +13,30 @@ local dead_maxlen, max_field_bytes = ARGV[6], tonumber(ARGV[7])
 local status = ownership(batches, group, consumer, id)
 if status ~= 'ok' then return status end
 local entry = redis.call('XRANGE', batches, id, id)[1]
-local fields = {'kind', 'dead', 'source', batches, 'source_id', id, 'group', group, 'consumer', consumer,
-                'reason', reason}
+local fields = {Entry.kind, DeadLetter.kind, DeadLetter.source, batches, DeadLetter.source_id, id,
+                DeadLetter.group, group, DeadLetter.consumer, consumer, DeadLetter.reason, reason}
 local headers = {}
 if entry then
   for i = 1, #entry[2], 2 do
     local name, value = entry[2][i], entry[2][i + 1]
     headers[name] = value
-    fields[#fields + 1] = 'field.' .. name
+    fields[#fields + 1] = DeadLetter.copied(name)
     fields[#fields + 1] = #value <= max_field_bytes and value or ('omitted: ' .. #value .. ' bytes')
   end
 end
 redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
 redis.call('XACK', batches, group, id)
-redis.call('HDEL', errors, batches .. '|' .. id, ARGV[8], ARGV[9])
+redis.call('HDEL', errors, Errors.entry(batches, id), ARGV[8], ARGV[9])
 
 local replayed, fresh = {}, 0
-for uid in string.gmatch(headers['replayed'] or '', '%S+') do replayed[uid] = true end
+for uid in string.gmatch(headers[BatchEntry.replayed] or '', '%S+') do replayed[uid] = true end
 local n_replayed = 0
-for uid in string.gmatch(headers['groups'] or '', '%S+') do
+for uid in string.gmatch(headers[BatchEntry.groups] or '', '%S+') do
   if replayed[uid] then n_replayed = n_replayed + 1 else fresh = fresh + 1 end
 end
 if fresh > 0 then
-  redis.call('HINCRBY', ledger, model .. ':trained', -fresh)
-  redis.call('HINCRBY', ledger, model .. ':dead', fresh)
+  redis.call('HINCRBY', ledger, Counters.model_trained(model), -fresh)
+  redis.call('HINCRBY', ledger, Counters.model_dead(model), fresh)
 end
-if n_replayed > 0 then redis.call('HINCRBY', ledger, model .. ':replayed', -n_replayed) end
+if n_replayed > 0 then redis.call('HINCRBY', ledger, Counters.model_replayed(model), -n_replayed) end
 return 'ok'

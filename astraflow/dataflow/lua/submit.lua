@@ -2,19 +2,20 @@
 -- Any replica may call it: the cursor is compare-and-set, so a position is submitted (or skipped) once.
 -- Back-pressure: stops ('full') when undelivered + pending prompt groups reach `backlog_limit`, or the
 -- ready sets hold `ready_limit` groups.
--- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5..] ready sets
--- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, key_prefix, trace_ttl_s, now, n_items,
+-- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5] traces (sorted set of
+-- the uids whose trace is kept), KEYS[6..] ready sets
+-- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, now, n_items,
 --   trace_max_groups, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
 -- Returns {status ('ok', 'full' or 'moved'), cursor, submitted}.
 local prompts, state, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
-local traces, trace_max = prefix .. 'traces', tonumber(ARGV[9])
+local traces, trace_max = KEYS[5], tonumber(ARGV[9])
 
-local cursor = tonumber(redis.call('HGET', state, 'cursor') or '0')
+local cursor = tonumber(redis.call('HGET', state, State.cursor) or '0')
 if cursor ~= expected then return {'moved', cursor, 0} end
 
-local backlog, ready = pressure(prompts, group, backlog_limit, 5)
+local backlog, ready = pressure(prompts, group, backlog_limit, 6)
 
 local status, submitted, pos = 'ok', 0, 10
 for _ = 1, n_items do
@@ -26,22 +27,22 @@ for _ = 1, n_items do
     end
     redis.call('XADD', prompts, '*', unpack(ARGV, pos + 5, pos + 4 + 2 * n_fields))
     redis.call('SADD', in_flight, uid)
-    redis.call('HINCRBY', ledger, 'submitted', 1)
-    trace(prefix, uid, ttl, {'row', row, 'submitted_version', version, 'submitted_at', now}, true)
+    redis.call('HINCRBY', ledger, Counters.submitted, 1)
+    trace(prefix, uid, ttl, {Trace.row, row, Trace.submitted_version, version, Trace.submitted_at, now}, true)
     redis.call('ZADD', traces, cursor, uid)
     backlog = backlog + 1
     submitted = submitted + 1
   else
-    redis.call('HINCRBY', ledger, 'skipped', 1)
+    redis.call('HINCRBY', ledger, Counters.skipped, 1)
   end
   cursor = cursor + 1
   pos = pos + 5 + 2 * n_fields
 end
-redis.call('HSET', state, 'cursor', cursor)
+redis.call('HSET', state, State.cursor, cursor)
 -- Traces beyond `trace_max_groups` go, oldest first (their TTL bounds them in time, this in space).
 local excess = redis.call('ZCARD', traces) - trace_max
 if excess > 0 then
-  for _, old in ipairs(redis.call('ZRANGE', traces, 0, excess - 1)) do redis.call('DEL', prefix .. 'trace:' .. old) end
+  for _, old in ipairs(redis.call('ZRANGE', traces, 0, excess - 1)) do redis.call('DEL', prefix .. old) end
   redis.call('ZREMRANGEBYRANK', traces, 0, excess - 1)
 end
 return {status, cursor, submitted}

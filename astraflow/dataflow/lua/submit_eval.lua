@@ -9,11 +9,11 @@
 -- Returns the groups submitted (0: already submitted).
 local prompts, state, in_flight, ledger, metrics = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local version, now, n, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-if redis.call('HSETNX', state, 'eval_submitted:' .. version, now) == 0 then return 0 end
+if redis.call('HSETNX', state, State.eval_submitted(version), now) == 0 then return 0 end
 local pos = 6
 for _ = 1, tonumber(ARGV[5]) do
-  redis.call('XADD', metrics, 'MAXLEN', '~', maxlen, '*', 'kind', 'eval_submitted', 'version', version,
-    'dataset', ARGV[pos], 'rows', ARGV[pos + 1], 'time', now)
+  redis.call('XADD', metrics, 'MAXLEN', '~', maxlen, '*', Entry.kind, MetricEntry.kind_eval_submitted,
+    Entry.version, version, MetricEntry.dataset, ARGV[pos], MetricEntry.rows, ARGV[pos + 1], MetricEntry.time, now)
   pos = pos + 2
 end
 for _ = 1, n do
@@ -22,7 +22,7 @@ for _ = 1, n do
   redis.call('SADD', in_flight, uid)
   pos = pos + 2 + 2 * n_fields
 end
-redis.call('HSET', state, 'eval_pending:' .. version, n)
-redis.call('HINCRBY', ledger, 'submitted', n)
-redis.call('HINCRBY', ledger, 'eval_submitted', n)
+redis.call('HSET', state, State.eval_pending(version), n)
+redis.call('HINCRBY', ledger, Counters.submitted, n)
+redis.call('HINCRBY', ledger, Counters.eval_submitted, n)
 return n

@@ -10,15 +10,15 @@ local versions, state, errors = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer, id, model, version = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local status = ownership(versions, group, consumer, id)
 if status ~= 'ok' then return status end
-local incarnation = redis.call('HGET', state, 'inc:' .. model)
+local incarnation = redis.call('HGET', state, State.incarnation(model))
 if incarnation and incarnation ~= ARGV[9] and version < trainer_version(state, model) then
-  redis.call('HSET', state, 'v:' .. model, version, 'rollback', 1)
-elseif version > trainer_version(state, model) or not redis.call('HGET', state, 'v:' .. model) then
-  redis.call('HSET', state, 'v:' .. model, version)
+  redis.call('HSET', state, State.version(model), version, State.rollback, 1)
+elseif version > trainer_version(state, model) or not redis.call('HGET', state, State.version(model)) then
+  redis.call('HSET', state, State.version(model), version)
 end
-redis.call('HSET', state, 'inc:' .. model, ARGV[9])
-redis.call('HSET', state, 'manifest:' .. model .. ':' .. version, ARGV[6], 'checkpoint:' .. model .. ':' .. version, ARGV[8])
-if ARGV[7] == '1' then redis.call('HSET', state, 'eval:' .. version, 1) end
+redis.call('HSET', state, State.incarnation(model), ARGV[9])
+redis.call('HSET', state, State.manifest(model, version), ARGV[6], State.checkpoint(model, version), ARGV[8])
+if ARGV[7] == '1' then redis.call('HSET', state, State.eval(version), 1) end
 redis.call('XACK', versions, group, id)
-redis.call('HDEL', errors, versions .. '|' .. id)
+redis.call('HDEL', errors, Errors.entry(versions, id))
 return 'ok'

@@ -55,22 +55,23 @@ local function dead_letter(id, entry, owner, deliveries, last)
   else
     reason = reason .. 'never acknowledged: its owners crashed or hung past the lease'
   end
-  local fields = {'kind', 'dead', 'source', stream, 'source_id', id, 'group', group, 'consumer', owner,
-                  'deliveries', tostring(deliveries), 'reason', reason}
+  local fields = {Entry.kind, DeadLetter.kind, DeadLetter.source, stream, DeadLetter.source_id, id,
+                  DeadLetter.group, group, DeadLetter.consumer, owner,
+                  DeadLetter.deliveries, tostring(deliveries), DeadLetter.reason, reason}
   local n_copied = math.min(#entry[2], 2 * MAX_COPIED_FIELDS)
   for i = 1, n_copied, 2 do
-    fields[#fields + 1] = 'field.' .. entry[2][i]
+    fields[#fields + 1] = DeadLetter.copied(entry[2][i])
     fields[#fields + 1] = dead_field_value(entry[2][i + 1], max_field_bytes)
   end
   if n_copied < #entry[2] then
-    fields[#fields + 1] = 'fields_truncated'
+    fields[#fields + 1] = DeadLetter.fields_truncated
     fields[#fields + 1] = tostring(#entry[2] / 2)
   end
   redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
   if tracked then
     for i = 1, #entry[2], 2 do
-      if entry[2][i] == 'uid' and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
-        redis.call('HINCRBY', ledger, 'dead', 1)
+      if entry[2][i] == Entry.uid and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
+        redis.call('HINCRBY', ledger, Counters.dead, 1)
       end
     end
   end
@@ -84,7 +85,7 @@ for _, p in ipairs(pending) do
   local id, owner, idle, deliveries = p[1], p[2], tonumber(p[3]), tonumber(p[4])
   if not skip[id] and (mode == 'own' or owner ~= consumer) then
     local entry = redis.call('XRANGE', stream, id, id)[1]
-    local err_field = stream .. '|' .. id
+    local err_field = Errors.entry(stream, id)
     local released = idle >= RELEASED_IDLE
     -- (1 ms of slack: idle times and TIME are rounded differently)
     local counted = mode == 'others' or released or now - idle < since - 1

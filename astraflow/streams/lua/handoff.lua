@@ -120,7 +120,7 @@ for i = 1, n_items do
       p = p + 4 + 2 * n_fields
     end
     if dead_uid ~= '' and redis.call('SREM', in_flight, dead_uid) == 1 then
-      redis.call('HINCRBY', ledger, 'dead', 1)
+      redis.call('HINCRBY', ledger, Counters.dead, 1)
     end
     if id ~= '' then
       acked[#acked + 1], done[id] = id, true
@@ -133,6 +133,6 @@ for k = 1, #acked, 1000 do
   redis.call('XACK', input, group, unpack(acked, k, math.min(k + 999, #acked)))
 end
 if #acked > 0 and redis.call('EXISTS', errors) == 1 then
-  for _, id in ipairs(acked) do redis.call('HDEL', errors, input .. '|' .. id) end
+  for _, id in ipairs(acked) do redis.call('HDEL', errors, Errors.entry(input, id)) end
 end
 return {replies, ignored}

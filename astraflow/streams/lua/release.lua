@@ -6,5 +6,5 @@ local stream, errors = KEYS[1], KEYS[2]
 local group, consumer, id, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if #redis.call('XPENDING', stream, group, id, id, 1, consumer) == 0 then return 0 end
 redis.call('XCLAIM', stream, group, consumer, 0, id, 'IDLE', RELEASED_IDLE, 'JUSTID')
-redis.call('HSET', errors, stream .. '|' .. id, consumer .. ': ' .. reason)
+redis.call('HSET', errors, Errors.entry(stream, id), consumer .. ': ' .. reason)
 return 1

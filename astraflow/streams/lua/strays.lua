@@ -15,7 +15,7 @@ local dead_maxlen, reason, n_streams = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local backed = {}
 local function back(fields)
   for i = 1, #fields, 2 do
-    if fields[i] == 'uid' then backed[fields[i + 1]] = true end
+    if fields[i] == Entry.uid then backed[fields[i + 1]] = true end
   end
 end
 
@@ -46,9 +46,9 @@ local settled = {}
 for i = 4 + n_streams, #ARGV do
   local uid = ARGV[i]
   if not backed[uid] and redis.call('SREM', in_flight, uid) == 1 then
-    redis.call('HINCRBY', ledger, 'dead', 1)
-    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'kind', 'dead', 'source', in_flight,
-      'field.uid', uid, 'reason', reason)
+    redis.call('HINCRBY', ledger, Counters.dead, 1)
+    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', Entry.kind, DeadLetter.kind,
+      DeadLetter.source, in_flight, DeadLetter.copied(Entry.uid), uid, DeadLetter.reason, reason)
     settled[#settled + 1] = uid
   end
 end

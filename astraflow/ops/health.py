@@ -26,6 +26,7 @@ out), so the probe passes rather than have every worker restarted during a Redis
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -34,11 +35,13 @@ from redis.exceptions import AuthenticationError, AuthorizationError
 
 from astraflow.config import Settings
 from astraflow.errors import AstraflowError, BusConnectionError
-from astraflow.launch.process import name_prefix
+from astraflow.launch.worker_loop import name_prefix
 from astraflow.messages import Heartbeat, decode
+from astraflow.ops.context import redis_url, settings_from
 from astraflow.streams import Bus
+from astraflow.streams.identity import existing
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
-from astraflow.streams.runs import existing
+from astraflow.workflows import isolation
 
 ROLES = ("raas", "dataflow", "trainer")
 PROBE_BUDGET_S = 3.0
@@ -113,10 +116,6 @@ async def check(
 
 async def _sandbox() -> str:
     """The mode tool calls run in on this host: the probe runs beside the worker, with its rights."""
-    import asyncio
-
-    from astraflow.workflows import isolation
-
     return (await asyncio.to_thread(isolation.mode)).describe()
 
 
@@ -167,3 +166,11 @@ async def probe(settings: Settings, url: str, role: str, **kw) -> tuple[bool, st
         return False, f"unhealthy: {e}"
     finally:
         await bus.close()
+
+
+def cmd_health(args) -> int:
+    settings = settings_from(args)
+    kw = {"name": args.name, "model": args.model, "live": args.live, "max_idle_s": args.max_idle_s}
+    healthy, line = asyncio.run(probe(settings, redis_url(settings), args.role, **kw))
+    print(line)
+    return 0 if healthy else 1

@@ -11,7 +11,10 @@ import time
 
 import structlog
 
-from astraflow.scale import read_plan, render, write_plan
+from astraflow.config import Settings
+from astraflow.errors import describe
+from astraflow.ops.context import settings_from, with_bus
+from astraflow.ops.scale_plan import read_plan, render, write_plan
 from astraflow.streams import Bus
 
 log = structlog.get_logger(__name__)
@@ -26,7 +29,19 @@ GAUGES = {
 }
 
 
-async def once(bus: Bus, settings, headroom: float, window: int) -> int:
+def cmd_scale(args) -> int:
+    settings = settings_from(args)
+    if args.serve is None:
+        fn = lambda bus: once(bus, settings, args.headroom, args.window)  # noqa: E731
+    else:
+        window_s = 12 * args.interval  # the pool's production over the last minute (at 5 s)
+        fn = lambda bus: serve(  # noqa: E731
+            bus, settings, args.headroom, args.window, args.serve, args.bind, args.interval, window_s
+        )
+    return asyncio.run(with_bus(settings, fn))
+
+
+async def once(bus: Bus, settings: Settings, headroom: float, window: int) -> int:
     p, _ = await read_plan(bus, settings, headroom, window)
     written = await write_plan(bus, p)
     print(render(p, settings.run.name))
@@ -36,7 +51,14 @@ async def once(bus: Bus, settings, headroom: float, window: int) -> int:
 
 
 async def serve(
-    bus: Bus, settings, headroom: float, window: int, port: int, bind: str, interval_s: float, window_s: float
+    bus: Bus,
+    settings: Settings,
+    headroom: float,
+    window: int,
+    port: int,
+    bind: str,
+    interval_s: float,
+    window_s: float,
 ) -> int:
     """Serve the gauges on `bind:port` and refresh them (and the `scale` hash) every `interval_s`."""
     from prometheus_client import CollectorRegistry, Gauge, start_http_server
@@ -52,7 +74,7 @@ async def serve(
         try:
             p, beats = await read_plan(bus, settings, headroom, window, before)
         except Exception as e:  # Redis away: the gauges keep the last figure until it is back
-            log.warning("scale_read_failed", error=repr(e))
+            log.warning("scale_read_failed", error=describe(e))
             await asyncio.sleep(interval_s)
             continue
         if not await write_plan(bus, p) and not history:  # said once

@@ -6,11 +6,13 @@ import asyncio
 import signal
 
 from astraflow.errors import ConfigError
+from astraflow.ops.context import redis_url, settings_from
+from astraflow.streams import Bus
+from astraflow.streams.identity import existing
+from astraflow.tracking.tracker import open_tracker
 
 
 def cmd_track(args) -> int:
-    from astraflow.commands import redis_url, settings_from
-
     settings = settings_from(args)
     if not settings.tracking.sinks:
         raise ConfigError("tracking.sinks: none set (e.g. --set 'tracking.sinks=[tensorboard]')")
@@ -19,10 +21,6 @@ def cmd_track(args) -> int:
 
 async def _track(settings, url: str, once: bool) -> int:
     """Until SIGINT/SIGTERM or the run is stopped (`--once`: what the stream holds now), then exit 0."""
-    from astraflow.streams import Bus
-    from astraflow.streams.runs import existing
-    from astraflow.tracking.tracker import open_tracker
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

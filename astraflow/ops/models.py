@@ -1,4 +1,5 @@
-"""`astraflow export`: a trainer checkpoint as a Hugging Face `save_pretrained` directory.
+"""Model directories an operator makes: `astraflow export`, a trainer checkpoint as a Hugging Face
+`save_pretrained` directory, and `astraflow model tiny` (`tiny`).
 
 A checkpoint (`trainer.checkpoint`) holds the weights alone (`model.pt`, the model's state dict in
 float32). The export puts them into the policy's architecture (`config.json` of its model directory),
@@ -14,7 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
+from astraflow import tiny
 from astraflow.errors import ConfigError
+from astraflow.launch.tiny_cache import warm_start_progress
+from astraflow.ops.context import settings_from
 
 Dtype = Literal["bfloat16", "float32"]
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".msgpack", ".h5", ".ckpt", ".gguf")
@@ -84,8 +88,6 @@ def cmd_export(args) -> int:
     """`astraflow export [RECIPE] OUT`: a checkpoint of the run (`--run`, `--version`, `--model`) or the
     directory `--checkpoint`, with the policy's model directory from the recipe, else from the settings
     `astraflow run` saved in the run directory (`runs/<name>/settings.yaml`), else `--model-dir`."""
-    from astraflow.commands import settings_from
-
     saved = Path("runs") / (args.run or "") / "settings.yaml"
     if args.recipe is None and args.run and saved.exists():
         args.recipe = str(saved)
@@ -105,4 +107,15 @@ def cmd_export(args) -> int:
     model_dir = Path(source)
     out = export(ckpt, model_dir, Path(args.out), args.dtype)
     print(f"exported {ckpt} ({args.dtype}) to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+def cmd_model_tiny(args) -> int:
+    """`astraflow model tiny OUT`: a tiny Qwen2 model and tokenizer, optionally warm-started."""
+    out = tiny.build(args.out_dir, seed=args.seed)
+    print(f"built {out}")
+    if args.warm_start:
+        progress = warm_start_progress(args.steps)
+        loss = tiny.warm_start(out, args.warm_start, steps=args.steps, seed=args.seed, on_step=progress)
+        print(f"warm start on {args.warm_start}: {args.steps} steps, final loss {loss:.3f}")
     return 0

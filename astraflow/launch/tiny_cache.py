@@ -8,6 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
+from astraflow import tiny
 from astraflow.config import Settings
 
 
@@ -46,8 +47,6 @@ def _building(path: Path):
 
 def _build(settings: Settings, path: Path) -> None:
     """Build and warm-start the model at `path` (under the build lock), marking it `ready` last."""
-    from astraflow import tiny
-
     t = settings.run.tiny
     shutil.rmtree(path, ignore_errors=True)  # a build that died half-way
     print(f"building the tiny model in {path} (once)", flush=True)

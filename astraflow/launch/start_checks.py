@@ -1,4 +1,5 @@
-"""Runs from the command line: a bus for one command, the start checks, `astraflow clear`."""
+"""Starting a process on a run: a bus for one command, and the start checks of the launcher and of a
+worker command (`streams.identity.open_run`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 
-from astraflow.config import Settings, redact_url
+from astraflow.config import Settings
 from astraflow.streams import Bus
-from astraflow.streams.runs import RunIdentity, clear, existing, forget, keys_of, open_run
+from astraflow.streams.identity import RunIdentity, existing, forget, open_run
 
 
 async def with_bus(url: str, settings: Settings, fn: Callable[[Bus], Awaitable]):
@@ -21,15 +22,15 @@ async def with_bus(url: str, settings: Settings, fn: Callable[[Bus], Awaitable])
 
 
 async def check_start(url: str, settings: Settings, *, fresh: bool, resume: bool) -> RunIdentity:
-    """The run's identity if this process may start as asked (see `streams.runs.open_run`)."""
+    """The run's identity if this process may start as asked (see `streams.identity.open_run`)."""
     return await with_bus(url, settings, lambda bus: open_run(bus, fresh=fresh, resume=resume))
 
 
 @contextlib.contextmanager
 def worker_start(url: str, settings: Settings, resume: bool) -> Iterator[None]:
-    """A worker command's life on the run: join it (or create it: `streams.runs.open_run`) before the
+    """A worker command's life on the run: join it (or create it: `streams.identity.open_run`) before the
     body; if the body fails and this process created the run's identity, delete it again
-    (`streams.runs.forget`), so a failed start leaves no run behind that a fresh `astraflow run` of that
+    (`streams.identity.forget`), so a failed start leaves no run behind that a fresh `astraflow run` of that
     name would be refused for."""
 
     async def join(bus: Bus) -> RunIdentity | None:
@@ -45,19 +46,3 @@ def worker_start(url: str, settings: Settings, resume: bool) -> Iterator[None]:
             with contextlib.suppress(Exception):  # the start's own error is the one to report
                 asyncio.run(with_bus(url, settings, lambda bus: forget(bus, created)))
         raise
-
-
-async def clear_run(
-    bus: Bus, url: str, yes: bool, ask: Callable[[str], str] = input, say: Callable[[str], None] = print
-) -> int:
-    """`astraflow clear`: delete every key of the run, after a confirmation unless `yes`."""
-    n = len(await keys_of(bus))
-    where = f"run {bus.keys.run!r} ({bus.keys.prefix}*) on {redact_url(url)}"
-    if n == 0:
-        say(f"nothing to clear: no key of {where}")
-        return 0
-    if not yes and ask(f"delete {n} keys of {where}? [y/N] ").strip().lower() not in ("y", "yes"):
-        say("not cleared")
-        return 1
-    say(f"deleted {await clear(bus)} keys of {where}")
-    return 0

@@ -21,8 +21,9 @@ from astraflow.config import Settings
 from astraflow.launch import report
 from astraflow.launch.progress import Progress, Snapshot, line
 from astraflow.launch.stops import stopped_reason
+from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams import Bus
-from astraflow.streams.runs import existing
+from astraflow.streams.identity import existing
 
 REPORT_EVERY_S = 60.0
 """How often a followed run's `summary.json` and `reward.png` are rewritten (and once it stops)."""
@@ -30,8 +31,6 @@ POLL_S = 2.0
 
 
 def cmd_record(args) -> int:
-    from astraflow.commands import settings_from, with_bus
-
     settings = settings_from(args)
     out = Path(args.dir) if args.dir else settings.run.path
     return asyncio.run(with_bus(settings, lambda bus: record(bus, settings, out, args.once), known=True))

@@ -1,14 +1,11 @@
-"""The operator's view of a run's streams: length, groups, consumers, pending, oldest pending, lag, dead."""
+"""The state of a run's streams as Redis reports it: length, groups, consumers, pending, oldest pending,
+lag (`inspect_run`); and consumer groups on them that are not the run's (`unknown_groups`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from redis.exceptions import ResponseError
-
 from astraflow.streams.bus import Bus
-from astraflow.streams.memory import UNCHECKED, eviction_policy, memory_by_family, render_memory
-from astraflow.streams.replica import replica_lag
 
 LAG_SCAN_LIMIT = 10_000
 
@@ -74,49 +71,3 @@ async def remove_unknown_groups(bus: Bus) -> list[tuple[str, str]]:
     for key, group in found:
         await bus.call(lambda k=key, g=group: bus.redis.xgroup_destroy(k, g))
     return found
-
-
-def render(views: list[StreamView], dead_count: int) -> str:
-    rows = [("stream", "length", "group", "consumers", "pending", "oldest pending", "lag")]
-    for v in views:
-        if not v.groups:
-            rows.append((v.key, str(v.length), "-", "-", "-", "-", "-"))
-        for g in v.groups:
-            idle = g.oldest_pending_idle_ms
-            oldest = "-" if idle is None else f"{idle / 1000:.1f}s idle"
-            lag = f">{LAG_SCAN_LIMIT}" if g.lag is None else str(g.lag)
-            rows.append((v.key, str(v.length), g.name, str(g.consumers), str(g.pending), oldest, lag))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.append(f"dead letters: {dead_count}")
-    for v in views:
-        for g in v.groups:
-            if not g.known:
-                lines.append(
-                    f"WARNING: group {g.name!r} on {v.key} is not one of the run's: trimming ignores it"
-                    " (it may miss entries); remove it with `astraflow clear --run RUN --unknown-groups`"
-                )
-    return "\n".join(lines)
-
-
-async def report(bus: Bus) -> str:
-    """`astraflow inspect`: the streams, the dead letters, the run's memory by key family, the eviction
-    policy."""
-    streams = render(await inspect_run(bus), await bus.redis.xlen(bus.keys.dead))
-    policy, maxmemory = await eviction_policy(bus)
-    limit = f", maxmemory {maxmemory} B" if maxmemory else ""
-    evicting = "" if policy in ("noeviction", UNCHECKED) else "  (may evict: entries lost silently)"
-    memory = render_memory(await memory_by_family(bus))
-    replicas = await render_replicas(bus)
-    return f"{streams}\n\n{memory}\n\nmaxmemory-policy: {policy}{limit}{evicting}\n{replicas}"
-
-
-async def render_replicas(bus: Bus) -> str:
-    """Each replica of the primary and how far behind it is (bytes of the replication stream)."""
-    try:
-        lags = await bus.call(lambda: replica_lag(bus.redis))
-    except ResponseError:  # NOPERM: a user without INFO
-        return "replicas: unchecked (INFO refused)"
-    if not lags:
-        return "replicas: none"
-    return "replicas: " + ", ".join(f"{address} lag {lag} B" for address, lag in lags)

@@ -1,4 +1,4 @@
-"""How many RaaS workers a run needs, and why (`astraflow scale`).
+"""How many RaaS workers a run needs, and why: the plan `astraflow scale` prints and serves.
 
 Demand is what the trainers *could* take, not what they took: a trainer starved by a small pool consumes
 only what the pool makes, so its consumption alone would never ask for more workers. From each trainer's
@@ -17,13 +17,18 @@ in the run's `scale` hash.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
 
+from redis.exceptions import NoPermissionError
+
+from astraflow.config import Settings
+from astraflow.dataflow.ledger import read_ledger
+from astraflow.launch.progress import read_heartbeats
 from astraflow.messages import Heartbeat
 from astraflow.streams import Bus
+from astraflow.streams.records import RolloutStats, TrainerStep, decode_record
 
 HEADROOM = 1.2
 """Default margin over the demand: weight loads pause generation, episodes vary in length."""
@@ -144,24 +149,20 @@ def pool_rates(beats: list[Heartbeat], before: dict[tuple[str, float], Heartbeat
     return Pool(len(beats), produced, per_worker)
 
 
-async def read_demands(bus: Bus, settings, window: int = WINDOW_STEPS) -> list[Demand]:
+async def read_demands(bus: Bus, settings: Settings, window: int = WINDOW_STEPS) -> list[Demand]:
     """Each trained policy's demand, from its last `window` steps in `metrics` and the ledger."""
-    from astraflow.dataflow.ledger import read_ledger
-
     models = settings.trained
     steps: dict[str, list[dict]] = {m: [] for m in models}
     per_group: dict[str, list[int]] = {m: [0, 0] for m in models}
     for _, raw in await bus.redis.xrevrange(bus.keys.metrics, count=METRICS_SCAN):
-        f = {k.decode(): v.decode() for k, v in raw.items()}
-        model = f.get("model")
-        if model not in steps:
+        r = decode_record(raw)
+        if not isinstance(r, TrainerStep | RolloutStats) or r.model not in steps:
             continue
-        if f.get("kind") == "trainer" and len(steps[model]) < window:
-            stats = json.loads(f["data"])
-            steps[model].append({**stats, "time": float(f["time"])})
-        elif f.get("kind") == "rollouts":
-            per_group[model][0] += int(f["samples"])
-            per_group[model][1] += int(f["groups"])
+        if isinstance(r, TrainerStep) and len(steps[r.model]) < window:
+            steps[r.model].append({**r.stats, "time": r.time})
+        elif isinstance(r, RolloutStats):
+            per_group[r.model][0] += r.samples
+            per_group[r.model][1] += r.groups
     ledger = await read_ledger(bus, models)
     replay = settings.dataflow.batch.replay_ratio
     out = []
@@ -186,14 +187,12 @@ async def read_demands(bus: Bus, settings, window: int = WINDOW_STEPS) -> list[D
 
 async def read_plan(
     bus: Bus,
-    settings,
+    settings: Settings,
     headroom: float = HEADROOM,
     window: int = WINDOW_STEPS,
     before: dict[tuple[str, float], Heartbeat] | None = None,
 ) -> tuple[Plan, list[Heartbeat]]:
     """The plan from what Redis holds now, and the heartbeats it used (the next call's `before`)."""
-    from astraflow.launch.progress import read_heartbeats
-
     beats = await read_heartbeats(bus)
     return plan(await read_demands(bus, settings, window), pool_rates(beats, before), headroom), beats
 
@@ -201,8 +200,6 @@ async def read_plan(
 async def write_plan(bus: Bus, p: Plan) -> bool:
     """Store the plan in the run's `scale` hash; False when this Redis user may not write (the read-only
     `observer` ACL user: the figure is then only printed or served)."""
-    from redis.exceptions import NoPermissionError
-
     try:
         await bus.redis.hset(bus.keys.scale, mapping=p.as_fields())
     except NoPermissionError:

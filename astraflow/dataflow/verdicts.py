@@ -15,6 +15,7 @@ from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.store import Collected, Part
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, SampleGroup, Trajectory, pack
+from astraflow.streams.schema import Trace
 from astraflow.workflows.api import _resolve
 
 GroupFilter = Callable[[str, Sequence[Trajectory]], bool]
@@ -156,11 +157,11 @@ class Judge:
         ok = [t for t in group.trajectories if t.error is None]
         scored = {m: [t.reward for t in ok if t.model == m] for m in models}
         first = scored[models[0]]
-        trace = {"raas": group.raas}
+        trace = {Trace.raas: group.raas}
         if ranges:
-            trace["token_versions"] = f"{min(r[0] for r in ranges)}..{max(r[1] for r in ranges)}"
+            trace[Trace.token_versions] = f"{min(r[0] for r in ranges)}..{max(r[1] for r in ranges)}"
         if group.error:
-            trace["error"] = group.error[:500]
+            trace[Trace.error] = group.error[:500]
         return Collected(
             entry_id=entry_id,
             uid=group.uid,

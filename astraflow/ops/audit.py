@@ -1,0 +1,94 @@
+"""`astraflow ledger` (the run's counters, and whether they balance: `dataflow.ledger`) and `astraflow
+trace` (the path of one prompt group through the run, dead letters included)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from astraflow.config import Settings
+from astraflow.dataflow.ledger import read_ledger
+from astraflow.ops.context import settings_from, with_bus
+from astraflow.streams import Bus
+from astraflow.streams.records import DeadLetter, decode_record
+from astraflow.streams.schema import Trace as T
+
+
+def cmd_ledger(args) -> int:
+    settings = settings_from(args)
+    return asyncio.run(with_bus(settings, lambda bus: _ledger(bus, settings, args.json), known=True))
+
+
+async def _ledger(bus: Bus, settings: Settings, as_json: bool) -> int:
+    ledger = await read_ledger(bus, settings.trained)
+    print(json.dumps(ledger.as_dict(), indent=2) if as_json else ledger.render())
+    return 1 if ledger.problems() else 0
+
+
+def cmd_trace(args) -> int:
+    settings = settings_from(args)
+    return asyncio.run(with_bus(settings, lambda bus: _trace(bus, settings, args.uid), known=True))
+
+
+async def _trace(bus: Bus, settings: Settings, uid: str) -> int:
+    trace = await read_trace(bus, uid)
+    if trace is None:
+        print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} (unknown, or past retention)")
+        return 1
+    print(render_trace(uid, trace, settings.trained))
+    return 0
+
+
+DEAD_SCAN = 10_000
+"""Newest dead letters searched for a traced group."""
+
+
+async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
+    """The lineage of prompt group `uid` (None when unknown or past the retention), dead letters included."""
+    raw = await bus.redis.hgetall(bus.keys.trace(uid))
+    trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+    for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
+        letter = decode_record(fields)
+        if isinstance(letter, DeadLetter) and letter.uid == uid:
+            trace.setdefault(T.dead, f"{bus.keys.short(letter.source)}: {letter.reason}")
+    return trace or None
+
+
+def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
+    def when(field_name: str) -> str:
+        at = trace.get(field_name)
+        return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
+
+    lines = [f"prompt group {uid}"]
+    if T.row in trace:
+        lines.append(
+            f"  submitted  at version {trace.get(T.submitted_version)}, dataset row {trace[T.row]}"
+            + when(T.submitted_at)
+        )
+    if T.raas in trace:
+        lines.append(
+            f"  rolled out by {trace[T.raas]}, token versions {trace.get(T.token_versions, 'none')}"
+            + when(T.collected_at)
+        )
+    if T.error in trace:
+        lines.append(f"  error      {trace[T.error]}")
+    for m in models:
+        if T.outcome(m) not in trace:
+            continue
+        outcome = trace[T.outcome(m)]
+        if outcome == "trained":
+            outcome = (
+                f"trained in batch {trace.get(T.batch(m))} (formed at trainer version "
+                f"{trace.get(T.batch_version(m))}, trained by the step to the next version)"
+                + when(T.batched_at(m))
+            )
+        elif outcome == "ready":
+            outcome = f"ready, min token version {trace.get(T.min_version(m))}, waiting for a batch"
+        lines.append(f"  {m}: {outcome}")
+    if T.dead in trace:
+        lines.append(f"  dead-lettered from {trace[T.dead]}")
+    if T.raas not in trace and T.dead not in trace and T.row in trace:
+        lines.append("  in flight (not collected yet)")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""Every bench script at its `--smoke` size: it completes and prints its figure line.
+
+The figures are never checked (a smoke size measures nothing): what a user would notice is a bench that
+hangs, crashes or no longer prints its result. A script added to tests/bench without an entry in FIGURES
+fails `test_every_bench_script_has_a_smoke_entry`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parent
+ROOT = BENCH.parents[1]
+NUMBER = r"(?:[0-9.]+|nan|inf)"
+
+FIGURES = {
+    "bus_throughput": rf"^consume \+ publish_and_ack +\d+ +\d+ +{NUMBER}$",
+    "cross_region": rf"^v1 delta +relay +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}x$",
+    "dataflow_throughput": rf"^1 +\d+ +\d+ +\d+ +{NUMBER}$",
+    "e2e": r"^async(/plain time to target: \S+|: not reached)$",
+    "eval_overhead": rf"^ +1 +{NUMBER} +{NUMBER} +\d+ +{NUMBER} +\d+ +\d+ ",
+    "hf_generate": rf"^ +top-k 50, top-p 0.9 \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
+    "logprob_memory": rf"^ float32 +{NUMBER} \|.*\| .* {NUMBER}x \| +{NUMBER} +{NUMBER}$",
+    "plain_loop": rf"^plain loop: \d+ steps, time to {NUMBER}: .*; per step generate {NUMBER} ms, train ",
+    "publication_state": rf"^publication \(.*\): trainer blocked {NUMBER}x shorter, {NUMBER}x fewer bytes",
+    "raas_scaling": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}$",
+    "raas_throughput": rf"^hf +\d+ +\d+ +{NUMBER}$",
+    "real_shape_run": r"^real-shape run tiny: 2 versions trained \(run.max_steps 2\), completed, no OOM",
+    "replica_ack": rf"^1 +\d+ +{NUMBER}$",
+    "tool_sandbox": rf"^process group +{NUMBER} +{NUMBER}$",
+    "trainer_step": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER}$",
+    "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
+    "weight_sync": rf"^\(d\) .*: star {NUMBER} s, chain {NUMBER} s, ratio {NUMBER}$",
+}
+"""Script -> a regular expression (per line) of its figure line at the smoke size, in the format its full
+size prints."""
+
+SLOW = {"e2e", "eval_overhead", "raas_throughput", "real_shape_run"}
+"""Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""
+
+
+def scripts() -> list[str]:
+    """The bench scripts: every module of tests/bench but this test and helpers (`_*.py`)."""
+    return sorted(p.stem for p in BENCH.glob("*.py") if p.name != Path(__file__).name and p.name[0] != "_")
+
+
+def test_every_bench_script_has_a_smoke_entry():
+    assert set(scripts()) == set(FIGURES), "add the new script's figure line to FIGURES (and `--smoke`)"
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(s, marks=[pytest.mark.slow, pytest.mark.timeout(420)] if s in SLOW else [])
+        for s in scripts()
+    ],
+)
+def test_bench_completes_at_its_smoke_size_and_prints_its_figures(script, tmp_path):
+    out, err, code = run(BENCH / f"{script}.py", tmp_path, timeout_s=360 if script in SLOW else 80)
+    assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
+    assert re.search(FIGURES[script], out, re.MULTILINE), f"no figure line in:\n{out[-3000:]}"
+
+
+def run(script: Path, tmp: Path, timeout_s: float) -> tuple[str, str, int]:
+    """`python SCRIPT --smoke` from the repository root, its temporary files under `tmp`. Past `timeout_s`
+    it gets SIGINT (its `finally` blocks stop the servers it started), 30 s later SIGKILL (within the
+    test's timeout: 120 s, 420 for SLOW)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "TMPDIR": str(tmp)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--smoke"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail(
+            f"{script.name} --smoke still running after {timeout_s:.0f} s\n{out[-3000:]}\n{err[-3000:]}"
+        )
+    return out, err, proc.returncode

@@ -1,0 +1,76 @@
+"""Readable streams: entries carry plain fields a person reads with redis-cli, and `astraflow peek`
+decodes an entry of every stream of a run - written here by the real dataflow on fakeredis, with the
+RaaS pool and the trainer simulated over the real streams."""
+
+from __future__ import annotations
+
+from astraflow.messages import VersionNotice, decode
+from astraflow.ops.peek import peek
+from astraflow.streams import Out
+from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train
+
+
+async def a_short_run():
+    bus, df = await small_dataflow("dataflow.feeder.min_backlog=6", "dataflow.batch.size=4")
+    await df.feeder.step()
+    entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
+    garbage = {"kind": b"rollout_group", "schema": b"1", "uid": entries[0].fields["uid"], "data": b"\xc1"}
+    await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, garbage)])])
+    await roll_out(bus, 100, lambda g, i: float(i % 2), version=0)
+    while await df.collector.step(1):
+        pass
+    assert await df.former.step("policy") == "ok"
+    await publish_version(bus, "policy", 0)
+    await df.barrier.step(1)
+    await heartbeat(bus, "raas-0", slots=4, in_flight=1, groups=3)
+    return bus, df
+
+
+async def test_peek_decodes_an_entry_of_every_stream_kind():
+    bus, _ = await a_short_run()
+    [prompt] = await peek(bus, "prompts")
+    assert prompt["kind"] == "prompt_group" and prompt["message"]["models"] == ["policy"]
+    [rollout] = await peek(bus, "rollouts")
+    assert rollout["message"]["trajectories"][0]["token_ids"] == list(range(8))
+    [batch] = await peek(bus, "batches:policy")
+    assert batch["kind"] == "batch" and len(batch["message"]["groups"]) == 2
+    assert batch["message"]["groups"][0]["trajectories"][0]["reward"] in (0.0, 1.0)
+    [version] = await peek(bus, "versions")
+    assert (version["message"]["model"], version["message"]["version"]) == ("policy", 0)
+    [notice] = await peek(bus, "notices")
+    assert notice["message"]["models"] == {"policy": 0}
+    [metrics] = await peek(bus, "metrics")
+    assert metrics["kind"] == "rollouts" and metrics["model"] == "policy"
+    [dead] = await peek(bus, "dead")
+    assert "not valid msgpack" in dead["reason"] and dead["entry"]["kind"] == "rollout_group"
+    [beat] = await peek(bus, "raas:raas-0")
+    assert beat["message"]["capacity"] == 4 and beat["message"]["groups"] == 3
+    newest_two = await peek(bus, "rollouts", count=2)
+    first = newest_two[0]["id"]
+    assert [e["id"] for e in await peek(bus, "rollouts", entry_id=first)] == [first]
+
+
+async def test_redis_cli_shows_uid_version_and_reward_of_a_rollout_in_plain_fields():
+    bus, _ = await a_short_run()
+    _, fields = (await bus.redis.xrange(bus.keys.rollouts))[-1]
+    assert fields[b"uid"].startswith(b"e0r") and fields[b"version"] == b"0"
+    assert fields[b"reward"] == b"0.5" and fields[b"raas"] == b"raas-sim" and fields[b"status"] == b"ok"
+    assert fields[b"token_versions"] == b"0..0"
+    beat = await bus.redis.hgetall(bus.keys.raas("raas-0"))
+    assert (beat[b"capacity"], beat[b"in_flight"], beat[b"groups"]) == (b"4", b"1", b"3")
+    [(_, notice)] = await bus.redis.xrange(bus.keys.notices)
+    assert notice[b"load"] == b"policy=0"
+
+
+async def test_plain_fields_are_never_trusted_when_decoding():
+    bus, _ = await a_short_run()
+    [(_, fields)] = await bus.redis.xrange(bus.keys.notices)
+    lying = {**fields, b"load": b"policy=99", b"version": b"99"}
+    assert decode(lying, VersionNotice).models == {"policy": 0}  # type: ignore[attr-defined]
+
+
+async def test_batches_formed_by_the_dataflow_decode_for_the_trainer():
+    bus, _ = await a_short_run()
+    [(fields, batch)] = await train(bus, "policy")
+    assert fields["groups"].decode().split() == [g.uid for g in batch.groups]
+    assert batch.version == 0 and batch.replayed_uids == []
