@@ -34,7 +34,11 @@ from astraflow.weights import layout
 MAGIC = b"AFD2"
 HEADER = struct.Struct("<4sBB2xQQ")
 CHUNK_ELEMENTS = 1 << 21
-"""Elements compared, or patched, at a time (bounds a diff's temporary memory; a stretch in cache)."""
+"""Elements compared at a time (bounds a diff's temporary memory; a stretch in cache)."""
+BLOCK = 1 << 18
+"""Changes decoded and patched at a time. Every array of a block stays under 4 MiB, the size from which
+numpy asks for transparent huge pages: their first touch can stall in the kernel's memory compaction
+(measured: most of a delta's decode time, in a process that had trained a step)."""
 ZSTD_LEVEL = 1
 """Fast: a delta is made and read once per version, on the critical path of a sync."""
 WORD = np.dtype("<u8")
@@ -124,7 +128,7 @@ def encode_parts(found: list[Part], n: int, itemsize: int) -> bytes:
     widest = max([0, *firsts, *(p.widest for p in found)])
     gap_width = next(w for w in (1, 2, 4, 8) if widest < 1 << (8 * w))
     count = sum(len(p.gaps) for p in found)
-    planes = np.empty((gap_width + itemsize) * count, np.uint8)
+    planes = np.frombuffer(bytearray((gap_width + itemsize) * count), np.uint8)  # (no huge pages: see BLOCK)
     gap_planes = planes[: gap_width * count].reshape(gap_width, count)
     diff_planes = planes[gap_width * count :].reshape(itemsize, count)
     offsets = np.cumsum([0, *(len(p.gaps) for p in found)])
@@ -147,8 +151,8 @@ def apply(target, delta, base=None) -> int:
     changed elements. A delta that does not fit `target` raises WeightIntegrityError before any write.
 
     With `base` (a buffer as long as `target`), `target` may hold anything: it is made a copy of `base`
-    (in the hash pool's threads, while the delta is decoded), also when the delta is refused. Stretches
-    are then patched in parallel threads."""
+    (in the hash pool's threads, while the delta is decompressed), also when the delta is refused. The
+    changes are then decoded and patched block by block in parallel threads."""
     pool = layout.hash_pool()
     data = np.frombuffer(target, np.uint8)
     copies = []
@@ -157,34 +161,37 @@ def apply(target, delta, base=None) -> int:
         if len(source) != len(data):
             raise ValueError(f"base holds {len(source)} bytes, the target {len(data)}")
         step = layout.CHUNK_BYTES
-        copies = [
-            pool.submit(np.copyto, data[s : s + step], source[s : s + step])
-            for s in range(0, len(data), step)
-        ]
+        starts = range(0, len(data), step)
+        copies = [pool.submit(np.copyto, data[s : s + step], source[s : s + step]) for s in starts]
     try:
-        index, diffs = decode(delta)
+        n, itemsize, blocks = _blocks(delta)
     finally:
         for c in copies:  # done before any other write (or a refusal) reaches `target`
             c.result()
-    itemsize = diffs.dtype.itemsize
-    n = int(struct.unpack_from("<Q", delta, 8)[0])
     if len(data) != n * itemsize:
         raise WeightIntegrityError(f"delta is for {n} elements, the buffer holds {len(data) // itemsize}")
-    view = data.view(diffs.dtype)
-    starts = _starts(n)
-    cuts = np.searchsorted(index, [*starts, n])
+    view = data.view(f"<u{itemsize}")
 
-    def patch(i: int) -> None:
-        where = index[cuts[i] : cuts[i + 1]]
-        view[where] += diffs[cuts[i] : cuts[i + 1]]  # each index once: a plain gather, add and scatter
+    def patch(block: tuple[np.ndarray, np.ndarray]) -> None:
+        where, diffs = block
+        view[where] += diffs  # each index once: a plain gather, add and scatter
 
-    list(pool.map(patch, range(len(starts))))
-    return len(index)
+    list(pool.map(patch, blocks))
+    return sum(len(b[0]) for b in blocks)
 
 
 def decode(delta) -> tuple[np.ndarray, np.ndarray]:
     """(changed indices as int64, differences to add, unsigned) of an encoded delta; WeightIntegrityError
     if malformed."""
+    _, itemsize, blocks = _blocks(delta)
+    if not blocks:
+        return np.empty(0, np.int64), np.empty(0, f"<u{itemsize}")
+    return np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
+
+
+def _blocks(delta) -> tuple[int, int, list[tuple[np.ndarray, np.ndarray]]]:
+    """(elements, item size, [(indices, differences)] of `BLOCK` changes each, in order) of a delta, all
+    checked; decoded in the hash pool's threads."""
     import zstandard
 
     delta = memoryview(delta).cast("B")
@@ -206,22 +213,33 @@ def decode(delta) -> tuple[np.ndarray, np.ndarray]:
     if len(raw) != size:
         raise WeightIntegrityError(f"delta body holds {len(raw)} bytes, its header says {size}")
     body = np.frombuffer(raw, np.uint8)
-    gaps = _unplanes(body[: count * gap_width], gap_width)
-    top = int(gaps.max()) if count else 0
-    if top >= n:
-        raise WeightIntegrityError(f"delta index out of range for {n} elements")
-    index = gaps.astype(np.int64)  # n < 2^62: no gap wraps
-    index += 1
-    if count:
-        index[0] -= 1
-    np.cumsum(index, out=index)  # gaps -> indices: index_i = sum of (gap + 1) up to i, less 1
-    # Past n, a sum could wrap round only after exceeding n (each step <= n < 2^62): the largest is checked
-    # where the sum of all steps could reach 2^63.
-    wraps = (top + 1) * count >= 1 << 63
-    if count and (index[-1] >= n or (wraps and index.max() >= n)):
-        raise WeightIntegrityError(f"delta index out of range for {n} elements")
-    diffs = _unzigzag(_unplanes(body[count * gap_width :], itemsize), itemsize)
-    return index, diffs
+    gap_planes = body[: count * gap_width].reshape(gap_width, count)
+    diff_planes = body[count * gap_width :].reshape(itemsize, count)
+    out_of_range = WeightIntegrityError(f"delta index out of range for {n} elements")
+
+    def one(at: int) -> tuple[np.ndarray, np.ndarray]:
+        gaps = _unplanes(gap_planes[:, at : at + BLOCK], gap_width)
+        top = int(gaps.max())
+        if top >= n:
+            raise out_of_range
+        steps = gaps.astype(np.int64)  # n < 2^62: no gap wraps
+        steps += 1
+        np.cumsum(steps, out=steps)  # each index + 1, counted from the block's start
+        # A sum could wrap round only after exceeding n (each step <= n < 2^62): the largest is checked
+        # where the steps could add up to 2^63.
+        if steps[-1] > n or ((top + 1) * len(steps) >= 1 << 63 and steps.max() > n):
+            raise out_of_range
+        return steps, _unzigzag(_unplanes(diff_planes[:, at : at + BLOCK], itemsize), itemsize)
+
+    blocks = list(layout.hash_pool().map(one, range(0, count, BLOCK)))
+    carry = -1  # index of the last change before the block (exact: Python integers)
+    for steps, _ in blocks:
+        reached = carry + int(steps[-1])
+        steps += carry
+        carry = reached
+    if carry >= n:
+        raise out_of_range
+    return n, itemsize, blocks
 
 
 def _starts(n: int) -> list[int]:
@@ -229,8 +247,9 @@ def _starts(n: int) -> list[int]:
 
 
 def _unplanes(planes: np.ndarray, width: int) -> np.ndarray:
-    out = np.empty(len(planes) // width, f"<u{width}")
-    for j, plane in enumerate(planes.reshape(width, -1)):  # (a plane at a time: a transposing copy is slower)
+    """Values from their `width` byte planes (rows)."""
+    out = np.empty(planes.shape[1], f"<u{width}")
+    for j, plane in enumerate(planes):  # (a plane at a time: a transposing copy is slower)
         out.view(np.uint8).reshape(-1, width)[:, j] = plane
     return out
 

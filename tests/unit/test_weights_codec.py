@@ -49,7 +49,9 @@ def test_round_trip(pattern, dtype, n, seed):
     new[mask] ^= rng.integers(1, 2 ** (8 * itemsize), mask.sum(), dtype=np.uint64).astype(new.dtype)
     delta = codec.encode(old.tobytes(), new.tobytes(), itemsize)
     target = bytearray(old.tobytes())
-    assert codec.apply(target, delta) == mask.sum()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "BLOCK", 61)  # changes decoded in blocks, each carrying on from the last
+        assert codec.apply(target, delta) == mask.sum()
     assert bytes(target) == new.tobytes()
 
 
@@ -180,8 +182,9 @@ def test_gaps_wider_than_four_bytes_between_stretches_decode():
 
 @pytest.mark.parametrize("itemsize", [2, 4])
 @pytest.mark.parametrize("with_base", [False, True])
-def test_parallel_apply_patches_every_stretch_as_a_serial_apply_would(itemsize, with_base, monkeypatch):
+def test_parallel_apply_patches_every_block_as_a_serial_apply_would(itemsize, with_base, monkeypatch):
     monkeypatch.setattr(codec, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(codec, "BLOCK", 97)  # blocks of changes decoded and patched in parallel
     rng = np.random.default_rng(itemsize)
     n = 50_000 + 3  # a last, short stretch
     old = rng.integers(0, 2 ** (8 * itemsize), n, dtype=np.uint64).astype(f"<u{itemsize}")
@@ -189,7 +192,7 @@ def test_parallel_apply_patches_every_stretch_as_a_serial_apply_would(itemsize, 
     idx = rng.choice(n, n // 30, replace=False)
     new[idx] += rng.integers(1, 4, len(idx)).astype(new.dtype)
     new[[0, 999, 1000, n - 1]] ^= 1  # at stretch edges
-    new[7000:9500] = old[7000:9500]  # stretches with nothing to patch
+    new[7000:9500] = old[7000:9500]  # stretches with nothing to patch, a block's long gap
     delta = codec.encode(old, new, itemsize)
     index, diffs = codec.decode(delta)
     serial = old.copy()
