@@ -167,10 +167,10 @@ class WeightPublisher:
         whole, chunks = seen.digest, seen.chunk_digests
         base_digest, self._digest = self._digest, whole
         delta_nbytes, delta_digest = 0, ""
-        if seen.changed is not None and base is not None:
-            delta = await asyncio.to_thread(
-                codec.encode_changes, base.data, half.data, seen.changed, self.buffer.itemsize
-            )
+        if seen.parts is not None and base is not None:
+            itemsize = self.buffer.itemsize
+            n = len(half.data) // itemsize
+            delta = await asyncio.to_thread(codec.encode_parts, seen.parts, n, itemsize)
             self.timings["delta"] = time.perf_counter() - started - self.timings["scan"]
             if len(delta) < len(half.data):  # else most elements changed: the full buffer is smaller
                 digest = layout.chunk_digest(delta)

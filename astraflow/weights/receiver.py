@@ -112,13 +112,10 @@ class WeightReceiver:
         started = time.perf_counter()
         try:
             if use_delta:  # verified: the delta's digest, applied to the held base's bytes
-                copying = asyncio.ensure_future(asyncio.to_thread(self._to_base, half))  # while it arrives
-                try:
-                    delta = await self._pull_delta(manifest, deadline)
-                finally:
-                    await copying
+                delta = await self._pull_delta(manifest, deadline)
                 pulled = time.perf_counter()
-                await asyncio.to_thread(codec.apply, half.data, delta)
+                served = buffer.served.data  # type: ignore[union-attr]
+                await asyncio.to_thread(codec.apply, half.data, delta, served)  # copies as it patches
                 self.stats["delta_pulls"] += 1
                 applied = time.perf_counter() - pulled
                 self.timings = {"pull": pulled - started, "verify": 0.0, "apply": applied}
@@ -158,12 +155,6 @@ class WeightReceiver:
             self._spool[1].close()
         self._spool = (manifest.version, spool)
         return delta
-
-    def _to_base(self, half: Half) -> None:
-        """Bring the half being written to the served (base) version: a copy of the served half (one
-        memcpy; replaying the delta that made it scatters as many elements as it changed, which measured
-        several times slower at the 1-3% a real step changes)."""
-        half.data[:] = self.buffer.served.data  # type: ignore[union-attr]
 
     async def _pull_full(
         self, manifest: WeightManifest, half: Half, relayed: bool, deadline: float, on_bytes

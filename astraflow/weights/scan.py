@@ -1,9 +1,10 @@
 """One parallel pass over a freshly written buffer half: what the publisher needs to know of it.
 
-Per chunk of `layout.CHUNK_BYTES`, in the hash pool's threads (numpy and BLAKE3 release the GIL, and a
-chunk is still in cache for the second look): its digest and the elements that differ from the served
-half (the delta's indices). Non-finite elements (NaN, inf: never served) are counted among the changed
-ones only, when there is a served half: its own were counted when it was published.
+Per chunk of `layout.CHUNK_BYTES`, in the hash pool's threads (numpy and BLAKE3 release the GIL): the
+elements that differ from the served half with their gaps and differences (the chunk's part of the
+delta, `codec.Part`), then its digest, while the chunk is still in cache. Non-finite elements (NaN, inf:
+never served) are counted among the changed ones only, when there is a served half: its own were counted
+when it was published.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from astraflow.weights import layout
+from astraflow.weights import codec, layout
 
 EXPONENT = {"bfloat16": 0x7F80, "float16": 0x7C00, "float32": 0x7F800000, "float64": 0x7FF0 << 48}
 """Exponent bits by dtype: all set, the element is NaN or inf."""
@@ -22,8 +23,8 @@ EXPONENT = {"bfloat16": 0x7F80, "float16": 0x7C00, "float32": 0x7F800000, "float
 class Scan:
     digest: str
     chunk_digests: list[str]
-    changed: np.ndarray | None
-    """Sorted indices of the elements that changed (None: not compared)."""
+    parts: list[codec.Part] | None
+    """The changes since the compared half, chunk by chunk (None: not compared): `codec.encode_parts`."""
     nonfinite: int
     """Elements that are NaN or inf."""
 
@@ -39,18 +40,18 @@ def scan(new, old=None, dtype: str = "bfloat16", chunk_bytes: int = layout.CHUNK
         raise ValueError(f"buffers differ in length: {a.nbytes} and {b.nbytes} bytes")
     per = chunk_bytes // itemsize
 
-    def one(start: int) -> tuple[str, np.ndarray | None, int]:
+    def one(start: int) -> tuple[str, codec.Part | None, int]:
         x = a[start : start + per]
-        digest = layout.chunk_digest(x)
-        changed = None if b is None else np.flatnonzero(x != b[start : start + per]) + start
-        return digest, changed, _nonfinite(x if changed is None else x[changed - start], exponent)
+        if b is None:
+            return layout.chunk_digest(x), None, _nonfinite(x, exponent)
+        index, changed, was = codec.compare(x, b[start : start + per])
+        part = codec.Part.of(start, index, changed, was)
+        return layout.chunk_digest(x), part, _nonfinite(changed, exponent)
 
-    parts = list(layout.hash_pool().map(one, range(0, len(a), per)))
-    chunks = [p[0] for p in parts]
-    changed = None
-    if b is not None:
-        changed = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
-    return Scan(layout.whole_digest(a.nbytes, chunks), chunks, changed, sum(p[2] for p in parts))
+    found = list(layout.hash_pool().map(one, range(0, len(a), per)))
+    chunks = [f[0] for f in found]
+    parts = None if b is None else [f[1] for f in found]
+    return Scan(layout.whole_digest(a.nbytes, chunks), chunks, parts, sum(f[2] for f in found))  # type: ignore[arg-type]
 
 
 def _nonfinite(x: np.ndarray, exponent) -> int:
