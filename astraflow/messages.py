@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -21,7 +22,11 @@ from astraflow.decoding import from_plain
 from astraflow.errors import DecodeError
 
 SCHEMA = 1
-_ARRAY_EXT = 1
+_ARRAY_EXT, _RAW_ARRAY_EXT = 1, 2
+"""msgpack ext types of a numpy array. 1: a msgpack [dtype, shape, bytes] (still read, no longer written).
+2: a header - dtype length u8, dtype, ndim u8, each dimension u64 little-endian - then the bytes: read
+with no second msgpack pass (a rollout group holds 4 arrays per trajectory)."""
+_DTYPES: dict[bytes, np.dtype] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -434,21 +439,37 @@ def _to_plain(value: Any) -> Any:
 def _pack_array(obj: Any) -> msgpack.ExtType:
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj, dtype=obj.dtype.newbyteorder("<"))
-        payload = msgpack.packb([arr.dtype.str, list(arr.shape), arr.tobytes()], use_bin_type=True)
-        return msgpack.ExtType(_ARRAY_EXT, payload)
+        dtype = arr.dtype.str.encode()
+        header = struct.pack(f"<B{len(dtype)}sB{arr.ndim}Q", len(dtype), dtype, arr.ndim, *arr.shape)
+        return msgpack.ExtType(_RAW_ARRAY_EXT, header + arr.tobytes())
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
 def _unpack_array(code: int, payload: bytes) -> np.ndarray:
-    if code != _ARRAY_EXT:
-        raise DecodeError(f"data: unknown msgpack ext type {code}")
     try:
-        dtype_str, shape, raw = msgpack.unpackb(payload, raw=False)
-        dtype = np.dtype(dtype_str)
-        if dtype.hasobject:
-            raise ValueError("object arrays are not allowed")
-        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if code == _RAW_ARRAY_EXT:
+            n = payload[0]
+            dtype, ndim = _dtype(payload[1 : 1 + n]), payload[1 + n]
+            shape = struct.unpack_from(f"<{ndim}Q", payload, 2 + n)
+            flat = np.frombuffer(payload, dtype, offset=2 + n + 8 * ndim)
+            return flat if ndim == 1 and len(flat) == shape[0] else flat.reshape(shape)
+        if code == _ARRAY_EXT:
+            dtype_str, shape, raw = msgpack.unpackb(payload, raw=False)
+            return np.frombuffer(raw, dtype=_dtype(dtype_str.encode())).reshape(shape)
     except Exception as e:
         raise DecodeError(f"data: bad array ({type(e).__name__}: {e})") from None
+    raise DecodeError(f"data: unknown msgpack ext type {code}")
+
+
+def _dtype(name: bytes) -> np.dtype:
+    """The numpy dtype `name` ('<i4', ...); never an object dtype."""
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = np.dtype(name.decode())
+        if dtype.hasobject:
+            raise ValueError("object arrays are not allowed")
+        if len(_DTYPES) < 64:  # names from the wire: a bounded cache
+            _DTYPES[name] = dtype
+    return dtype

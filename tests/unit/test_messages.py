@@ -18,6 +18,8 @@ from astraflow.messages import (
     VersionNotice,
     VersionPublished,
     WeightManifest,
+    _pack_array,
+    _unpack_array,
     decode,
     decode_batch,
     encode,
@@ -247,3 +249,16 @@ def test_headers_are_checked():
         decode_batch(fields, [])
     with pytest.raises(DecodeError, match="exceeds the limit"):
         decode(fields, max_bytes=3)
+
+
+def test_arrays_round_trip_in_the_raw_format_and_the_older_msgpack_one_still_reads():
+    for arr in (np.arange(5, dtype=np.int32), np.zeros((2, 3), np.float32), np.zeros(0, np.uint8)):
+        ext = _pack_array(arr)
+        back = _unpack_array(ext.code, ext.data)
+        assert ext.code == 2 and back.dtype == arr.dtype and np.array_equal(back, arr)
+    older = msgpack.packb(["<i4", [3], np.arange(3, dtype="<i4").tobytes()], use_bin_type=True)
+    assert _unpack_array(1, older).tolist() == [0, 1, 2]  # what a worker of the previous release writes
+    with pytest.raises(DecodeError, match="bad array"):
+        _unpack_array(2, _pack_array(np.arange(4, dtype=np.int32)).data[:-1])  # one byte short
+    with pytest.raises(DecodeError, match="bad array"):
+        _unpack_array(1, msgpack.packb(["|O", [1], b"x" * 8], use_bin_type=True))  # object arrays: never
