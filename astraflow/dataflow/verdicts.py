@@ -129,18 +129,27 @@ def resolve_filter(name: str) -> GroupFilter:
     return _resolve(name, FILTERS, "group filter", allowed=(name,))
 
 
-def advantages(rewards: np.ndarray, how: str, epsilon: float) -> np.ndarray:
-    """Per-trajectory advantages of one group's rewards."""
-    r = rewards.astype(np.float64)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def advantages(rewards: Sequence[float], how: str, epsilon: float) -> np.ndarray:
+    """Per-trajectory advantages of one group's rewards (float32; NaN where the rewards' spread overflows,
+    or an advantage is past float32's range). A group has a handful of rewards: plain floats, exactly
+    rounded sums (`math.fsum`), no numpy call per group."""
+    r = [float(x) for x in rewards]
+    n = len(r)
     if how == "group":
-        adv = (r - r.mean()) / (r.std() + epsilon)
+        mean = math.fsum(r) / n
+        std = math.sqrt(math.fsum((x - mean) * (x - mean) for x in r) / n)
+        adv = [(x - mean) / (std + epsilon) if math.isfinite(std) else math.nan for x in r]
     elif how == "leave_one_out":
-        adv = r - (r.sum() - r) / max(len(r) - 1, 1)
+        total = math.fsum(r)
+        adv = [x - (total - x) / max(n - 1, 1) for x in r]
     elif how == "none":
         adv = r
     else:
         raise ValueError(f"unknown normalisation: {how!r}")
-    return adv.astype(np.float32)
+    return np.array([a if abs(a) <= FLOAT32_MAX else math.nan for a in adv], dtype=np.float32)
 
 
 def _version_range(trajectories: Sequence[Trajectory]) -> tuple[int, int] | None:
@@ -208,8 +217,7 @@ class Judge:
         for name, keep in self.filters:
             if not keep(model, ok):
                 return Part(model, f"filter:{name}", min_version, len(ok)), versions
-        with np.errstate(over="ignore", invalid="ignore"):  # checked below
-            adv = advantages(np.array(rewards), self.settings.normalize, self.settings.epsilon)
+        adv = advantages(rewards, self.settings.normalize, self.settings.epsilon)
         if not np.isfinite(adv).all():  # finite rewards so large that their spread overflows
             raise InvalidRollout(f"advantages of {model} are not finite (rewards {rewards[:8]})")
         samples = SampleGroup(

@@ -53,6 +53,9 @@ def test_advantages_by_hand():
     assert np.allclose(advantages(r, "leave_one_out", 0.0), [1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3])
     assert np.allclose(advantages(r, "none", 0.0), r)
     assert np.allclose(advantages(np.array([2.0, 2.0]), "group", 1e-6), [0, 0])
+    # Finite rewards whose spread overflows, or advantages past float32: never finite-looking.
+    assert not np.isfinite(advantages([1e308, -1e308, 1e308], "group", 1e-6)).any()
+    assert not np.isfinite(advantages([1e300, 0.0], "none", 0.0)[0])
 
 
 async def test_batches_hold_whole_groups_with_normalised_advantages():
