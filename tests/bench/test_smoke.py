@@ -33,7 +33,7 @@ FIGURES = {
     "raas_generation": rf"^raas generation: pipeline/generate {NUMBER} per thread$",
     "raas_scaling": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER} +{NUMBER}$",
     "raas_throughput": rf"^hf +\d+ +\d+ +{NUMBER}$",
-    "real_shape_run": r"^real-shape run tiny: 2 versions trained \(run.max_steps 2\), completed, no OOM",
+    "real_shape_run": r"^real-shape run tiny: \d+ versions trained \(run.max_steps 2\), completed, no OOM",
     "replica_ack": rf"^1 +\d+ +{NUMBER}$",
     "tool_sandbox": rf"^process group +{NUMBER} +{NUMBER}$",
     "trainer_step": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER}$",
