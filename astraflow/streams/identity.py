@@ -31,6 +31,7 @@ from redis.exceptions import ResponseError
 
 from astraflow.errors import RunExistsError
 from astraflow.streams.keys import Keys
+from astraflow.streams.schema import lua_prelude
 
 if TYPE_CHECKING:
     from astraflow.streams.bus import Bus
@@ -150,7 +151,7 @@ async def provision(client, keys: Keys) -> RunIdentity:
     """Create the run's identity and weight-transfer secret unless they exist (an admin `client`): what
     workers under per-role ACL users read and may not write."""
     script = (Path(__file__).parent / "lua" / "create_run.lua").read_text()
-    reply = await client.eval(script, 1, keys.identity, *new_identity_args())
+    reply = await client.eval(lua_prelude(script) + script, 1, keys.identity, *new_identity_args())
     await client.set(keys.weights_secret, secrets.token_hex(32), nx=True)
     return RunIdentity.parse(*reply)
 

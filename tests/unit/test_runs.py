@@ -8,7 +8,7 @@ import pytest
 from astraflow.errors import RunExistsError
 from astraflow.ops.admin import clear_run
 from astraflow.streams import Bus, Keys
-from astraflow.streams.identity import existing, mark_stopped, open_run
+from astraflow.streams.identity import existing, mark_stopped, open_run, provision
 
 
 @pytest.fixture
@@ -83,3 +83,11 @@ async def test_clear_deletes_every_key_of_the_run_and_nothing_else(connect):
     assert await existing(other) is not None and await other.redis.hget(other.keys.state, "v:policy")
     assert await open_run(connect("r"), fresh=True, resume=False)  # a fresh run may start now
     assert said[-1].startswith("deleted")
+
+
+async def test_an_admin_provisions_the_identity_that_workers_then_join(connect):
+    """`astraflow redis acl --apply` creates the run's identity (workers under per-role users may not)."""
+    bus = connect()
+    created = await provision(bus.redis, bus.keys)
+    assert created == await provision(bus.redis, bus.keys)  # once: the same identity again
+    assert (await existing(bus)).nonce == created.nonce
