@@ -21,7 +21,9 @@ def test_rl_raises_the_tool_call_rate(tmp_path):
     summary = run(run_dir, "e2e-calc", "run.max_steps=20", recipe="recipes/calculator-tiny.yaml")
     assert summary["stopped"] == "20 steps" and summary["ledger"]["balanced"], summary
     steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    calls = [s["rollout_tool_call"] for s in steps]
+    # (A step trained on groups counted before the previous step has no rollouts of its own to report.)
+    calls = [s["rollout_tool_call"] for s in steps if "rollout_tool_call" in s]
+    assert len(calls) >= len(steps) - 3, steps
     first, last = sum(calls[:3]) / 3, sum(calls[-5:]) / 5
     # In the calibration run (README) steps 1-3 called the tool 17-25% of the time, steps 16-20 over 80%.
     assert last >= first + 0.25, f"tool-call rate did not rise: steps 1-3 {first:.2f}, last 5 {last:.2f}"
