@@ -171,20 +171,18 @@ class Runner:
         task.add_done_callback(lambda t: self._task_done(entry.id, t))
 
     async def _failed(self, entry: Entry, error: BaseException) -> None:
+        """An entry that can never succeed goes to `dead` at once; any other failure releases it."""
+        if not isinstance(error, DecodeError | MessageTooLarge):
+            self.log.warning("entry_failed", id=entry.id, deliveries=entry.deliveries, error=describe(error))
+            await self._release(entry, f"{type(error).__name__}: {error}")
+            return
+        self.log.error("entry_dead_lettered", id=entry.id, error=str(error))
         try:
-            if isinstance(error, DecodeError | MessageTooLarge):
-                self.log.error("entry_dead_lettered", id=entry.id, error=str(error))
-                await self.consumer.dead_letter(entry, f"{type(error).__name__}: {error}")
-                self.stats["dead"] += 1
-            else:
-                self.log.warning("entry_failed", id=entry.id, deliveries=entry.deliveries, error=repr(error))
-                await self.consumer.release(entry, f"{type(error).__name__}: {error}")
-                self.stats["released"] += 1
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # Redis gone while settling a failure: the entry will be taken back.
+            await self.consumer.dead_letter(entry, f"{type(error).__name__}: {error}")
+            self.stats["dead"] += 1
+        except Exception as e:  # Redis gone meanwhile: the next read takes the entry back
+            raise_if_cancelled()
             self.log.error("entry_unsettled", id=entry.id, error=describe(e))
-            self.consumer.forget(entry.id)
 
     async def _timeouts(self) -> None:
         """Cancel a handler running past `streams.handler_timeout_s` (within a quarter of it, or a second)
