@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from astraflow.dataflow.batches import fetch_batch
 from astraflow.errors import DecodeError
-from astraflow.messages import KINDS, SampleGroup, batch_refs, decode, decode_batch
+from astraflow.messages import KINDS, SampleGroup, decode
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams.bus import Bus
+from astraflow.streams.records import decode_record
 from astraflow.streams.schema import BatchEntry, DeadLetter, Entry, MetricEntry
 
 ARRAY_ITEMS = 32
@@ -49,22 +51,15 @@ async def describe(bus: Bus | None, raw: dict) -> dict[str, Any]:
         if kind in KINDS:
             return {"kind": kind, "message": to_json(decode(fields))}
         if kind == BatchEntry.kind and bus is not None:
-            return {"kind": kind, "message": to_json(await _batch(bus, fields))}
+            return {"kind": kind, "message": to_json(await fetch_batch(bus, fields))}
+        if kind == DeadLetter.kind:
+            letter = decode_record(fields)  # the original entry's fields, as it held them
+            prefix = DeadLetter.copied("")
+            plain = _plain({k: v for k, v in fields.items() if not k.startswith(prefix)})
+            return {**plain, "entry": await describe(None, letter.fields)}
     except DecodeError as e:
         return {"kind": kind, "error": f"DecodeError: {e}", "fields": _plain(fields)}
-    if kind == DeadLetter.kind:
-        prefix = DeadLetter.copied("")
-        original = {k.removeprefix(prefix): v for k, v in fields.items() if k.startswith(prefix)}
-        plain = _plain({k: v for k, v in fields.items() if not k.startswith(prefix)})
-        return {**plain, "entry": await describe(None, original)}
     return _plain(fields)
-
-
-async def _batch(bus: Bus, fields: dict[str, Any]):
-    model = _text(fields.get(Entry.model, b""))
-    refs = batch_refs(fields)
-    payloads = await bus.redis.hmget(bus.keys.samples(model), refs) if refs else []
-    return decode_batch(fields, payloads)
 
 
 def to_json(value: Any) -> Any:
