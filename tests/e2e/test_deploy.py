@@ -90,7 +90,7 @@ class Host:
                 arg = self.text(arg, svc)
                 Path(arg).mkdir(parents=True)
             out.append(arg)
-        return ["redis-server", *out, "--bind", "127.0.0.1"]
+        return [system_redis(), *out, "--bind", "127.0.0.1"]
 
     def env(self, svc: str, replica: int | str) -> dict[str, str]:
         name = f"{svc}#{replica}"

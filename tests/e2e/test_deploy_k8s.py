@@ -125,7 +125,7 @@ def test_every_container_command_and_probe_is_one_astraflow_runs_under_its_roles
 def start_redis(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
     port = deploy.free_port()
     tmp.mkdir()
-    cmd = ["redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp), *args]
+    cmd = [system_redis(), "--port", port, "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     deploy.wait_for(lambda: deploy.redis_up(port, args[args.index("--requirepass") + 1]), 30, "redis up")
     return proc, port

@@ -67,6 +67,8 @@ def test_nan_rewards_forged_heartbeats_foreign_groups_and_silent_peers_do_not_ru
         before = steps_done(run_dir)
         wait_for(lambda: steps_done(run_dir) >= before + 10, 240, "steps while held")
         (group,) = r.xinfo_groups(key + "prompts")  # waiting to be read, and read but not done
+        if group.get("lag") is None:  # Redis 6.2 reports no lag: count what the group has not read
+            group["lag"] = len(r.xrange(key + "prompts", min=b"(" + group["last-delivered-id"]))
         assert group["lag"] + group["pending"] <= 100, f"a forged heartbeat inflated the backlog: {group}"
         out, _ = launcher.communicate(timeout=400)
         assert launcher.returncode == 0, out[-3000:]

