@@ -1,7 +1,8 @@
-# `make setup` creates .venv and installs astraflow with the test tools and the CPU inference stack.
+# `make setup` creates .venv and installs astraflow with the test tools, the CPU inference stack and the
+# benchmarks' contenders (TRL).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,cpu
+EXTRAS ?= dev,cpu,bench
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 

@@ -24,7 +24,8 @@ FIGURES = {
     "bus_throughput": rf"^consume \+ publish_and_ack +\d+ +\d+ +{NUMBER}$",
     "cross_region": rf"^v1 delta +relay +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}x$",
     "dataflow_throughput": rf"^1 +\d+ +\d+ +\d+ +{NUMBER}$",
-    "e2e": r"^async(/plain time to target: \S+|: not reached)$",
+    "e2e": r"^e2e: astraflow/TRL \S+, astraflow/plain \S+, astraflow/plain\+ds \S+, sync/plain\+ds \S+ "
+    r"\(\d+ seeds\)$",
     "eval_overhead": rf"^ +1 +{NUMBER} +{NUMBER} +\d+ +{NUMBER} +\d+ +\d+ ",
     "hf_generate": rf"^ +top-k 50, top-p 0.9 \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
     "logprob_memory": rf"^ float32 +{NUMBER} \|.*\| .* {NUMBER}x \| +{NUMBER} +{NUMBER}$",
@@ -37,13 +38,14 @@ FIGURES = {
     "replica_ack": rf"^1 +\d+ +{NUMBER}$",
     "tool_sandbox": rf"^process group +{NUMBER} +{NUMBER}$",
     "trainer_step": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER}$",
+    "trl_loop": rf"^trl GRPOTrainer: \d+ steps, time to {NUMBER}: .*; {NUMBER} ms per step \(\d+ threads\)$",
     "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
     "weight_sync": rf"^\(d\) .*: star {NUMBER} s, chain {NUMBER} s, ratio {NUMBER}$",
 }
 """Script -> a regular expression (per line) of its figure line at the smoke size, in the format its full
 size prints."""
 
-SLOW = {"e2e", "eval_overhead", "raas_generation", "raas_throughput", "real_shape_run"}
+SLOW = {"e2e", "eval_overhead", "raas_generation", "raas_throughput", "real_shape_run", "trl_loop"}
 """Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""
 
 
