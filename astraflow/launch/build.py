@@ -8,6 +8,7 @@ root `Settings`). The process around it (signals, the consumer name it holds, th
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
@@ -146,7 +147,9 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
         engines[p.name] = make_engine(
             p.engine.model_copy(update={"port": port}), log_dir / f"{wid}-{p.name}.log"
         )
-    tokenizers = load_tokenizers(policies)
+    # In a thread: importing transformers holds the loop for seconds, longer than the consumer name's
+    # lease, which the loop renews (a lapsed name leaves the first heartbeat unwritten).
+    tokenizers = await asyncio.to_thread(load_tokenizers, policies)
     w = served_weights(settings)
     secret = await run_secret(bus, w)
     server = WeightServer.from_settings(secret, w)

@@ -49,4 +49,4 @@ def test_without_redis_server_the_tests_skip_with_one_line_naming_what_to_instal
 
 def test_in_ci_a_missing_redis_server_fails(tmp_path):
     done = pytest_run(tmp_path, ci=True)
-    assert done.returncode == 1 and "redis-server is missing in CI" in done.stdout, done.stdout[-3000:]
+    assert done.returncode == 1 and "no redis-server 7 on PATH in CI" in done.stdout, done.stdout[-3000:]
