@@ -61,10 +61,12 @@ async def run_until_signalled(
     logs.configure(settings.log.level, worker=worker, run=settings.run.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    handler = stopper(stop, loop, stop_grace_s(settings))
+    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
+    at = bus.redis.connection_pool.connection_kwargs
+    redis_at = (at["host"], int(at["port"])) if "host" in at and "port" in at else None  # not a socket
+    handler = stopper(stop, loop, stop_grace_s(settings), redis_at)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, handler)
-    bus = Bus.connect(url, settings.run.name, settings.redis, settings.streams, wait_out=True)
     try:
         await warn_if_evicting(bus)
         async with hold_name(bus, worker, name_setting, role=role):
@@ -79,19 +81,46 @@ async def run_until_signalled(
         await bus.close()
 
 
-def stopper(stop: asyncio.Event, loop: asyncio.AbstractEventLoop, grace_s: float) -> Callable[[], None]:
+def stopper(
+    stop: asyncio.Event,
+    loop: asyncio.AbstractEventLoop,
+    grace_s: float,
+    redis_at: tuple[str, int] | None = None,
+) -> Callable[[], None]:
     """The stop signals' handler: sets `stop`. In a worker started to die with its parent (the launcher's)
     whose parent has died, it also ends the process once the stop overruns `grace_s`, as the launcher
-    would have (however often the signal comes, and though a stop had begun before)."""
+    would have (however often the signal comes, and though a stop had begun before), and sooner once
+    nothing listens at `redis_at` any more (the embedded Redis died with the launcher: no stop can finish,
+    and the leases hand back whatever this worker held)."""
     parent, timer = os.getppid(), None
+
+    def redis_gone() -> None:
+        if _refused(*redis_at):  # type: ignore[misc]
+            log.error("stop_abandoned", detail="the parent and its Redis are gone: nothing can finish")
+            os._exit(1)
+        loop.call_later(1.0, redis_gone)
 
     def stopping() -> None:
         nonlocal timer
         stop.set()
         if timer is None and processes.parent_death_signal() and os.getppid() != parent:
             timer = loop.call_later(grace_s, _overran, grace_s)
+            if redis_at is not None:
+                loop.call_later(1.0, redis_gone)
 
     return stopping
+
+
+def _refused(host: str, port: int) -> bool:
+    """Whether a connection to `host:port` is refused (nothing listens); a timeout or another error is
+    no proof the server is gone."""
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _overran(grace_s: float) -> None:

@@ -20,7 +20,7 @@ from astraflow import redis_server
 from tests.e2e.test_chaos import steps_done, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
-STEPS = 80
+STEPS = 40
 LEASE_MS = 3000
 RUN = "faults"
 

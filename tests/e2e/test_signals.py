@@ -105,7 +105,7 @@ def test_kill_9_of_the_launcher_ends_the_run_and_resume_goes_on(tmp_path):
             launcher.kill()
             launcher.wait()
     for pid in run:
-        wait_for(lambda p=pid: not alive(p), 120, f"process {pid} of the run gone")
+        wait_for(lambda p=pid: not alive(p), 30, f"process {pid} of the run gone")  # not its grace
 
     steps = steps_done(run_dir)
     cmd = [sys.executable, "-m", "astraflow.cli", "run", "--resume", str(run_dir)]

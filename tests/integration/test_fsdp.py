@@ -7,7 +7,7 @@ import pytest
 
 from astraflow.redis_server import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_redis]
 torch = pytest.importorskip("torch")
 TOLERANCE = 1e-5
 """Max absolute difference of any parameter after one AdamW step (lr 1e-3): reductions sum in another

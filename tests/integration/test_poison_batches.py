@@ -34,7 +34,7 @@ from astraflow.streams.keys import GROUP_RAAS
 from tests.dataflow_helpers import heartbeat, trajectory
 from tests.integration.test_trainer_crash import settings_for, spawn
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_redis]
 
 
 async def hand_back(bus, count: int, token: int | None = None) -> None:

@@ -13,7 +13,7 @@ from astraflow.workflows.pushed import PushedWorkflows, push
 from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
 from tests.integration.test_acl import admin, as_role, connect, denials, install, refused, server  # noqa: F401
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_redis]
 
 KEY = "integration-push-key"
 MODULE = '''

@@ -21,7 +21,7 @@ from tests.integration.raas_helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_redis]
 
 
 async def count(bus):

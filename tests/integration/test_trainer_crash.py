@@ -26,7 +26,7 @@ from astraflow.streams.keys import GROUP_TRAINER
 from astraflow.trainer import checkpoint
 from tests.dataflow_helpers import heartbeat, roll_out
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_redis]
 TARGET = 12
 
 

@@ -261,7 +261,7 @@ async def scenario(opts: dict, actions: list) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # 200 crash interleavings: 60 s of CPU, several times that on a loaded machine
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SETTINGS, ACTIONS)
 def test_dataflow_survives_crashes_between_any_two_redis_calls(opts, actions):
     asyncio.run(scenario(opts, actions))

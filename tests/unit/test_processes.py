@@ -4,6 +4,7 @@ started otherwise never does); the supervisor budgets restarts per time window."
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,12 +41,13 @@ def test_a_child_in_its_own_session_ends_when_its_parent_is_killed():
 
 
 STUCK = """
-import asyncio, signal
+import asyncio, signal, sys
 from astraflow.launch.worker_loop import stopper
 
 async def main():
     loop, stop = asyncio.get_running_loop(), asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stopper(stop, loop, 1.0))
+    grace, redis_at = (float(sys.argv[1]), ("127.0.0.1", int(sys.argv[2]))) if sys.argv[1:] else (1.0, None)
+    loop.add_signal_handler(signal.SIGTERM, stopper(stop, loop, grace, redis_at))
     print("ready", flush=True)
     await stop.wait()
     await asyncio.sleep(60)  # a stop stuck on a Redis gone with the launcher
@@ -55,7 +57,7 @@ asyncio.run(main())
 LAUNCHER = """
 import signal, subprocess, sys, time
 from astraflow.processes import die_with_parent
-worker = subprocess.Popen([sys.executable, "-c", sys.argv[2]], start_new_session=True,
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[2], *sys.argv[3:]], start_new_session=True,
                           preexec_fn=die_with_parent(signal.SIGTERM) if sys.argv[1] == "1" else None)
 print(worker.pid, flush=True)
 time.sleep(120)
@@ -84,6 +86,35 @@ def test_a_stuck_stop_ends_only_in_a_worker_whose_launcher_died(with_parent):
             time.sleep(0.1)
         assert alive(worker) is not with_parent
     finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+@pytest.mark.parametrize("redis_listens", [True, False])
+def test_a_stop_whose_launcher_and_redis_died_ends_without_waiting_out_its_grace(redis_listens):
+    """The embedded Redis dies with a killed launcher: its workers' stops cannot finish, so they end as
+    soon as nothing listens at the Redis address, not after the grace (60 s here). While something still
+    listens (a Redis restarting elsewhere, a proxy), the stop keeps its grace."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if not redis_listens:
+        listener.close()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, "1", STUCK, "60", str(port)], stdout=subprocess.PIPE, text=True
+    )
+    worker = int(launcher.stdout.readline())
+    try:
+        assert launcher.stdout.readline().strip() == "ready"
+        os.kill(worker, signal.SIGTERM)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 6
+        while alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive(worker) is redis_listens
+    finally:
+        listener.close()
         if alive(worker):
             os.kill(worker, signal.SIGKILL)
 
