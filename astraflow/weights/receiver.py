@@ -228,6 +228,7 @@ class WeightReceiver:
                     tls=self._tls,
                     io_timeout_s=self.settings.io_timeout_s,
                     deadline=deadline,
+                    handshake_timeout_s=self.settings.handshake_timeout_s,
                 )
                 self.stats["bytes"] += len(into)
                 return

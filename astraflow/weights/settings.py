@@ -42,8 +42,9 @@ class WeightsSettings(BaseModel):
     """Authenticated connections a weight server serves at once; more are closed after their handshake
     (the puller tries another source). Connections still in the handshake take no slot."""
     handshake_timeout_s: float = Field(5.0, gt=0)
-    """Longest the whole handshake of an incoming weight connection may take (TLS included): a peer that
-    has not proved the run secret by then is dropped, however it trickles its bytes."""
+    """Longest the whole handshake of a weight connection may take (TLS included), on both sides: a peer
+    that has not proved the run secret by then is dropped, however it trickles its bytes, and a puller
+    leaves a source that accepts and never answers (a frozen process) for the next one."""
     max_unauthenticated_per_address: int = Field(16, ge=1)
     """Connections from one address a weight server keeps in the handshake at once; more from that
     address are closed at once (a peer without the secret holds at most this many, each at most

@@ -1,8 +1,10 @@
 """Weight bytes over TCP, the pulling side: authenticated connections and a parallel, bounded pull.
 
 The wire (frames, handshake, TLS) is `wire`; the serving side is `server`. Every receive waits at most
-`io_timeout_s`, and a pull gives up at its `deadline` (time.monotonic()), so a stalled peer fails the
-pull (the receiver then tries the next source) instead of holding it. An optional token bucket caps the
+`io_timeout_s`, the connection and its handshake at most `handshake_timeout_s` (a frozen peer that
+accepts and never answers costs that, not a whole I/O timeout per try), and a pull gives up at its
+`deadline` (time.monotonic()), so a stalled peer fails the pull (the receiver then tries the next
+source) instead of holding it. An optional token bucket caps the
 process's egress (cross-region links).
 """
 
@@ -111,18 +113,23 @@ class Connection:
         tls: ssl.SSLContext | None = None,
         io_timeout_s: float = 30.0,
         deadline: float | None = None,
+        handshake_timeout_s: float = 5.0,
     ) -> None:
         self.endpoint, self.scope = endpoint, {"model": model, "version": version, "what": what}
         self.io_timeout_s, self.deadline = io_timeout_s, deadline
         host, _, port = endpoint.rpartition(":")
+        handshake = min(handshake_timeout_s, self._timeout())
         try:
-            self.sock = socket.create_connection((host, int(port)), timeout=self._timeout())
+            self.sock = socket.create_connection((host, int(port)), timeout=handshake)
         except OSError as e:
             raise TransferError(f"{endpoint}: {e}") from None
         try:
             if tls is not None:
                 self.sock = tls.wrap_socket(self.sock, server_hostname=host)
             wire.connect(self.sock, secret, self.scope, endpoint)
+        except TimeoutError:
+            self.sock.close()
+            raise TransferError(f"{endpoint}: no handshake within {handshake:.1f} s") from None
         except BaseException:
             self.sock.close()
             raise
@@ -170,6 +177,7 @@ def pull(
     tls: ssl.SSLContext | None = None,
     io_timeout_s: float = 30.0,
     deadline: float | None = None,
+    handshake_timeout_s: float = 5.0,
 ) -> None:
     """Fill `into` with a whole source over up to `parallel` connections, each reading one range of at
     least `MIN_RANGE_BYTES` (a connection costs a handshake: small buffers come over one). Raises
@@ -185,7 +193,9 @@ def pull(
     def one(rng: tuple[int, int]) -> None:
         if failed.is_set():
             return
-        conn = Connection(endpoint, secret, model, version, what, tls, io_timeout_s, deadline)
+        conn = Connection(
+            endpoint, secret, model, version, what, tls, io_timeout_s, deadline, handshake_timeout_s
+        )
         with lock:
             conns.append(conn)
         try:

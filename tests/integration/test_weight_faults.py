@@ -77,7 +77,9 @@ def test_authenticated_connections_past_the_limit_are_refused():
 
 
 async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_path):
-    settings = WeightsSettings(full_every=100, io_timeout_s=0.5)
+    """A peer that accepts and never answers (a frozen RaaS) costs a puller its handshake timeout, not its
+    I/O timeout (60 s here: a run would stall for it at every try)."""
+    settings = WeightsSettings(full_every=100, io_timeout_s=60, handshake_timeout_s=0.5)
     pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     stalled = socket.create_server(("127.0.0.1", 0))  # accepts (in the kernel), never says a word
     endpoint = f"127.0.0.1:{stalled.getsockname()[1]}"
@@ -86,7 +88,7 @@ async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_
         key = await publish(pub, state, 0)
         peers = bus.keys.weight_peers(MODEL, 0)
         await bus.redis.zadd(peers, {f"local|{endpoint}": 1})
-        half = await rx.sync(key, 0)
+        half = await asyncio.wait_for(rx.sync(key, 0), 20)  # well within one I/O timeout
         assert bytes(half.data) == bytes(pub.buffer.served.data)
         assert f"local|{endpoint}".encode() not in await bus.redis.zrange(peers, 0, -1)
     finally:
