@@ -5,9 +5,11 @@ acknowledge it. Raw: pipelined XADD, XREADGROUP COUNT 100 then one pipeline of X
 Bus: `Bus.publish_many` with dedup keys, and `Runner` hand-offs (owner-checked, atomic, exactly-once).
 Two scenarios: "consume" times the consumers alone on a prefilled input stream (the consume +
 publish_and_ack path); "end to end" runs the producer concurrently. Throughput = N / (time until the N-th
-output exists). Paths alternate within each round; the median of the rounds is shown.
+output exists). Each round measures both paths back to back, in alternating order (raw first in even
+rounds); the rates shown are medians over the rounds, the ratio is the median of the rounds' own ratios
+(a shared machine's load shifts between rounds more than within one).
 
-    python tests/bench/bus_throughput.py [--messages 20000] [--consumers 2] [--rounds 3]
+    python tests/bench/bus_throughput.py [--messages 20000] [--consumers 2] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--consumers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = parse(ap, messages=500, rounds=1)
     scenarios = {"consume + publish_and_ack": True, "end to end (producer running)": False}
     results: dict[tuple[str, str], list[float]] = {}
@@ -160,7 +162,7 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 for s, (name, prefill) in enumerate(scenarios.items()):
-                    for path in ("raw", "bus"):
+                    for path in ("raw", "bus") if r % 2 == 0 else ("bus", "raw"):
                         run = f"{path}{r}s{s}"
                         rate = measure(server.url, path, run, args.messages, args.consumers, prefill)
                         results.setdefault((name, path), []).append(rate)
@@ -172,9 +174,9 @@ def main() -> None:
     )
     print(f"{'scenario':<32}{'raw msg/s':>12}{'astraflow msg/s':>18}{'ratio':>8}")
     for name in scenarios:
-        raw = statistics.median(results[(name, "raw")])
-        bus = statistics.median(results[(name, "bus")])
-        print(f"{name:<32}{raw:>12.0f}{bus:>18.0f}{bus / raw:>8.2f}")
+        raw, bus = results[(name, "raw")], results[(name, "bus")]
+        ratio = statistics.median(b / a for a, b in zip(raw, bus, strict=True))
+        print(f"{name:<32}{statistics.median(raw):>12.0f}{statistics.median(bus):>18.0f}{ratio:>8.2f}")
 
 
 if __name__ == "__main__":
