@@ -127,9 +127,9 @@ class Feeder:
         if sync and self._batch_formed(state, version):
             return "full", 0  # lockstep: this version's batch is formed; wait for the next version
         backlog_limit, ready_limit = await self.limits()
-        if sync:  # no more in flight than the batch still needs: what is left over when it forms is stale
-            needed = self._groups_per_batch() - await self.store.fewest_ready()
-            backlog_limit = min(backlog_limit, max(1, needed))  # (groups may bring fewer samples)
+        if sync:  # about what the batch still needs: what is left over when it forms is stale
+            needed = max(1, self._groups_per_batch() - await self.store.fewest_ready(version))
+            backlog_limit = min(backlog_limit, math.ceil(needed * self.feeder.sync_oversubmit))
         if await self.store.room(backlog_limit, ready_limit) <= 0:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
         positions = range(cursor, cursor + STEP_POSITIONS)

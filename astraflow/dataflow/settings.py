@@ -47,6 +47,11 @@ class FeederSettings(BaseModel):
     least one, or no batch could ever form."""
     interval_ms: int = Field(50, gt=0)
     """How long the feeder waits when the backlog is full."""
+    sync_oversubmit: float = Field(2.0, ge=1)
+    """Lockstep (`trainer.mode: sync`): prompt groups in flight per group the batch still needs, at most
+    the backlog. Dynamic sampling drops the groups whose rewards are all equal (about half of them on the
+    default recipe), so submitting only what is needed takes several waves of generation per version;
+    what is left over when the batch forms is dropped as stale."""
     solved_alpha: float = Field(0.5, gt=0, le=1)
     """filter_solved: weight of the newest group in a prompt's success-rate EWMA."""
     solved_threshold: float = Field(0.9, ge=0, le=1)

@@ -92,13 +92,15 @@ class Store:
     async def state(self) -> RunState:
         return await read_state(self.bus)
 
-    async def fewest_ready(self) -> int:
-        """Groups in the smallest ready set of the run's models."""
+    async def fewest_ready(self, version: int) -> int:
+        """Groups in the smallest ready set of the run's models that `version` may still train on (in edf
+        order the score is the deadline; in fifo order every group counts until the former expires it)."""
+        fresh = version if self.settings.collector.order == "edf" else "-inf"
 
         async def counts():
             async with self.bus.redis.pipeline(transaction=False) as pipe:
                 for m in self.models:
-                    pipe.zcard(self.keys.ready(m))
+                    pipe.zcount(self.keys.ready(m), fresh, "+inf")
                 return await pipe.execute()
 
         return min(await self.bus.call(counts))

@@ -374,8 +374,14 @@ async def test_a_prompt_group_dead_lettered_by_a_raas_is_settled_in_the_ledger()
     assert (ledger.submitted, ledger.dead, ledger.in_flight) == (2, 1, 1)
 
 
-async def test_sync_mode_submits_one_batch_per_version_and_waits_for_the_next():
-    bus, df = make("trainer.mode=sync", "dataflow.feeder.min_backlog=100", "dataflow.max_staleness_steps=0")
+@pytest.mark.parametrize("oversubmit", [1, 2])
+async def test_sync_mode_submits_one_batch_per_version_and_waits_for_the_next(oversubmit):
+    bus, df = make(
+        "trainer.mode=sync",
+        "dataflow.feeder.min_backlog=100",
+        "dataflow.max_staleness_steps=0",
+        f"dataflow.feeder.sync_oversubmit={oversubmit}",
+    )
     await bus.bootstrap(["policy"])
     assert await df.feeder.step() == ("full", 0)  # no version announced yet
     await publish_version(bus, "policy", 0)
@@ -383,7 +389,8 @@ async def test_sync_mode_submits_one_batch_per_version_and_waits_for_the_next():
     notice = decode((await bus.redis.xrange(bus.keys.notices))[-1][1], VersionNotice)
     assert notice.eval  # lockstep: every RaaS loads it before generating
     await df.feeder.step()
-    assert await bus.redis.xlen(bus.keys.prompts) == 2  # one batch: 8 samples = 2 groups of 4
+    # One batch (8 samples = 2 groups of 4), times the oversubmission for groups dynamic sampling drops.
+    assert await bus.redis.xlen(bus.keys.prompts) == 2 * oversubmit
     await roll_out(bus, 100, lambda g, i: float(i % 2))
     await df.collector.step(1)
     assert await df.former.step("policy") == "ok"
@@ -392,7 +399,24 @@ async def test_sync_mode_submits_one_batch_per_version_and_waits_for_the_next():
     await publish_version(bus, "policy", 1)
     await df.barrier.step(1)
     await df.feeder.step()
+    assert await bus.redis.xlen(bus.keys.prompts) == 4 * oversubmit
+
+
+async def test_sync_mode_submits_again_what_dynamic_sampling_dropped():
+    bus, df = make(
+        "trainer.mode=sync", "dataflow.feeder.min_backlog=100", "dataflow.feeder.sync_oversubmit=2"
+    )
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0)
+    await df.barrier.step(1)
+    await df.feeder.step()
     assert await bus.redis.xlen(bus.keys.prompts) == 4
+    # Every group's rewards are equal: all dropped, the batch still needs 2 groups, so 4 go out again.
+    await roll_out(bus, 100, lambda g, i: 1.0)
+    await df.collector.step(1)
+    assert await df.former.step("policy") == "wait"
+    await df.feeder.step()
+    assert await bus.redis.xlen(bus.keys.prompts) == 8
 
 
 async def test_traces_are_bounded_by_count_keeping_the_newest():
