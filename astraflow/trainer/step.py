@@ -62,7 +62,17 @@ class PolicyTrainer:
         tokens = 0
         rank, size = world()
         cfg = self.settings.loss
-        for index, part in enumerate(split(items, self.settings.minibatches)):
+        parts = split(items, self.settings.minibatches)
+        part_mbs = [
+            [devices.to_device(mb, self.device) for mb in self._micro_batches(part[rank::size], part[0])]
+            for part in parts
+        ]
+        # The proximal policy is the weights before this batch's update, for every minibatch: computed
+        # up front, so a later minibatch does not take the weights an earlier one moved for it.
+        part_prox = [
+            [self._logprobs(self.model, mb) if self.needs_prox else None for mb in mbs] for mbs in part_mbs
+        ]
+        for index, (part, mbs, prox) in enumerate(zip(parts, part_mbs, part_prox, strict=True)):
             # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
             # ranks, so each rank's share of the mean is scaled by the world size.
             denominator = (
@@ -72,10 +82,6 @@ class PolicyTrainer:
                 )
                 / size
             )
-            mbs = [
-                devices.to_device(mb, self.device) for mb in self._micro_batches(part[rank::size], part[0])
-            ]
-            prox = [self._logprobs(self.model, mb) for mb in mbs] if self.needs_prox else [None] * len(mbs)
             refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
