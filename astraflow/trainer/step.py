@@ -43,8 +43,10 @@ class PolicyTrainer:
         self.skipped: str | None = None
         """Why the last `step` applied nothing (None: it was applied)."""
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics.
+    def step(self, batch: Batch, version: int | None = None) -> dict[str, float]:
+        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics. `version`: of
+        the weights trained, which the staleness statistics count from (default: the version the batch
+        was formed for, which a trainer with batches prefetched has often passed already).
 
         Nothing non-finite is ever applied: a batch with a non-finite advantage or behaviour logprob, or a
         token id outside the embedding, is refused before any forward (the weights stay as they were); a
@@ -54,7 +56,7 @@ class PolicyTrainer:
         returned statistics are `{"skipped": 1.0}`. Every rank decides alike (the data is the same on
         all; the loss verdict is reduced over the ranks)."""
         started = time.perf_counter()
-        items = samples(batch)
+        items = samples(batch, version)
         self.skipped = refusal(items, self.vocab)
         if self.skipped is not None:
             return {"skipped": 1.0}
