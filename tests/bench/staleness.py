@@ -15,7 +15,9 @@ run directory beside it); a cell already saved is skipped, so the grid can be ru
 The table is printed from every cell saved in the root, one row per staleness and loss, medians over
 the seeds saved (each seed's figure in brackets where they differ): steps to target (less noisy than
 time on a shared machine), time to target, steps run, the final reward (the last window's mean),
-the share of the generated samples that was trained, and the share dropped as stale. Last line:
+the share of the generated samples that was trained, the share dropped as stale, and the mean
+staleness of the samples trained (versions between the trainer's weights and the oldest token of a
+sample's group, as the trainer counts it). Last line:
 
     staleness: fastest to <target>: s<k> <loss> <steps> steps, <time> s (<n> cells)
 
@@ -82,7 +84,10 @@ def run_cell(root: Path, staleness: int, loss: str, seed: int) -> None:
     shutil.rmtree(root / name, ignore_errors=True)  # an interrupted cell: its run would resume, not restart
     e2e.run("async", seed, root, name, (f"dataflow.max_staleness_steps={staleness}", *LOSSES[loss]))
     figures = e2e.figures("async", seed, root, name)
-    cell = {"staleness": staleness, "loss": loss, "seed": seed, "max_time_s": args.max_time, **figures}
+    steps = [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
+    trained = [s for s in steps if "staleness_mean" in s]  # as the trainer saw it: from the version it held
+    lag = {"lag_mean": statistics.mean(s["staleness_mean"] for s in trained) if trained else None}
+    cell = {"staleness": staleness, "loss": loss, "seed": seed, "max_time_s": args.max_time, **figures, **lag}
     saved.write_text(json.dumps(cell, indent=1))
     reached = "not reached" if figures["to_target_s"] is None else f"{figures['to_target_s']:.0f} s"
     print(f"{name}: {reached}, {figures['steps']} steps, final {figures['final_reward']:.2f}", flush=True)
@@ -111,7 +116,7 @@ def column(runs: list[dict], key: str, fmt: str) -> str:
 def report(saved: list[dict]) -> None:
     print(f"\n{args.recipe}: to reward {args.target} (ma{args.window}), medians over the seeds saved\n")
     head = ["staleness", "loss", "seeds", "steps to target", "time to target (s)", "steps", "final reward"]
-    head += ["trained / generated", "dropped stale"]
+    head += ["trained / generated", "dropped stale", "staleness trained"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     rows = {}
@@ -124,6 +129,7 @@ def report(saved: list[dict]) -> None:
         cells += [column(runs, "steps_to_target", ".0f"), column(runs, "to_target_s", ".0f")]
         cells += [column(runs, "steps", ".0f"), column(runs, "final_reward", ".2f")]
         cells += [column(runs, "trained_share", ".0%"), column(runs, "stale_share", ".0%")]
+        cells += [column([{"lag": r.get("lag_mean")} for r in runs], "lag", ".2f")]
         print("| " + " | ".join(cells) + " |")
         steps = statistics.median(r["steps_to_target"] or float("inf") for r in runs)
         time = statistics.median(r["to_target_s"] or float("inf") for r in runs)
