@@ -15,8 +15,9 @@ class Curator(ABC):
         self.bus, self.settings = bus, settings
 
     @abstractmethod
-    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
-        """Submit or skip each row; `randoms` are uniform in [0, 1), one per row, fixed per position."""
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
+        """Submit or skip each row; `randoms` are uniform in [0, 1), one per row, fixed per position;
+        `version`: the newest version announced to the RaaS pool."""
 
     async def _get(self, name: str, rows: Sequence[int]) -> list[bytes | None]:
         key = self.bus.keys.curator(name)
@@ -24,14 +25,14 @@ class Curator(ABC):
 
 
 class AcceptAll(Curator):
-    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         return [True] * len(rows)
 
 
 class FilterSolved(Curator):
     """Skip prompts whose success-rate EWMA (mean reward of its groups) is above the threshold."""
 
-    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         limit = self.settings.solved_threshold
         return [v is None or float(v) <= limit for v in await self._get("ewma", rows)]
 
@@ -41,7 +42,7 @@ class Greso(Curator):
     max(floor, p^s), p = p_easy (they were all right) or p_hard (all wrong). The p's adapt once per
     version toward target shares of zero-variance groups (announce.lua)."""
 
-    async def decide(self, rows: Sequence[int], randoms: Sequence[float]) -> list[bool]:
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         g = self.settings.greso
         key = self.bus.keys.curator("greso")
         p_easy, p_hard = await self.bus.call(lambda: self.bus.redis.hmget(key, ["p_easy", "p_hard"]))
@@ -56,7 +57,30 @@ class Greso(Curator):
         return out
 
 
-CURATORS: dict[str, type[Curator]] = {"accept_all": AcceptAll, "filter_solved": FilterSolved, "greso": Greso}
+class SkipZeroVariance(Curator):
+    """Skip a prompt whose last `skip_after_groups` groups all had zero reward variance - every sample
+    solved it, or every one failed it, so the collector dropped them unlearned - until `skip_versions`
+    versions have passed since the last of them; then it is submitted again (the policy has moved), and
+    skipped again for as long if that group is zero-variance too. Deterministic, unlike GRESO."""
+
+    async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
+        after, wait = self.settings.skip_after_groups, self.settings.skip_versions
+        out = []
+        for streak in await self._get("streak", rows):  # `<zero-variance groups in a row> <version>`
+            if streak is None:
+                out.append(True)
+                continue
+            count, at = streak.decode().split()
+            out.append(int(count) < after or version - int(at) >= wait)
+        return out
+
+
+CURATORS: dict[str, type[Curator]] = {
+    "accept_all": AcceptAll,
+    "filter_solved": FilterSolved,
+    "greso": Greso,
+    "skip_zero_variance": SkipZeroVariance,
+}
 
 
 def make_curator(bus: Bus, settings: FeederSettings) -> Curator:

@@ -135,7 +135,7 @@ class Feeder:
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [random.Random(f"{self.settings.seed}:curate:{p}").random() for p in positions]
-        decisions = await self.curator.decide(rows, randoms)
+        decisions = await self.curator.decide(rows, randoms, version)
         items = []
         for p, row, submit in zip(positions, rows, decisions, strict=True):
             uid = self.uid_at(p)

@@ -31,7 +31,10 @@ class FeederSettings(BaseModel):
     """Workflow the RaaS runs for each prompt group (a registered name or `module:Class`)."""
     n_samples: int = Field(8, ge=1)
     """Samples per prompt group."""
-    curator: Literal["accept_all", "filter_solved", "greso"] = "accept_all"
+    curator: Literal["accept_all", "filter_solved", "greso", "skip_zero_variance"] = "accept_all"
+    """Which rows are submitted: all; `filter_solved` (skip prompts whose success-rate EWMA is high);
+    `greso` (skip prompts with a zero-variance streak, with an adaptive probability);
+    `skip_zero_variance` (skip prompts whose recent groups were all zero-variance for a while)."""
     backlog_factor: float = Field(2.0, gt=0)
     """Submit while undelivered + pending prompt groups < factor x the slots of the live RaaS pool."""
     min_backlog: int = Field(8, ge=1)
@@ -57,6 +60,12 @@ class FeederSettings(BaseModel):
     solved_threshold: float = Field(0.9, ge=0, le=1)
     """filter_solved: skip prompts whose success-rate EWMA is above this."""
     greso: GresoSettings = Field(default_factory=GresoSettings)
+    skip_after_groups: int = Field(1, ge=1)
+    """skip_zero_variance: zero-variance groups in a row (all solved or all failed) before a prompt is
+    skipped."""
+    skip_versions: int = Field(1000, ge=1)
+    """skip_zero_variance: versions a prompt is skipped for after its last zero-variance group. A row
+    comes back once per pass over the dataset, so this only acts when a pass takes fewer versions."""
 
 
 class CollectorSettings(BaseModel):

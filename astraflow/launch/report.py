@@ -10,7 +10,10 @@ from astraflow.launch.progress import Progress, moving, samples_per_s
 
 
 def summary(progress: Progress, window: int, extra: dict) -> dict:
+    """Per model also `trained_share`: of the groups collected (generated and scored), the share trained,
+    i.e. of the generated samples, the share that was trained (when `extra` holds the run's ledger)."""
     models = {}
+    ledger = extra.get("ledger", {}).get("models", {})
     for name, m in progress.models.items():
         rewards = [r for _, _, r in m.steps]
         models[name] = {
@@ -22,6 +25,8 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
             "first_step_s": m.steps[0][1] if m.steps else None,
             "last_step_s": m.steps[-1][1] if m.steps else None,
         }
+        if name in ledger:
+            models[name]["trained_share"] = ledger[name]["trained"] / max(ledger[name]["collected"], 1)
         for metric, points in m.curves.items():  # e.g. tool_call_first_window, tool_call_last_window
             models[name][f"{metric}_first_window"] = moving(points[:window], window)
             models[name][f"{metric}_last_window"] = moving(points, window)
@@ -31,14 +36,19 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
 
 def busy_line(data: dict) -> str:
     """One line: the run's wall time and steps, and the share of it each stage was busy - generating
-    (a RaaS had a group in flight) and training (forward, backward, optimizer) - and each process's CPU."""
+    (a RaaS had a group in flight) and training (forward, backward, optimizer) - each process's CPU, and
+    the share of the generated samples that was trained (when the summary has it)."""
     wall = data["wall_s"] or 1e-9
     steps = ", ".join(f"{name} {m['versions']} steps" for name, m in data["models"].items())
     train = sum(m["train_s"] for m in data["models"].values())
     cpu = ", ".join(f"{name} {c / wall:.0%}" for name, c in data.get("cpu_s", {}).items())
+    shares = {name: m["trained_share"] for name, m in data["models"].items() if "trained_share" in m}
+    trained = ", ".join(
+        f"{'' if len(shares) == 1 else name + ' '}{share:.0%}" for name, share in shares.items()
+    )
     return (
         f"{data['wall_s']:.1f}s, {steps}; busy: generating {data['generating_s'] / wall:.0%},"
-        f" training {train / wall:.0%}; cpu: {cpu}"
+        f" training {train / wall:.0%}; cpu: {cpu}" + (f"; trained of generated: {trained}" if shares else "")
     )
 
 

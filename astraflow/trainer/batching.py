@@ -25,7 +25,8 @@ class Sample:
     mask: np.ndarray
     advantage: float
     version_lag: int
-    """Trainer version the batch was formed for minus the oldest version in the sample's group."""
+    """Version of the weights trained (default: the one the batch was formed for) minus the oldest version
+    among the sample's group's tokens."""
 
 
 @dataclass
@@ -38,10 +39,11 @@ class MicroBatch(Counted):
     adv: torch.Tensor
 
 
-def samples(batch: Batch) -> list[Sample]:
+def samples(batch: Batch, version: int | None = None) -> list[Sample]:
+    """The batch's samples; their lag counts from `version` (default the batch's)."""
     out = []
     for group in batch.groups:
-        lag = batch.version - group.min_version
+        lag = (batch.version if version is None else version) - group.min_version
         for traj, adv in zip(group.trajectories, group.advantages, strict=True):
             out.append(Sample(traj.token_ids, traj.logprobs, traj.loss_mask, float(adv), lag))
     return out

@@ -93,8 +93,8 @@ class TrainerService:
                 p.scheduler.load_state_dict(sched_state)
             checkpoint.restore_rng(rngs, self.rank, self.device)
             return state
-        if cmd == "train":
-            return p.step(arg)
+        if cmd == "train":  # (batch, the version trained)
+            return p.step(*arg)
         if cmd == "model_state":  # to publish: live or gathered in the served dtype, awaited before a step
             return distributed.publication_state(p.model, self._served_dtype)
         if cmd == "rng":
@@ -231,7 +231,7 @@ class TrainerService:
         why = await self.batches.begin(received)
         if why is None:
             try:
-                stats = await asyncio.to_thread(self._all, "train", received.batch)
+                stats = await asyncio.to_thread(self._all, "train", (received.batch, self.state.version))
             except Exception as e:
                 await self.batches.failed(received, f"{type(e).__name__}: {e}")
                 raise

@@ -43,8 +43,10 @@ class PolicyTrainer:
         self.skipped: str | None = None
         """Why the last `step` applied nothing (None: it was applied)."""
 
-    def step(self, batch: Batch) -> dict[str, float]:
-        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics.
+    def step(self, batch: Batch, version: int | None = None) -> dict[str, float]:
+        """Train on `batch` (`minibatches` optimizer steps); returns the step's statistics. `version`: of
+        the weights trained, which the staleness statistics count from (default: the version the batch
+        was formed for, which a trainer with batches prefetched has often passed already).
 
         Nothing non-finite is ever applied: a batch with a non-finite advantage or behaviour logprob, or a
         token id outside the embedding, is refused before any forward (the weights stay as they were); a
@@ -54,7 +56,7 @@ class PolicyTrainer:
         returned statistics are `{"skipped": 1.0}`. Every rank decides alike (the data is the same on
         all; the loss verdict is reduced over the ranks)."""
         started = time.perf_counter()
-        items = samples(batch)
+        items = samples(batch, version)
         self.skipped = refusal(items, self.vocab)
         if self.skipped is not None:
             return {"skipped": 1.0}
@@ -62,7 +64,17 @@ class PolicyTrainer:
         tokens = 0
         rank, size = world()
         cfg = self.settings.loss
-        for index, part in enumerate(split(items, self.settings.minibatches)):
+        parts = split(items, self.settings.minibatches)
+        part_mbs = [
+            [devices.to_device(mb, self.device) for mb in self._micro_batches(part[rank::size], part[0])]
+            for part in parts
+        ]
+        # The proximal policy is the weights before this batch's update, for every minibatch: computed
+        # up front, so a later minibatch does not take the weights an earlier one moved for it.
+        part_prox = [
+            [self._logprobs(self.model, mb) if self.needs_prox else None for mb in mbs] for mbs in part_mbs
+        ]
+        for index, (part, mbs, prox) in enumerate(zip(parts, part_mbs, part_prox, strict=True)):
             # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
             # ranks, so each rank's share of the mean is scaled by the world size.
             denominator = (
@@ -72,10 +84,6 @@ class PolicyTrainer:
                 )
                 / size
             )
-            mbs = [
-                devices.to_device(mb, self.device) for mb in self._micro_batches(part[rank::size], part[0])
-            ]
-            prox = [self._logprobs(self.model, mb) for mb in mbs] if self.needs_prox else [None] * len(mbs)
             refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)

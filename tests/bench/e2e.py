@@ -53,10 +53,10 @@ LOOPS = {
 """The in-process contenders: script and flags."""
 
 
-def run(contender: str, seed: int, root: Path) -> None:
-    """One run of `contender` with `seed`, its files in `root/<contender>-<seed>` (with `cpu.json`: the
-    CPU seconds of all its processes)."""
-    out = root / f"{contender}-{seed}"
+def run(contender: str, seed: int, root: Path, cell: str = "", overrides: tuple[str, ...] = ()) -> None:
+    """One run of `contender` with `seed`, its files in `root/<cell>` (default `<contender>-<seed>`; with
+    `cpu.json`: the CPU seconds of all its processes). `overrides`: more `--set` of an astraflow run."""
+    out = root / (cell or f"{contender}-{seed}")
     out.mkdir(parents=True, exist_ok=True)
     if contender in LOOPS:
         script, *flags = LOOPS[contender]
@@ -69,6 +69,8 @@ def run(contender: str, seed: int, root: Path) -> None:
             cmd += ["--set", s]
         cmd += ["--set", f"run.max_time_s={args.max_time}"]
         cmd += ["--set", f"run.max_steps={args.max_steps}"] if args.max_steps else []
+        for s in overrides:
+            cmd += ["--set", s]
     print(f"{contender} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, timeout=args.max_time + 300)
@@ -79,9 +81,12 @@ def run(contender: str, seed: int, root: Path) -> None:
         raise subprocess.CalledProcessError(done.returncode, cmd)
 
 
-def figures(contender: str, seed: int, root: Path) -> dict:
-    """What one kept run measured; times in seconds, per-step figures in milliseconds."""
-    out = root / f"{contender}-{seed}"
+def figures(contender: str, seed: int, root: Path, cell: str = "") -> dict:
+    """What one kept run measured; times in seconds, per-step figures in milliseconds. Of an astraflow
+    run also: `steps_to_target` (None: not reached), `final_reward` (the last window's mean on-policy
+    reward), `trained_share` (groups trained of those collected: the share of generated samples trained)
+    and `stale_share` (of those collected, dropped as stale)."""
+    out = root / (cell or f"{contender}-{seed}")
     cpu_s = json.loads((out / "cpu.json").read_text())["cpu_s"]
     if contender in LOOPS:
         data = json.loads((out / "loop.json").read_text())
@@ -102,10 +107,11 @@ def figures(contender: str, seed: int, root: Path) -> dict:
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     model = next(iter(summary["models"]))
     steps = [s for s in steps if s["model"] == model]
-    n, window, reached = len(steps), args.window, None
+    n, window, reached, reached_step = len(steps), args.window, None, None
+    rewards = [s["rollout_reward"] for s in steps]
     for i in range(window - 1, n):
-        if sum(s["rollout_reward"] for s in steps[i - window + 1 : i + 1]) / window >= args.target:
-            reached = steps[i]["wall_s"]
+        if sum(rewards[i - window + 1 : i + 1]) / window >= args.target:
+            reached, reached_step = steps[i]["wall_s"], i + 1
             break
     span = steps[-1]["wall_s"] - steps[0]["wall_s"]
     step_ms = 1000 * span / max(n - 1, 1)
@@ -113,8 +119,13 @@ def figures(contender: str, seed: int, root: Path) -> dict:
     wait_ms = 1000 * statistics.mean(s.get("wait_s", 0.0) for s in steps[1:])
     wall = summary["wall_s"]
     ledger = summary["ledger"]["models"][model]
+    stale = sum(c for reason, c in ledger["dropped"].items() if reason.startswith("stale"))
     return {
         "to_target_s": reached,
+        "steps_to_target": reached_step,
+        "final_reward": statistics.mean(rewards[-window:]) if rewards else None,
+        "trained_share": ledger["trained"] / max(ledger["collected"], 1),
+        "stale_share": stale / max(ledger["collected"], 1),
         "steps": n,
         "step_ms": step_ms,
         "gen_ms": 1000 * summary["generating_s"] / n,

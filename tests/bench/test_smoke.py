@@ -36,6 +36,7 @@ FIGURES = {
     "raas_throughput": rf"^hf +\d+ +\d+ +{NUMBER}$",
     "real_shape_run": r"^real-shape run tiny: \d+ versions trained \(run.max_steps 2\), completed, no OOM",
     "replica_ack": rf"^1 +\d+ +{NUMBER}$",
+    "staleness": rf"^staleness: fastest to {NUMBER}: .+ \(\d+ cells\)$",
     "tool_sandbox": rf"^process group +{NUMBER} +{NUMBER}$",
     "trainer_step": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER}$",
     "trl_loop": rf"^trl GRPOTrainer: \d+ steps, time to {NUMBER}: .*; {NUMBER} ms per step \(\d+ threads\)$",
@@ -45,7 +46,15 @@ FIGURES = {
 """Script -> a regular expression (per line) of its figure line at the smoke size, in the format its full
 size prints."""
 
-SLOW = {"e2e", "eval_overhead", "raas_generation", "raas_throughput", "real_shape_run", "trl_loop"}
+SLOW = {
+    "e2e",
+    "eval_overhead",
+    "raas_generation",
+    "raas_throughput",
+    "real_shape_run",
+    "staleness",
+    "trl_loop",
+}
 """Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""
 
 

@@ -175,3 +175,15 @@ def test_a_step_whose_loss_is_nan_is_not_applied(model, minibatches):
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())  # nothing left to leak into the next step
     assert trainer.scheduler.last_epoch == 0 and not trainer.optimizer.state
+
+
+def test_staleness_counts_from_the_version_the_trainer_holds(model):
+    """A batch formed for version 0 and trained at version 3 (batches were prefetched meanwhile) is 3
+    versions stale, not 0."""
+    from astraflow.trainer.step import PolicyTrainer
+
+    batch = make_batch(model, [[5, 6, 7, 8], [5, 6, 9, 10]], [1, 0])  # formed for version 0, tokens of 0
+    trainer = PolicyTrainer(model, TrainerSettings())
+    assert trainer.step(batch)["staleness_max"] == 0.0
+    stats = trainer.step(batch, version=3)
+    assert stats["staleness_max"] == stats["staleness_mean"] == 3.0 and stats["staleness_3"] == 1.0

@@ -9,7 +9,7 @@
 -- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8] errors hash (an acknowledged entry's recorded
 -- error is removed), KEYS[9..] per model: ready set, samples hash, refs
 -- ARGV: group, consumer, max_staleness, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
---   curator ('' = none reads the state, 'filter_solved', 'greso'), n_items, then per item: entry_id, uid,
+--   curator ('' = none reads the state, 'filter_solved', 'greso', 'skip_zero_variance'), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
 --   ready_index, reason ('' = accept), min_version, n_samples
 -- An eval group (uid `eval:<v>:...`) has no parts: it counts as `eval` (and `eval_dropped:<reason>` when
@@ -41,6 +41,15 @@ local function update_curator(uid, mean, zero_var)
       local streak = was == kind and tonumber(n) or 0
       redis.call('HSET', streak_key, row, (streak + 1) .. ' ' .. kind)
       redis.call('HINCRBY', greso, Greso.zero_var(kind), 1)
+    else
+      redis.call('HDEL', streak_key, row)
+    end
+  elseif curator == 'skip_zero_variance' then
+    if zero_var then  -- `<zero-variance groups in a row> <trainer version now>`
+      local n = tonumber(string.match(redis.call('HGET', streak_key, row) or '', '^(%d+) ') or '0')
+      local v = 0
+      for _, x in pairs(versions) do v = math.max(v, x) end
+      redis.call('HSET', streak_key, row, (n + 1) .. ' ' .. v)
     else
       redis.call('HDEL', streak_key, row)
     end
