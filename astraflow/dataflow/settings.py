@@ -105,7 +105,9 @@ class DataflowSettings(BaseModel):
     id: str = ""
     """Consumer name of this replica; default `dataflow-<host>-<pid>`."""
     max_staleness_steps: int = Field(4, ge=0)
-    """Drop a group when trainer_version - min_token_version exceeds this."""
+    """Drop a group when trainer_version - min_token_version exceeds this, trainer_version counted at the
+    earliest it can train the group: the trainer's newest version plus one per batch formed ahead of it
+    (`batch.prefetch`). The version it trains at can still be later; the trainer reports it as staleness."""
     dataset: DatasetSettings = Field(default_factory=DatasetSettings)
     """Where prompts come from."""
     feeder: FeederSettings = Field(default_factory=FeederSettings)

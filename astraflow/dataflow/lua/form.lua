@@ -34,14 +34,18 @@ for _, member in ipairs(redis.call('ZRANGEBYLEX', formed, '-', delivered_to)) do
   end
 end
 
--- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set).
+-- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set). A
+-- group still ready is trained after every batch formed and not yet delivered, each a version on: at
+-- `trained_at` or later, the least version it can be trained at.
+local undelivered = redis.call('ZLEXCOUNT', formed, '(' .. string.sub(delivered_to, 2), '+')
+local trained_at = version + undelivered
 local expired = {}
 if order == 'edf' then
-  expired = redis.call('ZRANGEBYSCORE', ready, '-inf', '(' .. version)  -- deadline < version
+  expired = redis.call('ZRANGEBYSCORE', ready, '-inf', '(' .. trained_at)  -- deadline < trained_at
 else
   for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
     local _, minv = parse_member(member)
-    if version - minv > max_staleness then expired[#expired + 1] = member end
+    if trained_at - minv > max_staleness then expired[#expired + 1] = member end
   end
 end
 for _, member in ipairs(expired) do
@@ -54,7 +58,7 @@ for _, member in ipairs(expired) do
   trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), seq})
 end
 
-if redis.call('ZLEXCOUNT', formed, '(' .. string.sub(delivered_to, 2), '+') >= prefetch then
+if undelivered >= prefetch then
   flush(ledger)
   return {'full', '', 0, 0, #expired}
 end
