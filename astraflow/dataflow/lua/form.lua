@@ -23,14 +23,25 @@ if not nonce then return redis.error_reply('ERR run not bootstrapped: no identit
 local version = trainer_version(state, model)
 local count, flush = counter()
 
--- Release the groups of batches the trainer has acknowledged (delivered and no longer pending).
+-- Release the groups of batches the trainer has acknowledged (delivered and no longer pending). The
+-- trainer acknowledges batches only once a checkpoint holds them, so dozens may be delivered and still
+-- pending: one XPENDING over their id range tells which, not one per batch (called many times a step).
 local delivered_to = '[' .. sortable(last_delivered(batches, trainer_group)) .. '~'
-for _, member in ipairs(redis.call('ZRANGEBYLEX', formed, '-', delivered_to)) do
-  local words = {}
-  for w in string.gmatch(member, '%S+') do words[#words + 1] = w end
-  if #redis.call('XPENDING', batches, trainer_group, words[2], words[2], 1) == 0 then
-    for k = 3, #words do release(samples, refs, words[k]) end
-    redis.call('ZREM', formed, member)
+local delivered = redis.call('ZRANGEBYLEX', formed, '-', delivered_to)
+if #delivered > 0 then
+  local first = string.match(delivered[1], '^%S+ (%S+)')
+  local last = string.match(delivered[#delivered], '^%S+ (%S+)')
+  local still = {}
+  for _, p in ipairs(redis.call('XPENDING', batches, trainer_group, first, last, 2147483647)) do
+    still[p[1]] = true
+  end
+  for _, member in ipairs(delivered) do
+    local words = {}
+    for w in string.gmatch(member, '%S+') do words[#words + 1] = w end
+    if not still[words[2]] then
+      for k = 3, #words do release(samples, refs, words[k]) end
+      redis.call('ZREM', formed, member)
+    end
   end
 end
 
