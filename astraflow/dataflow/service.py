@@ -48,7 +48,7 @@ class DataflowSetup:
     named_code: frozenset[str]
     """The `module:Name` code the recipe names, the only code a dataset row may pick by name."""
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
-    """What is evaluated at eval versions (none when `eval.every` is 0)."""
+    """What is evaluated at eval versions (none when `eval.every` and `eval.every_s` are 0)."""
     model_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Each policy's starting weights (`Settings.policy(name).engine.model`): the collector checks token
     ids against their vocabulary."""
@@ -81,7 +81,7 @@ class Dataflow:
             rows = load_rows(settings.dataflow.dataset, settings.seed)
         check_row_rewards(rows, settings.named_code)
         e = settings.eval
-        evals = Evals(e, settings.dataflow.feeder.workflow, settings.models) if e.every else None
+        evals = Evals(e, settings.dataflow.feeder.workflow, settings.models) if e.every or e.every_s else None
         self.feeder = Feeder(settings, self.store, rows, evals)
         untrained = set(settings.models) - set(settings.trained)
         self.collector = Collector(self.store, name, untrained, e.metrics, settings.model_paths)
