@@ -59,6 +59,24 @@ local function release(samples, refs, ref)
   end
 end
 
+-- `release` for many references at once: `add` each, then `flush` deletes the freed ones in two commands
+-- per thousand (flush before anything may hold a freed reference again).
+local function releaser(samples, refs)
+  local freed = {}
+  local function flush()
+    if #freed > 0 then
+      redis.call('HDEL', refs, unpack(freed))
+      redis.call('HDEL', samples, unpack(freed))
+      freed = {}
+    end
+  end
+  local function add(ref)
+    if redis.call('HINCRBY', refs, ref, -1) <= 0 then freed[#freed + 1] = ref end
+    if #freed >= 1000 then flush() end
+  end
+  return add, flush
+end
+
 -- The trainer version of `model` (0 before its trainer published anything).
 local function trainer_version(state, model)
   return tonumber(redis.call('HGET', state, State.version(model)) or '0')

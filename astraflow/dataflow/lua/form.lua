@@ -11,7 +11,7 @@
 --   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, trace_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
--- replayed groups, expired groups}.
+-- replayed groups, expired groups, units still missing ('wait' only, else 0)}.
 local ready, samples, refs, replay, batches = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ledger, state, formed, identity = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -31,18 +31,22 @@ local delivered = redis.call('ZRANGEBYLEX', formed, '-', delivered_to)
 if #delivered > 0 then
   local first = string.match(delivered[1], '^%S+ (%S+)')
   local last = string.match(delivered[#delivered], '^%S+ (%S+)')
-  local still = {}
+  local still, done = {}, {}
   for _, p in ipairs(redis.call('XPENDING', batches, trainer_group, first, last, 2147483647)) do
     still[p[1]] = true
   end
+  local free, freed = releaser(samples, refs)
   for _, member in ipairs(delivered) do
     local words = {}
     for w in string.gmatch(member, '%S+') do words[#words + 1] = w end
     if not still[words[2]] then
-      for k = 3, #words do release(samples, refs, words[k]) end
-      redis.call('ZREM', formed, member)
+      for k = 3, #words do free(words[k]) end
+      done[#done + 1] = member
+      if #done >= 1000 then redis.call('ZREM', formed, unpack(done)); done = {} end
     end
   end
+  freed()
+  if #done > 0 then redis.call('ZREM', formed, unpack(done)) end
 end
 
 -- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set).
@@ -67,7 +71,7 @@ end
 
 if redis.call('ZLEXCOUNT', formed, '(' .. string.sub(delivered_to, 2), '+') >= prefetch then
   flush(ledger)
-  return {'full', '', 0, 0, #expired}
+  return {'full', '', 0, 0, #expired, 0}
 end
 
 local function units(n) return unit == 'samples' and n or 1 end
@@ -105,7 +109,7 @@ for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
 end
 if fresh_units + replayed_units < size then
   flush(ledger)
-  return {'wait', '', 0, 0, #expired}
+  return {'wait', '', 0, 0, #expired, size - fresh_units - replayed_units}
 end
 
 local seq = redis.call('HINCRBY', state, State.seq, 1)
@@ -154,4 +158,4 @@ if excess > 0 then
     release(samples, refs, ref)
   end
 end
-return {'ok', batch_uid, #fresh, #replayed, #expired}
+return {'ok', batch_uid, #fresh, #replayed, #expired, 0}
