@@ -56,3 +56,24 @@ async def test_forming_a_batch_costs_the_same_however_many_batches_the_trainer_h
     refs = await bus.redis.hgetall(bus.keys.refs("policy"))
     assert await bus.redis.zcard(bus.keys.formed("policy")) <= 1  # at most the batch just formed
     assert len(refs) <= 2, refs  # that batch's two groups
+
+
+async def test_a_look_at_a_run_with_many_keys_takes_a_few_round_trips(bus):
+    """The launcher's view reads the run's streams and the RaaS heartbeats every few seconds, and the
+    feeder the heartbeats every second; a run keeps a trace per prompt group (tens of thousands)."""
+    from astraflow.dataflow.service import Dataflow
+    from astraflow.launch.progress import read_heartbeats
+    from astraflow.streams.views import inspect_run
+
+    fill = "for i = 1, 20000 do redis.call('SET', ARGV[1] .. i, 1) end"
+    await bus.redis.eval(fill, 0, bus.keys.trace_prefix)
+    settings = load_settings(None, ["run.name=it", "dataflow.feeder.n_samples=4"])
+    feeder = Dataflow(dataflow_setup(settings), bus, "df").feeder
+
+    before = await commands(bus)
+    streams = await inspect_run(bus)
+    await read_heartbeats(bus)
+    await feeder.pool_slots()
+    spent = await commands(bus) - before - 1
+    assert {v.key for v in streams} >= {"prompts", "rollouts", "versions"}
+    assert spent < 60, spent  # at Redis's default SCAN count: over 2,000
