@@ -98,7 +98,7 @@ class DataflowSettings(BaseModel):
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     trace_retention_s: int = Field(7 * 24 * 3600, gt=0)
-    """How long a prompt group's lineage (`astraflow trace`) is kept."""
+    """How long a prompt group's lineage (`astraflow trace`) is kept, from its submission."""
     trace_max_groups: int = Field(100_000, ge=1)
     """Most lineages kept (about 1 KB each in Redis: ~100 MB at the default); the oldest go first."""
     metrics_port: int = Field(0, ge=0, le=65535)

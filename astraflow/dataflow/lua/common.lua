@@ -90,14 +90,16 @@ local function ownership(stream, group, consumer, id)
 end
 
 -- Add to the lineage of prompt group `uid` (its hash is `traces .. uid`; `traces` comes from the caller):
--- `create` when it is submitted; later steps add to a trace that still exists only (one past retention, or
--- pushed out by `trace_max_groups`, is not brought back partly).
+-- `create` when it is submitted, which sets its retention (`ttl`, counted from then: the later steps come
+-- seconds after, and an EXPIRE each would be a sixth of what a group costs Redis); later steps add to a
+-- trace that still exists only (one past retention, or pushed out by `trace_max_groups`, is not brought
+-- back partly).
 local function trace(traces, uid, ttl, pairs_, create)
   if #pairs_ == 0 then return end
   local key = traces .. uid
   if not create and redis.call('EXISTS', key) == 0 then return end
   redis.call('HSET', key, unpack(pairs_))
-  redis.call('EXPIRE', key, ttl)
+  if create then redis.call('EXPIRE', key, ttl) end
 end
 
 -- Counter increments gathered during a script and written once per field at its end.

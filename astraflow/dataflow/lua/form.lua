@@ -59,15 +59,18 @@ else
     if version - minv > max_staleness then expired[#expired + 1] = member end
   end
 end
-for _, member in ipairs(expired) do
+-- One sequence number each (taken together), one ZREM and one HDEL per hash for them all.
+local first_seq = #expired > 0 and redis.call('HINCRBY', state, State.seq, #expired) - #expired or 0
+local free, freed = releaser(samples, refs)
+for i, member in ipairs(expired) do
   local uid, _, _, ref = parse_member(member)
-  local seq = redis.call('HINCRBY', state, State.seq, 1)
-  redis.call('ZREM', ready, member)
-  release(samples, refs, ref)
-  count(Counters.model_ready(model), -1)
-  count(Counters.dropped(model, 'stale_wait'), 1)
-  trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), seq})
+  free(ref)
+  trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), first_seq + i})
 end
+freed()
+for k = 1, #expired, 1000 do redis.call('ZREM', ready, unpack(expired, k, math.min(k + 999, #expired))) end
+count(Counters.model_ready(model), -#expired)
+count(Counters.dropped(model, 'stale_wait'), #expired)
 
 if redis.call('ZLEXCOUNT', formed, '(' .. string.sub(delivered_to, 2), '+') >= prefetch then
   flush(ledger)
