@@ -111,7 +111,7 @@ class RunSettings(BaseModel):
     @classmethod
     def _no_eval_every_s(cls, value: Any) -> Any:
         if isinstance(value, dict) and "eval_every_s" in value:
-            raise ValueError("run.eval_every_s is gone: set eval.every (versions) and eval.datasets")
+            raise ValueError("run.eval_every_s is gone: set eval.every_s (or eval.every) and eval.datasets")
         return value
 
     @field_validator("models", mode="before")
@@ -181,7 +181,8 @@ class Settings(BaseSettings):
     weights: WeightsSettings = Field(default_factory=WeightsSettings)
     demo: DemoSettings = Field(default_factory=DemoSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
-    """Evaluation as a service: datasets scored at every `eval.every`-th version, for every policy."""
+    """Evaluation as a service: datasets scored at every `eval.every`-th version (or `eval.every_s` seconds),
+    for every policy."""
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     """Experiment trackers (TensorBoard, W&B, MLflow) fed from the run's metrics stream."""
     log: LogSettings = Field(default_factory=LogSettings)

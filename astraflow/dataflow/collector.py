@@ -45,6 +45,8 @@ class Collector:
         self.judge = Judge(self.settings, store.models)
         self.observe: Callable[[list[Record]], None] = lambda records: None
         """Sees the `metrics` entries once written (the replica's Prometheus series: `launch.build`)."""
+        self.made_ready: Callable[[str, int], None] = lambda model, n_samples: None
+        """Told of every group part put in a ready set: (model, samples) (the batch former's wake-ups)."""
 
     async def step(self, block_ms: int | None) -> int:
         """Read up to `collector.read_count` rollout entries and settle them; returns entries read."""
@@ -83,6 +85,9 @@ class Collector:
             log.debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
             if status == "ok":
                 settled.append(item)
+                for part, outcome in zip(item.parts, outcomes, strict=False):
+                    if outcome == "ready":
+                        self.made_ready(part.model, part.n_samples)
         await self._metrics(settled)
         await self._eval_metrics(settled)
 

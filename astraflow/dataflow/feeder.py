@@ -21,6 +21,7 @@ from astraflow.messages import Heartbeat, PromptGroup, decode, encode
 from astraflow.streams.names import heartbeat_holder
 from astraflow.streams.runstate import RunState
 from astraflow.streams.strays import Strays
+from astraflow.streams.views import SCAN_COUNT
 
 if TYPE_CHECKING:
     from astraflow.dataflow.evaluation import Evals
@@ -159,4 +160,4 @@ class Feeder:
 
 
 async def _scan(redis, pattern: str) -> list[bytes]:
-    return [k async for k in redis.scan_iter(match=pattern, count=1000)]
+    return [k async for k in redis.scan_iter(match=pattern, count=SCAN_COUNT)]

@@ -28,8 +28,10 @@ from astraflow.workflows.api import check_row_rewards
 from astraflow.workflows.datasets import load_rows
 
 log = structlog.get_logger(__name__)
-IDLE_S = 0.02
-"""Pause of the batch former when it has nothing to do (woken early by this replica's collector)."""
+IDLE_S = 0.1
+"""Pause of the batch former when it has nothing to do (woken early by this replica's collector when it
+made enough groups ready, or made any while the prefetch is full); what other replicas collected, and
+groups gone stale while waiting, are taken in at the latest then."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ class DataflowSetup:
     named_code: frozenset[str]
     """The `module:Name` code the recipe names, the only code a dataset row may pick by name."""
     eval: EvalSettings = dataclasses.field(default_factory=EvalSettings)
-    """What is evaluated at eval versions (none when `eval.every` is 0)."""
+    """What is evaluated at eval versions (none when `eval.every` and `eval.every_s` are 0)."""
     model_paths: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Each policy's starting weights (`Settings.policy(name).engine.model`): the collector checks token
     ids against their vocabulary."""
@@ -59,11 +61,27 @@ class BatchFormer:
         self.store = store
         b = store.settings.batch
         self._randoms = min(round(b.replay_ratio * b.size), b.replay_capacity)
+        self._groups = b.unit == "groups"
+        self.short: dict[str, int] = {}
+        """Per model, the batch units still missing when its last step found too few ready ('wait');
+        lowered by what this replica's collector makes ready since (`made_ready`)."""
+
+    def made_ready(self, model: str, n_samples: int) -> None:
+        """The collector put a group of `model` with `n_samples` samples in its ready set."""
+        if model in self.short:
+            self.short[model] -= 1 if self._groups else n_samples
+
+    def due(self, model: str) -> bool:
+        """Whether a step of `model` may form a batch now, as far as this replica saw: not while too few
+        units are ready (a form step is a script of a dozen commands; the collector settles groups many
+        times a batch)."""
+        return self.short.get(model, 0) <= 0
 
     async def step(self, model: str) -> str:
         """Form at most one batch of `model`: 'ok', 'full' (prefetch reached) or 'wait' (too few ready)."""
         randoms = [random.random() for _ in range(self._randoms)]
-        status, uid, fresh, replayed, expired = await self.store.form(model, randoms)
+        status, uid, fresh, replayed, expired, short = await self.store.form(model, randoms)
+        self.short[model] = short
         if expired:
             log.info("groups_expired", model=model, groups=expired)
         if status == "ok":
@@ -81,12 +99,13 @@ class Dataflow:
             rows = load_rows(settings.dataflow.dataset, settings.seed)
         check_row_rewards(rows, settings.named_code)
         e = settings.eval
-        evals = Evals(e, settings.dataflow.feeder.workflow, settings.models) if e.every else None
+        evals = Evals(e, settings.dataflow.feeder.workflow, settings.models) if e.every or e.every_s else None
         self.feeder = Feeder(settings, self.store, rows, evals)
         untrained = set(settings.models) - set(settings.trained)
         self.collector = Collector(self.store, name, untrained, e.metrics, settings.model_paths)
         self.barrier = Barrier(self.store, name, synchronous=settings.sync, evals=evals)
         self.former = BatchFormer(self.store)
+        self.collector.made_ready = self.former.made_ready
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
         self._freed = asyncio.Event()  # ... and the feeder may have room
 
@@ -146,12 +165,14 @@ class Dataflow:
         self._freed.set()
 
     async def _form(self) -> None:
+        timed_out = True
         while True:
             for model in self.settings.trained:
-                while await self.former.step(model) == "ok":
-                    pass
+                if timed_out or self.former.due(model):
+                    while await self.former.step(model) == "ok":
+                        pass
             self._collected.clear()
-            await _wait(self._collected, IDLE_S)
+            timed_out = not await _wait(self._collected, IDLE_S)
 
     async def _follow_versions(self) -> None:
         while True:
@@ -166,9 +187,10 @@ class Dataflow:
                 await self.bus.trim(stream)
 
 
-async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-    """Until `event` is set or `timeout_s` passed."""
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Until `event` is set (True) or `timeout_s` passed (False)."""
     try:
         await asyncio.wait_for(event.wait(), timeout_s)
     except TimeoutError:
-        pass
+        return False
+    return True

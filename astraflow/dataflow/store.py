@@ -170,21 +170,26 @@ class Store:
             for p in it.parts:
                 args += [p.model, index[p.model], p.reason, p.min_version, p.n_samples]
 
+        accepted: dict[str, dict[str, bytes]] = {}
+        for it in items:
+            for p in it.parts:
+                if not p.reason:
+                    accepted.setdefault(p.model, {})[it.entry_id] = p.payload
+
         async def transaction():
             # The bytes go in as plain HSETs (fast), the decisions in the script, all in one MULTI.
             async with self.bus.redis.pipeline(transaction=True) as pipe:
-                for it in items:
-                    for p in it.parts:
-                        if not p.reason:
-                            pipe.hset(k.samples(p.model), it.entry_id, p.payload)
+                for model, payloads in accepted.items():  # one HSET per model, not per group
+                    pipe.hset(k.samples(model), mapping=payloads)
                 await self._scripts["collect"](keys=keys, args=args, client=pipe)
                 return (await pipe.execute())[-1]
 
         replies = await self.bus.call(transaction)
         return [[x.decode() for x in r] for r in replies]
 
-    async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int]:
-        """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired)."""
+    async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int, int]:
+        """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired,
+        short): `short`, on 'wait', the batch units (samples or groups) still missing."""
         k, s, b = self.keys, self.settings, self.settings.batch
         keys = [k.ready(model), k.samples(model), k.refs(model), k.replay(model), k.batches(model)]
         keys += [k.ledger, k.state, k.formed(model), k.identity]
@@ -193,8 +198,8 @@ class Store:
         args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]
         args += [b.prefetch, GROUP_TRAINER, k.trace_prefix, s.trace_retention_s, s.collector.order]
         args += [f"{time.time():.3f}", *(repr(r) for r in randoms)]
-        status, uid, fresh, replayed, expired = await self._run("form", keys, args)
-        return status.decode(), uid.decode(), int(fresh), int(replayed), int(expired)
+        status, uid, fresh, replayed, expired, short = await self._run("form", keys, args)
+        return status.decode(), uid.decode(), int(fresh), int(replayed), int(expired), int(short)
 
     async def record_version(self, consumer: str, entry_id: str, msg: VersionPublished) -> str:
         """Record a published version with the XACK of its entry; returns 'ok', 'dup' or 'lost'."""

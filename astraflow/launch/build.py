@@ -61,7 +61,8 @@ def trainer_setup(settings: Settings, model: str) -> TrainerSetup:
 
     trainer = settings.policy(model).trainer
     weights = served_weights(settings)
-    return TrainerSetup(trainer, weights, settings.run.name, settings.run.path, settings.eval.every)
+    e = settings.eval
+    return TrainerSetup(trainer, weights, settings.run.name, settings.run.path, e.every, e.every_s)
 
 
 def build_trainer(settings: Settings, bus: Bus, model: str) -> TrainerService:

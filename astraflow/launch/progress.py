@@ -18,7 +18,7 @@ from astraflow.launch.evals import EvalResults
 from astraflow.messages import Heartbeat, decode
 from astraflow.streams import Bus
 from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, decode_record
-from astraflow.streams.views import inspect_run
+from astraflow.streams.views import SCAN_COUNT, inspect_run
 
 
 @dataclass
@@ -178,7 +178,7 @@ def metrics_text(m: ModelProgress, window: int) -> str:
 async def read_heartbeats(bus: Bus) -> list[Heartbeat]:
     """The live RaaS workers' heartbeats (an unreadable one is skipped)."""
     beats = []
-    async for key in bus.redis.scan_iter(match=bus.keys.raas("*"), count=1000):
+    async for key in bus.redis.scan_iter(match=bus.keys.raas("*"), count=SCAN_COUNT):
         try:
             beats.append(decode(await bus.redis.hgetall(key), Heartbeat))
         except DecodeError:

@@ -20,6 +20,7 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
             "versions": m.steps[-1][0] if m.steps else 0,
             "reward_first_window": sum(rewards[:window]) / len(rewards[:window]) if rewards else None,
             "reward_last_window": m.moving_reward(window),
+            "samples": m.samples,
             "samples_per_s": samples_per_s(m),
             "train_s": round(m.train_s, 3),
             "first_step_s": m.steps[0][1] if m.steps else None,
@@ -31,13 +32,18 @@ def summary(progress: Progress, window: int, extra: dict) -> dict:
             models[name][f"{metric}_first_window"] = moving(points[:window], window)
             models[name][f"{metric}_last_window"] = moving(points, window)
     timing = {"generating_s": round(progress.generating_s, 3)}
-    return {"models": models, "evals": progress.evals.as_list(), **timing, **extra}
+    data = {"models": models, "evals": progress.evals.as_list(), **timing, **extra}
+    if "redis_commands" in extra:  # the run's coordination cost per sample it trained
+        trained = sum(m["samples"] for m in models.values())
+        data["redis_commands_per_sample"] = round(extra["redis_commands"] / max(trained, 1), 2)
+    return data
 
 
 def busy_line(data: dict) -> str:
     """One line: the run's wall time and steps, and the share of it each stage was busy - generating
     (a RaaS had a group in flight) and training (forward, backward, optimizer) - each process's CPU, and
-    the share of the generated samples that was trained (when the summary has it)."""
+    the share of the generated samples that was trained, and the Redis commands (those its scripts ran
+    included) per trained sample, when counted."""
     wall = data["wall_s"] or 1e-9
     steps = ", ".join(f"{name} {m['versions']} steps" for name, m in data["models"].items())
     train = sum(m["train_s"] for m in data["models"].values())
@@ -46,9 +52,12 @@ def busy_line(data: dict) -> str:
     trained = ", ".join(
         f"{'' if len(shares) == 1 else name + ' '}{share:.0%}" for name, share in shares.items()
     )
+    per_sample = data.get("redis_commands_per_sample")
+    redis = f"; redis {per_sample:.1f} commands/sample" if per_sample is not None else ""
     return (
         f"{data['wall_s']:.1f}s, {steps}; busy: generating {data['generating_s'] / wall:.0%},"
-        f" training {train / wall:.0%}; cpu: {cpu}" + (f"; trained of generated: {trained}" if shares else "")
+        f" training {train / wall:.0%}; cpu: {cpu}{redis}"
+        + (f"; trained of generated: {trained}" if shares else "")
     )
 
 

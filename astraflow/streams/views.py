@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from astraflow.streams.bus import Bus
 
 LAG_SCAN_LIMIT = 10_000
+SCAN_COUNT = 10_000
+"""Keys a SCAN step of the views looks at. A run holds tens of thousands of keys (a trace per prompt
+group, a dedup marker per hand-off); at Redis's default of 10 a look at the run's streams took thousands
+of round trips, and was most of the launcher's CPU and a sixth of the run's Redis commands."""
 
 
 @dataclass
@@ -31,8 +35,14 @@ class StreamView:
 
 async def inspect_run(bus: Bus) -> list[StreamView]:
     """Every stream of the run, with its groups (sorted by name)."""
-    keys = [k.decode() async for k in bus.redis.scan_iter(match=bus.keys.prefix + "*", _type="stream")]
+    keys = await _streams(bus)
     return [await _stream_view(bus, key) for key in sorted(keys)]
+
+
+async def _streams(bus: Bus) -> list[str]:
+    """The keys of the run's streams."""
+    scan = bus.redis.scan_iter(match=bus.keys.prefix + "*", count=SCAN_COUNT, _type="stream")
+    return [k.decode() async for k in scan]
 
 
 async def _stream_view(bus: Bus, key: str) -> StreamView:
@@ -56,7 +66,7 @@ async def _stream_view(bus: Bus, key: str) -> StreamView:
 
 async def unknown_groups(bus: Bus) -> list[tuple[str, str]]:
     """(stream key, group) of every consumer group on a stream of the run that is not the run's."""
-    keys = [k.decode() async for k in bus.redis.scan_iter(match=bus.keys.prefix + "*", _type="stream")]
+    keys = await _streams(bus)
     found = []
     for key in sorted(keys):
         for g in await bus.call(lambda k=key: bus.redis.xinfo_groups(k)):

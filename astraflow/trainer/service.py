@@ -30,6 +30,7 @@ from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.records import Record, TrainerStep, encode_record
 from astraflow.trainer import checkpoint, commands, devices, distributed
+from astraflow.trainer.eval_cadence import EvalCadence
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import layout
@@ -52,6 +53,8 @@ class TrainerSetup:
     """The run directory: checkpoints go under it unless `trainer.checkpoint_dir` is set."""
     eval_every: int = 0
     """Every this many versions (and version 0) is published as an eval version (`eval.every`; 0 none)."""
+    eval_every_s: float = 0.0
+    """Also the first version trained this many seconds after the last eval version (`eval.every_s`)."""
 
 
 class TrainerService:
@@ -73,6 +76,7 @@ class TrainerService:
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
         self.state = checkpoint.State()
         self.publisher: WeightPublisher | None = None
+        self._evals = EvalCadence(settings.eval_every, settings.eval_every_s)
         self._unacked: list[Received] = []
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
@@ -180,8 +184,7 @@ class TrainerService:
         return newest.version if newest is not None else -1
 
     def _eval(self, version: int) -> bool:
-        every = self.settings.eval_every
-        return every > 0 and version % every == 0
+        return self._evals.flag(version)
 
     def _done(self) -> bool:
         limit = self.trainer.max_steps

@@ -26,7 +26,7 @@ FIGURES = {
     "dataflow_throughput": rf"^1 +\d+ +\d+ +\d+ +{NUMBER}$",
     "e2e": r"^e2e: astraflow/TRL \S+, astraflow/plain \S+, astraflow/plain\+ds \S+, sync/plain\+ds \S+ "
     r"\(\d+ seeds\)$",
-    "eval_overhead": rf"^ +1 +{NUMBER} +{NUMBER} +\d+ +{NUMBER} +\d+ +\d+ ",
+    "eval_overhead": rf"^eval overhead: recipe {NUMBER}, every 1 versions {NUMBER} \(\d+ seeds\)$",
     "hf_generate": rf"^ +top-k 50, top-p 0.9 \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
     "logprob_memory": rf"^ float32 +{NUMBER} \|.*\| .* {NUMBER}x \| +{NUMBER} +{NUMBER}$",
     "plain_loop": rf"^plain loop: \d+ steps, time to {NUMBER}: .*; per step generate {NUMBER} ms, train ",

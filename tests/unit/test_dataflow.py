@@ -461,3 +461,23 @@ async def test_traces_are_bounded_by_count_keeping_the_newest():
     assert kept == sorted(bus.keys.trace(uid) for uid in submitted[-5:])  # the newest five
     assert await read_trace(bus, submitted[-1]) is not None
     assert await read_trace(bus, submitted[0]) is None
+
+
+async def test_the_former_steps_again_only_once_the_collector_made_enough_ready():
+    """A form step is a script of a dozen Redis commands and the collector settles groups many times a
+    batch: after a 'wait' the former knows how many units are missing and counts what is made ready."""
+    bus, df = make("dataflow.feeder.min_backlog=8", "dataflow.batch.size=12")  # 3 groups of 4 samples
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    assert df.former.due("policy")  # nothing known yet
+    assert await df.former.step("policy") == "wait"
+    assert not df.former.due("policy")  # 12 samples missing
+    for expected in (False, False, True):  # one group at a time: due at the third
+        await roll_out(bus, 1, lambda g, i: float(i % 2))
+        await df.collector.step(1)
+        assert df.former.due("policy") is expected
+    assert await df.former.step("policy") == "ok"
+    assert await df.former.step("policy") == "wait" and not df.former.due("policy")
+    await roll_out(bus, 1, lambda g, i: 1.0)  # zero variance: dropped, not made ready
+    await df.collector.step(1)
+    assert not df.former.due("policy")

@@ -151,6 +151,27 @@ def test_eval_settings_are_checked():
         load_settings(None, ["eval.every=5"])
     with pytest.raises(ConfigError, match=r"eval\.every"):
         load_settings(None, ["run.eval_every_s=5"])
+    with pytest.raises(ConfigError, match=r"eval\.datasets is empty"):
+        load_settings(None, ["eval.every_s=20"])
+
+
+def test_an_eval_cadence_by_time_flags_version_0_then_the_first_version_past_each_interval():
+    from astraflow.trainer.eval_cadence import EvalCadence
+
+    now = [100.0]
+    cadence = EvalCadence(every=0, every_s=20.0, clock=lambda: now[0])
+    flagged = []
+    for version in range(60):  # a version every second
+        if cadence.flag(version):
+            flagged.append(version)
+        now[0] += 1.0
+    assert flagged == [0, 20, 40]  # not every 10th: fast steps do not make evals more frequent
+    restarted = EvalCadence(every=0, every_s=20.0, clock=lambda: now[0])
+    assert not restarted.flag(35)  # a restart past version 0 starts the clock instead
+    now[0] += 20.0
+    assert restarted.flag(36)
+    both = EvalCadence(every=10, every_s=1e9, clock=lambda: now[0])
+    assert [v for v in range(25) if both.flag(v)] == [0, 10, 20]  # `every` still counts on its own
 
 
 async def test_registered_and_workflow_metrics_score_eval_rows():

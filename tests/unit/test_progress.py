@@ -96,6 +96,8 @@ def test_the_launcher_shares_the_cores_out_and_reports_where_the_time_went():
     assert busy_line(data) == (
         "100.0s, policy 500 steps; busy: generating 80%, training 55%; cpu: raas-0 84%, redis 11%"
     )
+    data["redis_commands_per_sample"] = 4.83  # what the launcher's summary adds (the embedded Redis's)
+    assert busy_line(data).endswith("cpu: raas-0 84%, redis 11%; redis 4.8 commands/sample")
 
 
 async def test_eval_results_of_every_policy_reach_the_summary_the_line_and_the_plot(bus, tmp_path):
@@ -124,3 +126,15 @@ async def test_eval_results_of_every_policy_reach_the_summary_the_line_and_the_p
     assert (by_key["policy", 2]["rows"], by_key["policy", 2]["pass@1"]) == (4, 0.75)
     assert json.loads((tmp_path / "summary.json").read_text())["evals"] == data["evals"]
     assert (tmp_path / "reward.png").stat().st_size > 10_000
+
+
+def test_summary_prices_the_runs_redis_commands_per_trained_sample(bus):
+    from astraflow.launch import report
+    from astraflow.launch.progress import Progress
+
+    progress = Progress(bus, ["policy"], 10)
+    progress.models["policy"].samples = 256  # two steps of 128 samples
+    data = report.summary(progress, 10, {"wall_s": 10.0, "redis_commands": 1280})
+    assert (data["models"]["policy"]["samples"], data["redis_commands_per_sample"]) == (256, 5.0)
+    assert report.busy_line(data).endswith("; redis 5.0 commands/sample")
+    assert "redis_commands_per_sample" not in report.summary(progress, 10, {})  # `astraflow record`

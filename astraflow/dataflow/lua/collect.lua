@@ -56,6 +56,26 @@ local function update_curator(uid, mean, zero_var)
   end
 end
 
+-- Which entries this consumer owns, in one XPENDING over the items' id range (not one per item); the
+-- acknowledgements and error removals go out in one command each at the end.
+local mine, lo, hi = {}, nil, nil
+do
+  local at = 11
+  for _ = 1, n_items do
+    local id = ARGV[at]
+    if lo == nil or sortable(id) < sortable(lo) then lo = id end
+    if hi == nil or sortable(id) > sortable(hi) then hi = id end
+    at = at + 5 + 2 * tonumber(ARGV[at + 4])
+    at = at + 1 + 5 * tonumber(ARGV[at])
+  end
+  if lo ~= nil then
+    for _, p in ipairs(redis.call('XPENDING', rollouts, group, lo, hi, 2147483647, consumer)) do
+      mine[p[1]] = true
+    end
+  end
+end
+local acks, cleared = {}, {}
+
 local replies, pos = {}, 11
 for i = 1, n_items do
   local id, uid, mean, zero_var = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3] == '1'
@@ -65,11 +85,15 @@ for i = 1, n_items do
   local n_parts = tonumber(ARGV[pos])
   local parts_at = pos + 1
   pos = parts_at + 5 * n_parts
-  local status = ownership(rollouts, group, consumer, id)
+  local status = 'ok'
+  if not mine[id] then  -- another consumer's ('lost'), or settled already ('dup')
+    status = #redis.call('XPENDING', rollouts, group, id, id, 1) > 0 and not acks[id] and 'lost' or 'dup'
+  end
   local reply = {status}
   if status == 'ok' then
-    redis.call('XACK', rollouts, group, id)
-    redis.call('HDEL', errors, Errors.entry(rollouts, id))
+    mine[id] = nil  -- the same entry twice in one call: the second is a 'dup'
+    acks[#acks + 1], acks[id] = id, true
+    cleared[#cleared + 1] = Errors.entry(rollouts, id)
     if redis.call('SREM', in_flight, uid) == 0 then
       count(Counters.unknown, 1)
       reply[1] = 'unknown'
@@ -114,11 +138,17 @@ for i = 1, n_items do
       trace(prefix, uid, ttl, trace_pairs)
     end
   end
-  for j = 0, n_parts - 1 do  -- bytes written for a part nothing holds
+  for j = 0, n_parts - 1 do  -- bytes written for a part nothing holds (a part just made ready is held)
     local index = tonumber(ARGV[parts_at + 5 * j + 1])
-    if redis.call('HEXISTS', KEYS[index + 2], id) == 0 then redis.call('HDEL', KEYS[index + 1], id) end
+    if reply[j + 2] ~= 'ready' and redis.call('HEXISTS', KEYS[index + 2], id) == 0 then
+      redis.call('HDEL', KEYS[index + 1], id)
+    end
   end
   replies[i] = reply
+end
+if #acks > 0 then
+  redis.call('XACK', rollouts, group, unpack(acks))
+  redis.call('HDEL', errors, unpack(cleared))
 end
 redis.call('HSET', state, State.seq, seq)
 flush(ledger)

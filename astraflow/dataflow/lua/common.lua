@@ -59,6 +59,24 @@ local function release(samples, refs, ref)
   end
 end
 
+-- `release` for many references at once: `add` each, then `flush` deletes the freed ones in two commands
+-- per thousand (flush before anything may hold a freed reference again).
+local function releaser(samples, refs)
+  local freed = {}
+  local function flush()
+    if #freed > 0 then
+      redis.call('HDEL', refs, unpack(freed))
+      redis.call('HDEL', samples, unpack(freed))
+      freed = {}
+    end
+  end
+  local function add(ref)
+    if redis.call('HINCRBY', refs, ref, -1) <= 0 then freed[#freed + 1] = ref end
+    if #freed >= 1000 then flush() end
+  end
+  return add, flush
+end
+
 -- The trainer version of `model` (0 before its trainer published anything).
 local function trainer_version(state, model)
   return tonumber(redis.call('HGET', state, State.version(model)) or '0')
@@ -72,14 +90,16 @@ local function ownership(stream, group, consumer, id)
 end
 
 -- Add to the lineage of prompt group `uid` (its hash is `traces .. uid`; `traces` comes from the caller):
--- `create` when it is submitted; later steps add to a trace that still exists only (one past retention, or
--- pushed out by `trace_max_groups`, is not brought back partly).
+-- `create` when it is submitted, which sets its retention (`ttl`, counted from then: the later steps come
+-- seconds after, and an EXPIRE each would be a sixth of what a group costs Redis); later steps add to a
+-- trace that still exists only (one past retention, or pushed out by `trace_max_groups`, is not brought
+-- back partly).
 local function trace(traces, uid, ttl, pairs_, create)
   if #pairs_ == 0 then return end
   local key = traces .. uid
   if not create and redis.call('EXISTS', key) == 0 then return end
   redis.call('HSET', key, unpack(pairs_))
-  redis.call('EXPIRE', key, ttl)
+  if create then redis.call('EXPIRE', key, ttl) end
 end
 
 -- Counter increments gathered during a script and written once per field at its end.

@@ -11,7 +11,7 @@
 --   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, trace_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
--- replayed groups, expired groups}.
+-- replayed groups, expired groups, units still missing ('wait' only, else 0)}.
 local ready, samples, refs, replay, batches = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ledger, state, formed, identity = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -23,15 +23,30 @@ if not nonce then return redis.error_reply('ERR run not bootstrapped: no identit
 local version = trainer_version(state, model)
 local count, flush = counter()
 
--- Release the groups of batches the trainer has acknowledged (delivered and no longer pending).
+-- Release the groups of batches the trainer has acknowledged (delivered and no longer pending). The
+-- trainer acknowledges batches only once a checkpoint holds them, so dozens may be delivered and still
+-- pending: one XPENDING over their id range tells which, not one per batch (called many times a step).
 local delivered_to = '[' .. sortable(last_delivered(batches, trainer_group)) .. '~'
-for _, member in ipairs(redis.call('ZRANGEBYLEX', formed, '-', delivered_to)) do
-  local words = {}
-  for w in string.gmatch(member, '%S+') do words[#words + 1] = w end
-  if #redis.call('XPENDING', batches, trainer_group, words[2], words[2], 1) == 0 then
-    for k = 3, #words do release(samples, refs, words[k]) end
-    redis.call('ZREM', formed, member)
+local delivered = redis.call('ZRANGEBYLEX', formed, '-', delivered_to)
+if #delivered > 0 then
+  local first = string.match(delivered[1], '^%S+ (%S+)')
+  local last = string.match(delivered[#delivered], '^%S+ (%S+)')
+  local still, done = {}, {}
+  for _, p in ipairs(redis.call('XPENDING', batches, trainer_group, first, last, 2147483647)) do
+    still[p[1]] = true
   end
+  local free, freed = releaser(samples, refs)
+  for _, member in ipairs(delivered) do
+    local words = {}
+    for w in string.gmatch(member, '%S+') do words[#words + 1] = w end
+    if not still[words[2]] then
+      for k = 3, #words do free(words[k]) end
+      done[#done + 1] = member
+      if #done >= 1000 then redis.call('ZREM', formed, unpack(done)); done = {} end
+    end
+  end
+  freed()
+  if #done > 0 then redis.call('ZREM', formed, unpack(done)) end
 end
 
 -- Expire what went stale while waiting (also when the prefetch is full: it frees the ready set). A
@@ -48,19 +63,22 @@ else
     if trained_at - minv > max_staleness then expired[#expired + 1] = member end
   end
 end
-for _, member in ipairs(expired) do
+-- One sequence number each (taken together), one ZREM and one HDEL per hash for them all.
+local first_seq = #expired > 0 and redis.call('HINCRBY', state, State.seq, #expired) - #expired or 0
+local free, freed = releaser(samples, refs)
+for i, member in ipairs(expired) do
   local uid, _, _, ref = parse_member(member)
-  local seq = redis.call('HINCRBY', state, State.seq, 1)
-  redis.call('ZREM', ready, member)
-  release(samples, refs, ref)
-  count(Counters.model_ready(model), -1)
-  count(Counters.dropped(model, 'stale_wait'), 1)
-  trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), seq})
+  free(ref)
+  trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), first_seq + i})
 end
+freed()
+for k = 1, #expired, 1000 do redis.call('ZREM', ready, unpack(expired, k, math.min(k + 999, #expired))) end
+count(Counters.model_ready(model), -#expired)
+count(Counters.dropped(model, 'stale_wait'), #expired)
 
 if undelivered >= prefetch then
   flush(ledger)
-  return {'full', '', 0, 0, #expired}
+  return {'full', '', 0, 0, #expired, 0}
 end
 
 local function units(n) return unit == 'samples' and n or 1 end
@@ -98,7 +116,7 @@ for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
 end
 if fresh_units + replayed_units < size then
   flush(ledger)
-  return {'wait', '', 0, 0, #expired}
+  return {'wait', '', 0, 0, #expired, size - fresh_units - replayed_units}
 end
 
 local seq = redis.call('HINCRBY', state, State.seq, 1)
@@ -147,4 +165,4 @@ if excess > 0 then
     release(samples, refs, ref)
   end
 end
-return {'ok', batch_uid, #fresh, #replayed, #expired}
+return {'ok', batch_uid, #fresh, #replayed, #expired, 0}

@@ -17,7 +17,15 @@ if cursor ~= expected then return {'moved', cursor, 0} end
 
 local backlog, ready = pressure(prompts, group, backlog_limit, 6)
 
-local status, submitted, pos = 'ok', 0, 10
+local status, submitted, skipped, pos = 'ok', 0, 0, 10
+local uids, ranked = {}, {}  -- added to the in-flight set and the trace index in one command a 500
+local function add_uids()
+  if #uids > 0 then
+    redis.call('SADD', in_flight, unpack(uids))
+    redis.call('ZADD', traces, unpack(ranked))
+    uids, ranked = {}, {}
+  end
+end
 for _ = 1, n_items do
   local submit, uid, row, version, n_fields = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], tonumber(ARGV[pos + 4])
   if submit == '1' then
@@ -26,18 +34,21 @@ for _ = 1, n_items do
       break
     end
     redis.call('XADD', prompts, '*', unpack(ARGV, pos + 5, pos + 4 + 2 * n_fields))
-    redis.call('SADD', in_flight, uid)
-    redis.call('HINCRBY', ledger, Counters.submitted, 1)
+    uids[#uids + 1] = uid
+    ranked[#ranked + 1], ranked[#ranked + 2] = cursor, uid
     trace(prefix, uid, ttl, {Trace.row, row, Trace.submitted_version, version, Trace.submitted_at, now}, true)
-    redis.call('ZADD', traces, cursor, uid)
     backlog = backlog + 1
     submitted = submitted + 1
+    if #uids >= 500 then add_uids() end
   else
-    redis.call('HINCRBY', ledger, Counters.skipped, 1)
+    skipped = skipped + 1
   end
   cursor = cursor + 1
   pos = pos + 5 + 2 * n_fields
 end
+add_uids()
+if submitted > 0 then redis.call('HINCRBY', ledger, Counters.submitted, submitted) end
+if skipped > 0 then redis.call('HINCRBY', ledger, Counters.skipped, skipped) end
 redis.call('HSET', state, State.cursor, cursor)
 -- Traces beyond `trace_max_groups` go, oldest first (their TTL bounds them in time, this in space).
 local excess = redis.call('ZCARD', traces) - trace_max
