@@ -24,7 +24,7 @@ from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import last_notice, recorded_versions
-from astraflow.weights import codec, layout, scan
+from astraflow.weights import codec, layout, local, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
@@ -209,6 +209,7 @@ class WeightPublisher:
             delta_nbytes=delta_nbytes,
             delta_digest=delta_digest,
             base_digest=base_digest,
+            file=local.describe(half.path, half.data_offset),
         )
         self._manifest = manifest
         await self._announce(manifest, step, eval_, once)
