@@ -13,10 +13,13 @@ bf16 elements the second step changed.
 On a shape whose AdamW state does not fit in memory here (`--emulate-step`, the default for 1.5B) the
 step is Adam's first step done directly, `p -= lr * sign(g)` with a random `g` (every element moves by
 `lr`, as in Adam's first step, where m / sqrt(v) = sign(g)); the line says so. `--no-engine` leaves the
-engine load out (`load` 0, `end to end` without it): fp32 master, four bf16 halves and an engine's copy
-of the 1.5B shape do not fit in 24 GB.
+engine load out (`load` 0, `end to end` without it). The script first estimates its peak memory (the
+1.5B shape's fp32 master, four bf16 halves in `/dev/shm` and an engine's copy: about 22 GiB) and, when
+that exceeds what the machine has available, puts the buffers on disk, then leaves the engine out, saying
+so. `--over-tcp`: the receiver pulls over TCP as from another host (by default, on the trainer's host, a
+full version is copied from the trainer's file).
 
-    python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step]
+    python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step] [--over-tcp]
     python tests/bench/weight_path.py --smoke   # the tiny model (CI)
 
 `run(model_dir, device=...)` is the same measurement for other scripts (`tests/gpu/check.py`): on CUDA the
