@@ -67,22 +67,24 @@ def scan(
 
 
 def _compare_and_digest(x, y, start: int, exponent, old_digests, i: int) -> tuple[str, list[codec.Part], int]:
-    """One chunk against the served one: (digest, parts, non-finite among the changed). Compared a stretch
-    of `SUB_BYTES` at a time, each hashed right after (still in the core's cache); a chunk that did not
-    change keeps `old_digests[i]` (when given) and is not hashed."""
+    """One chunk against the served one: (digest, its part of the delta (none when unchanged), non-finite
+    elements among the changed). Compared a stretch of `SUB_BYTES` at a time, each hashed right after
+    (still in the core's cache); a chunk that did not change keeps `old_digests[i]` (when given) and is
+    not hashed."""
     step = max(SUB_BYTES // x.itemsize, 1)
-    h, hashed, parts, nonfinite = blake3.blake3(), 0, [], 0
+    h, hashed, found = blake3.blake3(), 0, []
     for at in range(0, len(x), step):
         index, changed, was = codec.compare(x[at : at + step], y[at : at + step])
         if len(index):
-            parts.append(codec.Part.of(start + at, index, changed, was))
-            nonfinite += _nonfinite(changed, exponent)
-        if parts or old_digests is None:  # (unchanged so far: maybe not hashed at all)
+            found.append((index + at, changed, was))
+        if found or old_digests is None:  # (unchanged so far: maybe not hashed at all)
             h.update(_bytes(x[hashed : at + step]))
             hashed = at + step
-    if not parts and old_digests is not None:
-        return old_digests[i], parts, nonfinite
-    return h.hexdigest(layout.DIGEST_BYTES), parts, nonfinite
+    if not found:
+        return (old_digests[i] if old_digests is not None else h.hexdigest(layout.DIGEST_BYTES)), [], 0
+    index, changed, was = (np.concatenate(a) for a in zip(*found, strict=True))
+    part = codec.Part.of(start, index, changed, was)  # one per chunk: the encoder joins few
+    return h.hexdigest(layout.DIGEST_BYTES), [part], _nonfinite(changed, exponent)
 
 
 def _bytes(x: np.ndarray) -> memoryview:
