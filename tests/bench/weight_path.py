@@ -63,7 +63,7 @@ STAGES += ("end to end",)
 def memcpy_s(nbytes: int, rounds: int = 5) -> float:
     """Fastest of `rounds` copies of `nbytes` between two buffers already touched, in pages of the size
     the weight buffers have (a `/dev/shm` file is mapped in 4 KiB pages; numpy asks for huge pages, which
-    copy up to 4x faster when the kernel has them free, at the start of a run, and not at its end)."""
+    the kernel grants when it has them free: a limit the buffers could not reach)."""
     huge = np._core.multiarray._set_madvise_hugepage(False)
     try:
         a = np.ones(nbytes, np.uint8)
