@@ -35,14 +35,6 @@ def test_one_scan_gives_the_digests_and_the_delta_of_separate_passes():
     assert bytes(target) == new.tobytes()
 
 
-def test_a_chunk_compared_and_hashed_in_stretches_gives_the_same_digests_and_delta(monkeypatch):
-    monkeypatch.setattr(scan, "SUB_BYTES", CHUNK // 4 + 6)  # stretches that do not divide the chunk
-    old, new = halves()
-    seen = scan.scan(new, old, "bfloat16", CHUNK)
-    assert (seen.digest, seen.chunk_digests) == layout.digests_of([new.tobytes()], CHUNK)
-    assert codec.encode_parts(seen.parts, len(new), 2) == codec.encode(old, new, 2)
-
-
 def test_a_chunk_equal_to_the_served_one_keeps_its_digest_and_a_changed_one_is_hashed():
     old, new = halves()
     new[:] = old
