@@ -244,6 +244,20 @@ class TensorSpec(Message):
 
 
 @dataclass(frozen=True, eq=False)
+class WeightFile(Message):
+    # part of a WeightManifest: where a process on the trainer's host may read the served bytes
+    KIND: ClassVar[str] = "weight_file"
+    host: str
+    """The boot id of the trainer's kernel: a process whose kernel has another one is on another host."""
+    device: int
+    inode: int
+    """The file's identity on that kernel (another file at `path`, e.g. in another container, differs)."""
+    path: str
+    offset: int
+    """Where the weight data starts in the file."""
+
+
+@dataclass(frozen=True, eq=False)
 class WeightManifest(Message):
     # trainer -> RaaS, hash `weights:<model>:<version>`
     KIND: ClassVar[str] = "weight_manifest"
@@ -269,6 +283,8 @@ class WeightManifest(Message):
     base_digest: str = ""
     """Digest of the base version's weights: a receiver holding exactly those bytes may apply the delta
     (whichever trainer incarnation produced them)."""
+    file: WeightFile | None = None
+    """The served half's file, for receivers on the trainer's host (`weights.local`); None: none."""
 
     def readable(self) -> dict[str, str]:
         base = "" if self.base_version is None else str(self.base_version)

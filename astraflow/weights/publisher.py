@@ -24,7 +24,7 @@ from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import last_notice, recorded_versions
-from astraflow.weights import codec, layout, scan
+from astraflow.weights import codec, layout, local, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
@@ -158,8 +158,15 @@ class WeightPublisher:
         full_due = version % self.settings.full_every == 0  # then no delta is offered (nor computed)
         compare = base is not None and base.version is not None and not full_due
         started = time.perf_counter()
+        served = (
+            self._manifest if compare and self._manifest and self._manifest.version == base.version else None
+        )
         seen = await asyncio.to_thread(
-            scan.scan, half.data, base.data if compare else None, self.settings.dtype
+            scan.scan,
+            half.data,
+            base.data if compare else None,
+            self.settings.dtype,
+            old_digests=served.chunk_digests if served is not None else None,  # of the served half's bytes
         )
         self.timings = {"scan": time.perf_counter() - started, "delta": 0.0}
         if seen.nonfinite:  # the trainer checks its steps; this is the last line before any engine
@@ -209,6 +216,7 @@ class WeightPublisher:
             delta_nbytes=delta_nbytes,
             delta_digest=delta_digest,
             base_digest=base_digest,
+            file=local.describe(half.path, half.data_offset),
         )
         self._manifest = manifest
         await self._announce(manifest, step, eval_, once)

@@ -1,9 +1,11 @@
 """The RaaS's side of the weight manager: pull, patch, verify, hand over, relay.
 
 For each announced version: read the manifest; pull the delta when this process holds exactly the base
-version's bytes (same digest), else the full buffer; verify before anyone sees the bytes: a full pull
-chunk by chunk as it arrives (`verify`), a delta by its own digest (applied to the held, verified base,
-it gives exactly the manifest's bytes: nothing is read again). Either kind crosses into a region once
+version's bytes (same digest), else the full buffer (on the trainer's host copied from the trainer's
+file, `local`: a file that differs from the manifest is left for a pull); verify before anyone sees the
+bytes: a full buffer chunk by chunk as it arrives (`verify`), a delta by its own digest (applied to the
+held, verified base, it gives exactly the manifest's bytes: nothing is read again). Either kind pulled
+crosses into a region once
 (`relay`): the region's elected relay pulls it from the trainer (a full buffer from a peer of the region
 that holds it, when one does), and the others pull it from the relay while it is still receiving; a
 relay that dies or stalls is replaced by another election (at most `RELAY_ROUNDS`, then the trainer). A
@@ -26,7 +28,7 @@ import structlog
 from astraflow.errors import WeightIntegrityError
 from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Bus
-from astraflow.weights import codec, files, layout, wire
+from astraflow.weights import codec, files, layout, local, wire
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.relay import Election, Spool
 from astraflow.weights.server import WeightServer
@@ -121,7 +123,9 @@ class WeightReceiver:
                 self.timings = {"pull": pulled - started, "verify": 0.0, "apply": applied}
             else:  # verified chunk by chunk as the bytes arrive
                 verifier = ChunkVerifier(half.data, manifest)
-                await self._pull_full(manifest, half, first_try, deadline, verifier.arrived)
+                if not await self._copy_local(manifest, verifier):
+                    verifier = ChunkVerifier(half.data, manifest)
+                    await self._pull_full(manifest, half, first_try, deadline, verifier.arrived)
                 pulled = time.perf_counter()
                 await asyncio.to_thread(verifier.check)
                 verified = time.perf_counter() - pulled
@@ -136,6 +140,22 @@ class WeightReceiver:
         )
         self.server.register(self.model, manifest.version, "full", source)
         return half
+
+    async def _copy_local(self, manifest: WeightManifest, verifier: ChunkVerifier) -> bool:
+        """Copy the version from the trainer's file when it is on this host (`local`), verified; False when
+        it is no source here or a chunk differs (a half the trainer has written since): pull it."""
+        if not self.settings.same_host:
+            return False
+        try:
+            copied = await asyncio.to_thread(local.copy, manifest, verifier)
+        except WeightIntegrityError as e:
+            self.stats["local_misses"] += 1
+            log.warning(
+                "weights_local_copy_refused", model=self.model, version=manifest.version, error=str(e)
+            )
+            return False
+        self.stats["local_copies"] += copied
+        return copied
 
     async def _pull_delta(self, manifest: WeightManifest, deadline: float) -> bytes:
         """The version's delta, through the region's relay; served to the region from then on."""

@@ -30,6 +30,10 @@ class WeightsSettings(BaseModel):
     """Every this many versions the manifest asks for a full pull (resets any drift)."""
     keep_deltas: int = Field(4, ge=1)
     """Deltas kept on disk for receivers that are a version behind."""
+    same_host: bool = True
+    """Copy a full version from the trainer's buffer file when it is on this host and readable here
+    (verified chunk by chunk as a pull is) instead of pulling it over TCP; else, or when a chunk differs,
+    over TCP (`weights.local`)."""
     parallel: int = Field(4, ge=1)
     """Connections one pull uses."""
     egress_bps: float = Field(0, ge=0)

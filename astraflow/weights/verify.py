@@ -10,6 +10,7 @@ and raises WeightIntegrityError on any difference.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from astraflow.errors import WeightIntegrityError
@@ -43,6 +44,32 @@ class ChunkVerifier:
                 if self._fresh[i] >= len(self._chunk(i)):
                     self._fresh[i] = 0
                     self._digests[i] = layout.hash_pool().submit(layout.chunk_digest, self._chunk(i))
+
+    def fill(self, read: Callable[[int, memoryview], None]) -> None:
+        """Fill every chunk with `read(start, chunk)` in the hash pool's threads, each digested right after
+        it is read (still in cache); WeightIntegrityError at the first chunk that differs from the
+        manifest (the chunks not started yet are not read). `check` then checks the whole."""
+        wrong = threading.Event()
+
+        def one(i: int) -> str:
+            if wrong.is_set():
+                return ""
+            chunk = self._chunk(i)
+            read(i * self.size, chunk)
+            digest = layout.chunk_digest(chunk)
+            if digest != self.manifest.chunk_digests[i]:
+                wrong.set()
+            return digest
+
+        digests = list(layout.hash_pool().map(one, range(len(self._digests))))
+        if wrong.is_set():
+            m = self.manifest
+            first = next(i for i, d in enumerate(digests) if d != m.chunk_digests[i])
+            raise WeightIntegrityError(f"{m.model} v{m.version}: chunk at byte {first * self.size} differs")
+        with self._lock:
+            for i, digest in enumerate(digests):
+                self._fresh[i], self._digests[i] = 0, Future()
+                self._digests[i].set_result(digest)  # type: ignore[union-attr]
 
     def check(self) -> None:
         """Once the pull is done: every chunk as the manifest says, or WeightIntegrityError."""

@@ -73,7 +73,7 @@ async def one_round(url: str, run: str, args, tmp: Path) -> dict[tuple[str, str]
         mode: [
             WeightReceiver(
                 bus,
-                WeightsSettings(io_timeout_s=30.0),
+                WeightsSettings(io_timeout_s=30.0, same_host=False),  # they stand for far hosts
                 MODEL,
                 tmp / run / f"{mode}{i}",
                 secret,

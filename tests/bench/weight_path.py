@@ -13,10 +13,13 @@ bf16 elements the second step changed.
 On a shape whose AdamW state does not fit in memory here (`--emulate-step`, the default for 1.5B) the
 step is Adam's first step done directly, `p -= lr * sign(g)` with a random `g` (every element moves by
 `lr`, as in Adam's first step, where m / sqrt(v) = sign(g)); the line says so. `--no-engine` leaves the
-engine load out (`load` 0, `end to end` without it): fp32 master, four bf16 halves and an engine's copy
-of the 1.5B shape do not fit in 24 GB.
+engine load out (`load` 0, `end to end` without it). The script first estimates its peak memory (the
+1.5B shape's fp32 master, four bf16 halves in `/dev/shm` and an engine's copy: about 22 GiB) and, when
+that exceeds what the machine has available, puts the buffers on disk, then leaves the engine out, saying
+so. `--over-tcp`: the receiver pulls over TCP as from another host (by default, on the trainer's host, a
+full version is copied from the trainer's file).
 
-    python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step]
+    python tests/bench/weight_path.py --shape qwen2.5-0.5b [--tokens 256] [--emulate-step] [--over-tcp]
     python tests/bench/weight_path.py --smoke   # the tiny model (CI)
 
 `run(model_dir, device=...)` is the same measurement for other scripts (`tests/gpu/check.py`): on CUDA the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 import tempfile
 import time
@@ -57,9 +61,15 @@ STAGES += ("end to end",)
 
 
 def memcpy_s(nbytes: int, rounds: int = 5) -> float:
-    """Fastest of `rounds` copies of `nbytes` between two buffers already touched."""
-    a = np.ones(nbytes, np.uint8)
-    b = np.zeros(nbytes, np.uint8)
+    """Fastest of `rounds` copies of `nbytes` between two buffers already touched, in pages of the size
+    the weight buffers have (a `/dev/shm` file is mapped in 4 KiB pages; numpy asks for huge pages, which
+    the kernel grants when it has them free: a limit the buffers could not reach)."""
+    huge = np._core.multiarray._set_madvise_hugepage(False)
+    try:
+        a = np.ones(nbytes, np.uint8)
+        b = np.zeros(nbytes, np.uint8)
+    finally:
+        np._core.multiarray._set_madvise_hugepage(huge)
     best = float("inf")
     for _ in range(rounds):
         t = time.perf_counter()
@@ -111,7 +121,14 @@ def make_step(model, tokens: int, emulate: bool):
 
 
 async def measure(
-    model_dir: Path, url: str, root: Path, tokens: int, emulate: bool, engine_load: bool, device: str
+    model_dir: Path,
+    url: str,
+    root: Path,
+    tokens: int,
+    emulate: bool,
+    engine_load: bool,
+    device: str,
+    same_host: bool = True,
 ) -> tuple[list[dict], dict]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -121,7 +138,7 @@ async def measure(
     state = model.state_dict()  # live tensors: the trainer awaits `publish` before its next step
     specs = layout.layout(state, "bfloat16")
     bus = Bus.connect(url, "weight-path", RedisSettings(), StreamsSettings())
-    settings = WeightsSettings(full_every=3, keep_deltas=2)
+    settings = WeightsSettings(full_every=3, keep_deltas=2, **({} if same_host else {"same_host": False}))
     secret = await run_secret(bus, settings)
     pub = WeightPublisher(bus, settings, "policy", specs, root / "trainer", secret)
     rx = WeightReceiver(
@@ -142,6 +159,7 @@ async def measure(
             t1 = time.perf_counter()
             await pub.wait()
             t2 = time.perf_counter()
+            copies = rx.stats["local_copies"]
             half = await rx.sync(bus.keys.weights("policy", v), v)
             t3 = time.perf_counter()
             if engine is not None:
@@ -164,6 +182,7 @@ async def measure(
                     "load": t4 - t3,
                     "end to end": t4 - t0,
                     "delta_bytes": manifest.delta_nbytes,
+                    "via": "file" if rx.stats["local_copies"] > copies else "TCP",
                 }
             )
         served = np.frombuffer(pub.buffer.served.data, np.uint16)  # type: ignore[union-attr]
@@ -193,21 +212,53 @@ def run(
     device: str = "cpu",
     buffers: Path | None = None,
     engine: bool = True,
+    same_host: bool = True,
 ) -> dict:
     """The whole measurement of the model in `model_dir` (its own Redis; buffers under `buffers`, default
-    /dev/shm; `engine` False: no engine load): `rows` (per version, seconds per stage), `sparsity`, `m`
-    (seconds: a host memcpy, or from a GPU one device-to-host copy) and `gib` served."""
+    /dev/shm; `engine` False: no engine load; `same_host` False: receivers pull over TCP, as from another
+    host): `rows` (per version, seconds per stage), `sparsity`, `m` (seconds: a host memcpy, or from a
+    GPU one device-to-host copy; the faster of one before and one after, so that other load on a shared
+    machine at either moment does not flatter the ratios) and `gib` served."""
+    nbytes = served_bytes(model_dir)
+    limit = memcpy_s if device == "cpu" else functools.partial(d2h_s, device=device)
+    m = limit(nbytes)
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=buffers or "/dev/shm") as shm:
         server = redis_server.start(Path(tmp) / "redis")
         try:
             rows, sparsity = asyncio.run(
-                measure(model_dir, server.url, Path(shm), tokens, emulate, engine, device)
+                measure(model_dir, server.url, Path(shm), tokens, emulate, engine, device, same_host)
             )
         finally:
             server.stop()
-    nbytes = sparsity["nbytes"]
-    m = memcpy_s(nbytes) if device == "cpu" else d2h_s(nbytes, device)
-    return {"rows": rows, "sparsity": sparsity, "m": m, "gib": nbytes / 2**30}
+    m = min(m, limit(sparsity["nbytes"]))
+    return {"rows": rows, "sparsity": sparsity, "m": m, "gib": sparsity["nbytes"] / 2**30}
+
+
+def served_bytes(model_dir: Path) -> int:
+    """Bytes served in bf16 of the model in `model_dir` (tied embeddings once), from its config alone."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return 2 * sum(p.numel() for p in model.parameters())  # (a tied parameter is listed once)
+
+
+def peak_bytes(served: int, engine: bool, in_memory_buffers: bool, emulate: bool) -> int:
+    """Rough peak memory of a run: the fp32 master (2x the bf16 bytes), AdamW's state and gradients
+    (4x more) unless emulated, four buffer halves (trainer and receiver) when in memory (`/dev/shm`; on
+    disk they are page cache the kernel can write back), the engine's bf16 copy, and transients (a
+    tensor's step, the bench's comparisons: about half the served bytes)."""
+    master = 2 * served
+    return master * (1 if emulate else 3) + 4 * served * in_memory_buffers + served * engine + served // 2
+
+
+def available_bytes() -> int:
+    """MemAvailable of this machine (what other processes leave)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def last_line(shape: str, result: dict) -> str:
@@ -223,6 +274,23 @@ def last_line(shape: str, result: dict) -> str:
     )
 
 
+def fit(args: argparse.Namespace, served: int, tmp: str) -> None:
+    """Keep the run within this machine's available memory: buffers on disk (under the temp dir) rather
+    than in `/dev/shm` when they would not fit, then no engine load; says what it chose."""
+    free = available_bytes() * 0.9
+    in_memory = args.dir is None
+    need = peak_bytes(served, not args.no_engine, in_memory, args.emulate_step)
+    print(f"peak memory about {need / 2**30:.1f} GiB ({free / 2**30:.1f} GiB available)", flush=True)
+    if need > free and in_memory:
+        args.dir, in_memory = Path(tmp), False
+        need = peak_bytes(served, not args.no_engine, in_memory, args.emulate_step)
+        print(f"  buffers on disk instead of /dev/shm: about {need / 2**30:.1f} GiB", flush=True)
+    if need > free and not args.no_engine:
+        args.no_engine = True
+        need = peak_bytes(served, False, in_memory, args.emulate_step)
+        print(f"  no engine load: about {need / 2**30:.1f} GiB", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=sorted(tiny.SHAPES), default="qwen2.5-0.5b")
@@ -231,6 +299,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="buffers here (default: /dev/shm)")
     ap.add_argument("--no-engine", action="store_true", help="no engine load (memory: 1.5B on 24 GB)")
     ap.add_argument("--model-dir", type=Path, default=None, help="the shape, built before (tiny.build_shape)")
+    ap.add_argument("--over-tcp", action="store_true", help="receivers pull over TCP, as from another host")
     args = parse(ap, tokens=16)
     if args.shape == "qwen2.5-1.5b":
         args.emulate_step = True  # fp32 weights, gradients and AdamW state: 25 GB
@@ -242,7 +311,10 @@ def main() -> None:
             print(f"building {args.shape} ...", flush=True)
             model = Path(tmp) / "model"
             model_dir = tiny.build(model) if args.smoke else tiny.build_shape(model, args.shape)
-        result = run(model_dir, args.tokens, args.emulate_step, "cpu", args.dir, not args.no_engine)
+        fit(args, served_bytes(model_dir), tmp)
+        result = run(
+            model_dir, args.tokens, args.emulate_step, "cpu", args.dir, not args.no_engine, not args.over_tcp
+        )
     rows, sparsity, m, gib = result["rows"], result["sparsity"], result["m"], result["gib"]
     print(
         f"{args.shape}: {gib:.2f} GiB served (bf16, tied embeddings once); m = one memcpy = {m * 1000:.0f} ms"
@@ -254,7 +326,9 @@ def main() -> None:
     print(f"{'(x m)':<16}" + "".join(f"{rows[2].get(s, 0) / m:>11.1f}m" for s in STAGES) + "  (version 2)")
     assert sparsity["loaded"], "the engine does not hold the published weights"
     how = "emulated: Adam's first step, lr x sign(g)" if args.emulate_step else "AdamW, fp32 master"
-    print(f"version 2 is the second lr-1e-6 step ({how}); version 3 a full sync")
+    print(
+        f"version 2 is the second lr-1e-6 step ({how}); version 3 a full sync, received by {rows[3]['via']}"
+    )
     print(last_line(args.shape, result))
 
 

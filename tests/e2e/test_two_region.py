@@ -108,6 +108,7 @@ def test_region_b_reads_off_its_replica_and_one_copy_of_each_version_crosses_the
                 "ASTRAFLOW_REDIS__REPLICA_URL": f"redis://127.0.0.1:{replica_port}/0",
                 "ASTRAFLOW_RAAS__REGION": "b",
                 "ASTRAFLOW_RAAS__ID": f"raas-b{i}",
+                "ASTRAFLOW_WEIGHTS__SAME_HOST": "false",  # region b stands for other hosts: no file copies
             }
             start(f"raas-b{i}", [*ASTRAFLOW, "raas", RECIPE], region_b)
 

@@ -19,7 +19,7 @@ from astraflow.weights.settings import WeightsSettings
 
 async def main(url: str, run: str, key: str, version: int, root: Path) -> None:
     bus = Bus.connect(url, run, RedisSettings(), StreamsSettings())
-    settings = WeightsSettings(io_timeout_s=1.0)
+    settings = WeightsSettings(io_timeout_s=1.0, same_host=False)
     secret = await run_secret(bus, settings)
     server = WeightServer(secret)
     print(server.endpoint, flush=True)

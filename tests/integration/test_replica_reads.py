@@ -50,7 +50,7 @@ async def test_reads_go_to_the_replica_and_fall_back_to_the_primary(tmp_path, pr
     streams = StreamsSettings(block_ms=200)
     central = Bus.connect(primary.url, "it", RedisSettings(), streams)
     regional = Bus.connect(primary.url, "it", RedisSettings(replica_url=replica.url), streams)
-    settings = WeightsSettings(full_every=100)
+    settings = WeightsSettings(full_every=100, same_host=False)  # region b: another host, pulls over TCP
     pub, state, secret = await trainer(central, settings, tmp_path / "trainer")
     rx = receiver(regional, settings, secret, tmp_path, "rx")
     try:

@@ -84,10 +84,10 @@ def make_certs(d) -> dict:
 async def test_weights_move_over_tls_and_a_plaintext_peer_gets_nothing(bus, tmp_path):
     certs = tmp_path / "certs"
     certs.mkdir()
-    tls = WeightsSettings(full_every=100, **make_certs(certs))
+    tls = WeightsSettings(full_every=100, same_host=False, **make_certs(certs))
     pub, state, secret = await trainer(bus, tls, tmp_path / "t")
     rx = WeightReceiver(bus, tls, MODEL, tmp_path / "rx", secret, WeightServer.from_settings(secret, tls))
-    plain_settings = WeightsSettings(io_timeout_s=0.5)
+    plain_settings = WeightsSettings(io_timeout_s=0.5, same_host=False)
     plain = WeightReceiver(bus, plain_settings, MODEL, tmp_path / "p", secret, WeightServer(secret))
     try:
         key = await publish(pub, state, 0)
@@ -109,7 +109,7 @@ def test_tls_needs_its_files():
 
 
 async def test_an_impostor_in_the_peers_set_is_refused_pruned_and_the_trainer_serves(bus, tmp_path):
-    settings = WeightsSettings(full_every=100)
+    settings = WeightsSettings(full_every=100, same_host=False)
     pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     impostor = Impostor()
     rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))

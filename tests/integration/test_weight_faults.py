@@ -79,7 +79,7 @@ def test_authenticated_connections_past_the_limit_are_refused():
 async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_path):
     """A peer that accepts and never answers (a frozen RaaS) costs a puller its handshake timeout, not its
     I/O timeout (60 s here: a run would stall for it at every try)."""
-    settings = WeightsSettings(full_every=100, io_timeout_s=60, handshake_timeout_s=0.5)
+    settings = WeightsSettings(full_every=100, same_host=False, io_timeout_s=60, handshake_timeout_s=0.5)
     pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     stalled = socket.create_server(("127.0.0.1", 0))  # accepts (in the kernel), never says a word
     endpoint = f"127.0.0.1:{stalled.getsockname()[1]}"
@@ -99,7 +99,7 @@ async def test_a_stalled_peer_is_skipped_pruned_and_the_trainer_serves(bus, tmp_
 
 
 async def test_a_trickling_peer_is_given_up_at_the_pull_deadline(bus, tmp_path):
-    settings = WeightsSettings(full_every=100, pull_deadline_s=1.0)
+    settings = WeightsSettings(full_every=100, same_host=False, pull_deadline_s=1.0)
     pub, state, secret = await trainer(bus, settings, tmp_path / "t")
     # A peer that knows the secret and sends 512 bytes every 0.1 s: never silent, never done.
     key = await publish(pub, state, 0)

@@ -36,6 +36,7 @@ class Follower:
         s.run.name, s.run.dir, s.redis.url = "it", tmp_path, redis_url
         s.engine.type, s.engine.model = "hf", tiny_model
         s.streams.block_ms = 100
+        s.weights.same_host = False  # pulls over TCP, counted below
         self.bus, self.server = bus, WeightServer(secret)
         self.receiver = WeightReceiver(bus, s.weights, "policy", tmp_path / "r", secret, self.server)
         self.engine = make_engine(s.engine)

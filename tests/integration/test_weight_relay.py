@@ -38,7 +38,9 @@ def state_dict() -> dict[str, torch.Tensor]:
 async def far_trainer(bus, tmp_path):
     """A trainer whose weight server region b reaches only through a LinkProxy (1 MB/s, 5 ms)."""
     proxy = LinkProxy(latency_s=0.005, bps=1 << 20)
-    settings = WeightsSettings(full_every=3, host="127.0.0.1", advertise=f"127.0.0.1:{proxy.port}")
+    settings = WeightsSettings(
+        full_every=3, same_host=False, host="127.0.0.1", advertise=f"127.0.0.1:{proxy.port}"
+    )
     secret = await run_secret(bus, settings)
     state = state_dict()
     specs = layout.layout(state, "bfloat16")
@@ -50,7 +52,7 @@ async def far_trainer(bus, tmp_path):
 
 
 def region_b(bus, secret, tmp_path, n: int, name: str = "b") -> list[WeightReceiver]:
-    settings = WeightsSettings(io_timeout_s=2.0)
+    settings = WeightsSettings(io_timeout_s=2.0, same_host=False)
     return [
         WeightReceiver(
             bus, settings, MODEL, tmp_path / f"{name}{i}", secret, WeightServer(secret), region="b"

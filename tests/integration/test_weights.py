@@ -56,7 +56,7 @@ async def trainer(bus, settings: WeightsSettings, root, state=None):
 
 @pytest.fixture
 async def trainer_side(bus, tmp_path):
-    settings = WeightsSettings(full_every=100)
+    settings = WeightsSettings(full_every=100, same_host=False)  # over TCP (the file: test_weight_local)
     pub, state, secret = await trainer(bus, settings, tmp_path / "trainer")
     yield pub, state, secret, settings
     await pub.close()

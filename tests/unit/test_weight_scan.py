@@ -35,6 +35,17 @@ def test_one_scan_gives_the_digests_and_the_delta_of_separate_passes():
     assert bytes(target) == new.tobytes()
 
 
+def test_a_chunk_equal_to_the_served_one_keeps_its_digest_and_a_changed_one_is_hashed():
+    old, new = halves()
+    new[:] = old
+    per = CHUNK // 2
+    new[3 * per + 5] += 1  # only the fourth chunk changed
+    kept = [f"served-{i}" for i in range(-(-len(new) // per))]
+    seen = scan.scan(new, old, "bfloat16", CHUNK, old_digests=kept)
+    assert seen.chunk_digests[3] == layout.chunk_digest(new[3 * per : 4 * per])
+    assert seen.chunk_digests[:3] + seen.chunk_digests[4:] == kept[:3] + kept[4:]
+
+
 @pytest.mark.parametrize("bits", [0x7FC0, 0x7F80, 0xFF80])  # NaN, +inf, -inf
 def test_a_nan_or_inf_among_the_changed_elements_or_in_a_first_version_is_counted(bits):
     old, new = halves()
