@@ -123,6 +123,7 @@ RARE = {
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
         " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
         " del@weights:*:*:relay:* zrem@weights:*:*:peers evalsha@weights:*:*:peers"  # relays, peers leaving
+        " zrevrange@weights:*:*:peers"  # choosing a peer to pull from (on the trainer's host: its file)
     ),
     "trainer": _rare(
         f"{_START} {_KEYLESS} {_STRANDED.format('batches:*')} {_DEAD} xtrim@dead"
