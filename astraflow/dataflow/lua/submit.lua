@@ -17,7 +17,8 @@ if cursor ~= expected then return {'moved', cursor, 0} end
 
 local backlog, ready = pressure(prompts, group, backlog_limit, 6)
 
-local status, submitted, skipped, pos = 'ok', 0, 0, 10
+local status, submitted, pos = 'ok', 0, 10
+local count, flush = counter()
 local uids, ranked = {}, {}  -- added to the in-flight set and the trace index in one command a 500
 local function add_uids()
   if #uids > 0 then
@@ -39,16 +40,16 @@ for _ = 1, n_items do
     trace(prefix, uid, ttl, {Trace.row, row, Trace.submitted_version, version, Trace.submitted_at, now}, true)
     backlog = backlog + 1
     submitted = submitted + 1
+    count(Counters.submitted, 1)
     if #uids >= 500 then add_uids() end
   else
-    skipped = skipped + 1
+    count(Counters.skipped, 1)
   end
   cursor = cursor + 1
   pos = pos + 5 + 2 * n_fields
 end
 add_uids()
-if submitted > 0 then redis.call('HINCRBY', ledger, Counters.submitted, submitted) end
-if skipped > 0 then redis.call('HINCRBY', ledger, Counters.skipped, skipped) end
+flush(ledger)
 redis.call('HSET', state, State.cursor, cursor)
 -- Traces beyond `trace_max_groups` go, oldest first (their TTL bounds them in time, this in space).
 local excess = redis.call('ZCARD', traces) - trace_max
