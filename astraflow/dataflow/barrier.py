@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 KEEP_VERSIONS = 64
 """Versions whose manifest keys are remembered (older ones are forgotten as new ones are announced)."""
+HOLD_POLL_MS = 50
+"""Longest wait for a published version while an eval holds the notices back: its last row may be
+collected while no trainer publishes (every batch of the held version gone stale), and each poll is one
+state read, so the next notice goes out within this much of the eval's end."""
 
 
 class Barrier:
@@ -37,9 +41,13 @@ class Barrier:
         else. `evals`: an announced eval version's groups are submitted, and hold later notices back
         until they are collected (or time out), so every RaaS runs them on exactly that version."""
         self.consumer = Consumer(store.bus, store.keys.versions, GROUP_DATAFLOW, name)
+        self.holding = False
+        """The last announce stopped at an eval still running."""
 
     async def step(self, block_ms: int | None) -> int:
         """Record the versions published since the last step, then announce what is due."""
+        if self.holding:
+            block_ms = min(block_ms or self.store.bus.settings.block_ms, HOLD_POLL_MS)
         entries = await self.consumer.read(64, block_ms)
         for i, entry in enumerate(entries):
             try:
@@ -65,7 +73,7 @@ class Barrier:
 
     async def announce(self) -> int:
         """Announce the versions every model has reached; returns how many notices went out."""
-        sent = 0
+        sent, self.holding = 0, False
         while True:
             state = await self.store.state()
             recorded = [state.version(m) for m in self.store.models]
@@ -78,6 +86,7 @@ class Barrier:
                 return sent
             if not rollback and self.evals is not None and self.evals.holds(state, last):
                 log.debug("notices_held_for_eval", version=last)
+                self.holding = True
                 return sent
             # Every eval version in between is announced (they are synchronous); other ones only matter
             # as the newest, which a RaaS loads anyway. A rollback goes straight to the older version.

@@ -22,6 +22,9 @@ from astraflow.streams.schema import Trace
 
 log = structlog.get_logger(__name__)
 UID = re.compile(r"[^\s]{1,200}")
+NEWEST_TTL_S = 1.0
+"""How long a read of the recorded trainer versions is reused: they bound a token's version only to within
+`VERSIONS_AHEAD` of them, which a second-old read does as well as a fresh one (a round trip less a read)."""
 
 
 class Collector:
@@ -47,6 +50,7 @@ class Collector:
         """Sees the `metrics` entries once written (the replica's Prometheus series: `launch.build`)."""
         self.made_ready: Callable[[str, int], None] = lambda model, n_samples: None
         """Told of every group part put in a ready set: (model, samples) (the batch former's wake-ups)."""
+        self._newest_read: tuple[float, dict[str, int]] = (-NEWEST_TTL_S, {})
 
     async def step(self, block_ms: int | None) -> int:
         """Read up to `collector.read_count` rollout entries and settle them; returns entries read."""
@@ -156,9 +160,15 @@ class Collector:
         )
 
     async def _newest(self) -> dict[str, int]:
-        """The trainer version recorded for each trained policy (0 before its first)."""
+        """The trainer version recorded for each trained policy (0 before its first), read at most once
+        per `NEWEST_TTL_S`."""
+        at, newest = self._newest_read
+        if time.monotonic() - at < NEWEST_TTL_S:
+            return newest
         recorded = await recorded_versions(self.store.bus, self.store.models)
-        return {m: recorded[m][0] if m in recorded else 0 for m in self.store.models}
+        newest = {m: recorded[m][0] if m in recorded else 0 for m in self.store.models}
+        self._newest_read = (time.monotonic(), newest)
+        return newest
 
     async def _judge(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
         """The decision for `entry`, or None when it was dead-lettered or released (or settling that

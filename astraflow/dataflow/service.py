@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -142,10 +143,14 @@ class Dataflow:
                 await _wait(self._freed, interval)
 
     async def _collect(self) -> None:
-        """Judge the next entries while the last ones are committed (Python and Redis work overlap)."""
+        """Judge the next entries while the last ones are committed (Python and Redis work overlap), at
+        most one read per `collector.read_interval_ms`."""
+        interval, last = self.store.settings.collector.read_interval_ms / 1000, 0.0
         committing: asyncio.Task | None = None
         try:
             while True:
+                await asyncio.sleep(max(0.0, last + interval - time.monotonic()))
+                last = time.monotonic()
                 n, items = await self.collector.prepare(self.bus.settings.block_ms)
                 if committing is not None:
                     try:
