@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
-from astraflow.streams.connection import register_scripts
+from astraflow.streams.connection import queue_script, register_scripts, with_script
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
 from astraflow.streams.runstate import RunState, read_state
 from astraflow.streams.schema import Entry
@@ -176,13 +176,16 @@ class Store:
                 if not p.reason:
                     accepted.setdefault(p.model, {})[it.entry_id] = p.payload
 
+        script = self._scripts["collect"]
+
+        def fill(pipe) -> None:
+            for model, payloads in accepted.items():  # one HSET per model, not per group
+                pipe.hset(k.samples(model), mapping=payloads)
+            queue_script(pipe, script, keys, args)
+
         async def transaction():
             # The bytes go in as plain HSETs (fast), the decisions in the script, all in one MULTI.
-            async with self.bus.redis.pipeline(transaction=True) as pipe:
-                for model, payloads in accepted.items():  # one HSET per model, not per group
-                    pipe.hset(k.samples(model), mapping=payloads)
-                await self._scripts["collect"](keys=keys, args=args, client=pipe)
-                return (await pipe.execute())[-1]
+            return (await with_script(self.bus.redis, script, fill, transaction=True))[-1]
 
         replies = await self.bus.call(transaction)
         return [[x.decode() for x in r] for r in replies]

@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.chunks import ARG_OVERHEAD_BYTES, arg_bytes, chunked
-from astraflow.streams.connection import reconnecting, register_scripts
+from astraflow.streams.connection import queue_script, reconnecting, register_scripts, with_script
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
 from astraflow.streams.identity import RunIdentity, new_identity_args
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
@@ -258,11 +258,13 @@ class Bus:
         that lacks the first attempt it does the work anew. The SET gives a retry whose script writes
         nothing something of its own to wait for, ordered after whatever the first attempt wrote."""
         n, timeout = self.min_replicas_ack, self.replica_ack_timeout_ms
-        async with self.redis.pipeline(transaction=False) as pipe:
-            await script(keys=keys, args=args, client=pipe)
+
+        def fill(pipe) -> None:
+            queue_script(pipe, script, keys, args)
             pipe.set(self.keys.dedup("replicated"), uuid.uuid4().hex, px=timeout)
             pipe.execute_command("WAIT", n, timeout)
-            reply, _, acked = await pipe.execute()
+
+        reply, _, acked = await with_script(self.redis, script, fill, transaction=False)
         if int(acked) < n:
             raise ResponseError(f"NOREPLICAS {acked} of {n} replicas acknowledged in {timeout} ms")
         return reply

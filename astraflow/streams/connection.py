@@ -19,6 +19,7 @@ from redis.exceptions import (
     AuthorizationError,
     ConnectionError,
     DataError,
+    NoScriptError,
     ResponseError,
     TimeoutError,
 )
@@ -114,6 +115,31 @@ def register_scripts(
     head = (lua / prelude).read_text() + "\n" if prelude else ""
     scripts = {name: head + (lua / f"{name}.lua").read_text() for name in names}
     return {name: client.register_script(lua_prelude(text) + text) for name, text in scripts.items()}
+
+
+async def with_script(
+    client: aioredis.Redis, script, fill: Callable[[aioredis.client.Pipeline], None], transaction: bool
+) -> list:
+    """Execute one pipeline that `fill` queues, `script` among its commands by `queue_script`: the replies.
+    A pipeline handed a registered script asks Redis whether it is loaded (`SCRIPT EXISTS`) before every
+    execute, a round trip each call; this one loads it only when Redis answers NOSCRIPT (it restarted),
+    then runs the pipeline again, so whatever else `fill` queues must be idempotent."""
+
+    async def execute() -> list:
+        async with client.pipeline(transaction=transaction) as pipe:
+            fill(pipe)
+            return await pipe.execute()
+
+    try:
+        return await execute()
+    except NoScriptError:
+        await client.script_load(script.script)
+        return await execute()
+
+
+def queue_script(pipe: aioredis.client.Pipeline, script, keys: list, args: list) -> None:
+    """Queue `script` (a registered one) on `pipe` by its SHA alone (see `with_script`)."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
 
 
 TRANSIENT_CODES = frozenset(

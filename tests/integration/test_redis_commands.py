@@ -77,3 +77,23 @@ async def test_a_look_at_a_run_with_many_keys_takes_a_few_round_trips(bus):
     spent = await commands(bus) - before - 1
     assert {v.key for v in streams} >= {"prompts", "rollouts", "versions"}
     assert spent < 60, spent  # at Redis's default SCAN count: over 2,000
+
+
+async def test_settling_rollouts_asks_nothing_about_scripts_and_survives_losing_them(bus):
+    """The collector settles in one MULTI with its script: redis-py asked `SCRIPT EXISTS` before each such
+    pipeline, a round trip per settle; a Redis that lost its scripts (restarted) still settles."""
+    settings = load_settings(None, ["run.name=it", "dataflow.feeder.n_samples=4"])
+    df = Dataflow(dataflow_setup(settings), bus, "df")
+    collected = 0
+    for flush in (False, True):
+        await df.feeder.step()
+        uids = await roll_out(bus, 4, lambda g, i: float(i % 2))
+        if flush:
+            await bus.redis.script_flush()
+        before = (await bus.redis.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0)
+        while await df.collector.step(1):
+            pass
+        after = (await bus.redis.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0)
+        assert after == before
+        collected += len(uids)
+        assert await bus.redis.zcard(bus.keys.ready("policy")) == collected
