@@ -8,6 +8,7 @@ replica killed between recording and announcing leaves nothing undone: the next 
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -96,7 +97,9 @@ class Barrier:
             status, _ = await self.store.announce(last, version, fields, forget)
             if status == "ok":
                 sent += 1
-                log.info("version_announced", version=version, eval=state.is_eval(version))
+                submitted = state.eval_submitted(last) if state.is_eval(last) else None
+                held = {} if submitted is None else {"eval_held_s": round(time.time() - submitted, 3)}
+                log.info("version_announced", version=version, eval=state.is_eval(version), **held)
                 if self.evals is not None and state.is_eval(version):
                     await self.evals.submit(self.store, version)
 

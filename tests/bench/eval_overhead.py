@@ -4,8 +4,10 @@ against the same run without any eval (the baseline), in one invocation, alterna
 noise falls on all three.
 
 Per arm and seed: wall time of the run, steps, the on-policy reward of the last window, groups dropped
-as stale (an eval holds later versions back, so rollouts of the held version age), eval groups scored, and
-the eval results' first and last value. The ratio is of median wall times, against the baseline.
+as stale (an eval holds later versions back, so rollouts of the held version age), eval groups scored,
+the eval results' first and last value, and `held`: the share of the wall time the evals held later
+versions back (from each eval's submission to the next notice). The ratio is of median wall times,
+against the baseline.
 
     python tests/bench/eval_overhead.py [--steps 150] [--seeds 0] [--every 10]
 
@@ -43,7 +45,15 @@ def run(arm: str, evals: list[str], seed: int, root: Path, steps: int) -> dict:
         "stale": dropped.get("stale_ingest", 0) + dropped.get("stale_wait", 0),
         "eval_groups": data["ledger"]["eval"],
         "eval": f"{evals[0]:.2f} -> {evals[-1]:.2f}" if evals else "-",
+        "held_s": held_s(out / "logs" / "dataflow.log"),
     }
+
+
+def held_s(log: Path) -> float:
+    """Seconds the evals held the notices back: from each eval's submission to the next notice (the
+    dataflow's `version_announced` lines say `eval_held_s`)."""
+    lines = (json.loads(x) for x in log.read_text().splitlines() if x.startswith("{"))
+    return sum(e.get("eval_held_s", 0.0) for e in lines if e.get("event") == "version_announced")
 
 
 def main() -> None:
@@ -65,7 +75,7 @@ def main() -> None:
                 results[arm].append(run(arm, evals, seed, Path(tmp), args.steps))
     base = statistics.median(r["wall_s"] for r in results["none"])
     ratio = {arm: statistics.median(r["wall_s"] for r in rows) / base for arm, rows in results.items()}
-    head = ("eval", "wall_s", "ratio", "steps", "reward", "stale", "evals")
+    head = ("eval", "wall_s", "ratio", "steps", "reward", "stale", "evals", "held")
     print(" ".join(f"{h:>10}" for h in head), " eval")
     for arm, rows in results.items():
         for r in rows:
@@ -76,7 +86,7 @@ def main() -> None:
                 r["steps"],
                 f"{r['reward']:.3f}",
             )
-            cells += (r["stale"], r["eval_groups"])
+            cells += (r["stale"], r["eval_groups"], f"{r['held_s'] / r['wall_s']:.1%}")
             print(" ".join(f"{c:>10}" for c in cells), "", r["eval"])
     every = f"every {args.every}"
     print(f"eval overhead: recipe {ratio['recipe']:.2f}, {every} versions {ratio[every]:.2f}", end=" ")

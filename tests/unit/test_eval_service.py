@@ -133,6 +133,37 @@ async def test_the_barrier_holds_later_versions_until_the_eval_is_collected():
     assert len(await notices(bus)) == 2
 
 
+async def test_an_eval_ends_its_hold_without_waiting_for_the_next_published_version(monkeypatch):
+    """While an eval holds the notices back, no trainer may publish (every batch of the held version gone
+    stale): the barrier's wait for a version is cut to HOLD_POLL_MS, and the notice after the eval says how
+    long it held."""
+    from structlog.testing import capture_logs
+
+    from astraflow.dataflow.barrier import HOLD_POLL_MS
+
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    await publish_version(bus, "policy", 0, eval_=True)
+    await publish_version(bus, "policy", 1)
+    blocks, read = [], df.barrier.consumer.read
+
+    async def spy(count, block_ms=None):
+        blocks.append(block_ms)
+        return await read(count, 1)
+
+    monkeypatch.setattr(df.barrier.consumer, "read", spy)
+    await df.barrier.step(2000)
+    assert df.barrier.holding and [n.version for n in await notices(bus)] == [0]
+    await roll_out(bus, 100, lambda g, i: 1.0)
+    await collect_all(df)
+    with capture_logs() as logs:
+        await df.barrier.step(2000)
+    assert blocks == [2000, HOLD_POLL_MS]
+    assert [n.version for n in await notices(bus)] == [0, 1] and not df.barrier.holding
+    [announced] = [e for e in logs if e["event"] == "version_announced"]
+    assert 0 <= announced["eval_held_s"] < 60
+
+
 async def test_a_lost_eval_holds_the_barrier_only_until_its_timeout():
     bus, df = make(*EVAL, "eval.timeout_s=0.3")
     await bus.bootstrap(["policy"])
