@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 STEP_POSITIONS = 32
-"""Most dataset positions considered per submit call."""
+"""Most dataset positions considered per submit call (fewer when there is room for fewer groups)."""
 START_SLOTS = 8
 """Slots a heartbeat counts for before its worker has shown it uses more (the RaaS default `slots`)."""
 
@@ -131,9 +131,12 @@ class Feeder:
         if sync:  # about what the batch still needs: what is left over when it forms is stale
             needed = max(1, self._groups_per_batch() - await self.store.fewest_ready(version))
             backlog_limit = min(backlog_limit, math.ceil(needed * self.feeder.sync_oversubmit))
-        if await self.store.room(backlog_limit, ready_limit) <= 0:
+        room = await self.store.room(backlog_limit, ready_limit)
+        if room <= 0:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
-        positions = range(cursor, cursor + STEP_POSITIONS)
+        # As many positions as there is room for (a group that settles frees one): what a curator skips
+        # is passed over by this step, and the next one goes on from there.
+        positions = range(cursor, cursor + min(STEP_POSITIONS, room))
         rows = [self.row_at(p) for p in positions]
         randoms = [random.Random(f"{self.settings.seed}:curate:{p}").random() for p in positions]
         decisions = await self.curator.decide(rows, randoms, version)
