@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 STEP_POSITIONS = 32
-"""Most dataset positions considered per submit call (fewer when there is room for fewer groups)."""
+"""Most dataset positions considered per submit call (up to the one that fills the room)."""
 START_SLOTS = 8
 """Slots a heartbeat counts for before its worker has shown it uses more (the RaaS default `slots`)."""
 
@@ -134,14 +134,15 @@ class Feeder:
         room = await self.store.room(backlog_limit, ready_limit)
         if room <= 0:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
-        # As many positions as there is room for (a group that settles frees one): what a curator skips
-        # is passed over by this step, and the next one goes on from there.
-        positions = range(cursor, cursor + min(STEP_POSITIONS, room))
+        positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [random.Random(f"{self.settings.seed}:curate:{p}").random() for p in positions]
         decisions = await self.curator.decide(rows, randoms, version)
-        items = []
+        items, wanted = [], 0
         for p, row, submit in zip(positions, rows, decisions, strict=True):
+            if submit and wanted == room:
+                break  # encoded only what there is room for (a settle frees a slot or two): later steps go on
+            wanted += submit
             uid = self.uid_at(p)
             fields = encode(self._group(uid, row, version)) if submit else {}
             items.append(SubmitItem(submit, uid, row, version, fields))
