@@ -23,6 +23,11 @@ async def commands(bus: Bus) -> int:
     return sum(int(v["calls"]) for v in stats.values())
 
 
+async def script_exists_calls(bus: Bus) -> int:
+    """`SCRIPT EXISTS` calls Redis ran so far."""
+    return int((await bus.redis.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0))
+
+
 async def test_forming_a_batch_costs_the_same_however_many_batches_the_trainer_holds(bus):
     small = ["dataflow.feeder.n_samples=4", "dataflow.batch.size=8", "dataflow.feeder.min_backlog=2"]
     settings = load_settings(None, ["run.name=it", *small])
@@ -90,10 +95,9 @@ async def test_settling_rollouts_asks_nothing_about_scripts_and_survives_losing_
         uids = await roll_out(bus, 4, lambda g, i: float(i % 2))
         if flush:
             await bus.redis.script_flush()
-        before = (await bus.redis.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0)
+        before = await script_exists_calls(bus)
         while await df.collector.step(1):
             pass
-        after = (await bus.redis.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0)
-        assert after == before
+        assert await script_exists_calls(bus) == before
         collected += len(uids)
         assert await bus.redis.zcard(bus.keys.ready("policy")) == collected
