@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -18,10 +19,11 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
-from astraflow.decoding import from_plain
+from astraflow.decoding import Columns, column_type, columns, from_plain
 from astraflow.errors import DecodeError
 
-SCHEMA = 1
+SCHEMA = 2
+"""2: a rollout group's trajectories travel as columns (`decoding.Columns`); 1: as a list of maps."""
 _ARRAY_EXT, _RAW_ARRAY_EXT = 1, 2
 """msgpack ext types of a numpy array. 1: a msgpack [dtype, shape, bytes] (still read, no longer written).
 2: a header - dtype length u8, dtype, ndim u8, each dimension u64 little-endian - then the bytes: read
@@ -112,7 +114,8 @@ class RolloutGroup(Message):
     """Worker id of the RaaS that ran it."""
     version: int
     """Submitted-at version of the prompt group."""
-    trajectories: list[Trajectory]
+    trajectories: Columns[Trajectory]
+    """(On the wire one list or array per field for the whole group: `decoding.columns`.)"""
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     """Why the whole group failed; None when it did not."""
@@ -138,8 +141,10 @@ class RolloutGroup(Message):
         return out
 
     def _check(self) -> None:
-        for traj in self.trajectories:
-            traj._check()
+        # Decoded, every trajectory's arrays are slices at the same bounds of the same four (the columns
+        # of `decoding.Columns`): the first has the dtypes of all, and all have matching lengths.
+        if self.trajectories:
+            self.trajectories[0]._check()
 
 
 @dataclass(frozen=True, eq=False)
@@ -432,7 +437,8 @@ def _text(fields: dict[str, Any], name: str) -> str:
     raise DecodeError(f"{name}: missing header field")
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[type, tuple[tuple[str, type | None], ...]] = {}
+"""Per message class: its fields' names, each with the element class of a `Columns` field (else None)."""
 _LEAVES = (str, int, float, bool, bytes, np.ndarray, type(None))
 
 
@@ -441,10 +447,18 @@ def _to_plain(value: Any) -> Any:
         return value
     if isinstance(value, Message):
         cls = type(value)
-        names = _FIELD_NAMES.get(cls)
+        names = _FIELDS.get(cls)
         if names is None:
-            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-        return {name: _to_plain(getattr(value, name)) for name in names}
+            hints = typing.get_type_hints(cls, include_extras=True)
+            names = _FIELDS[cls] = tuple(
+                (f.name, column_type(hints[f.name])) for f in dataclasses.fields(cls)
+            )
+        return {
+            name: _to_plain(getattr(value, name))
+            if element is None
+            else columns(element, getattr(value, name), _to_plain)
+            for name, element in names
+        }
     if isinstance(value, list | tuple):
         return [_to_plain(v) for v in value]
     if isinstance(value, dict):

@@ -31,15 +31,15 @@ class Family:
     def __init__(self, template: str) -> None:
         self.template = template
         self.arity = template.count("{}")
-        parts = (re.escape(p) for p in template.split("{}"))
-        self._pattern = re.compile("(.+?)".join(parts))
+        self._prefix = template.split("{}")[0]
+        self._pattern = re.compile("(.+?)".join(re.escape(p) for p in template.split("{}")))
 
     def __call__(self, *args: object) -> str:
         return self.template.format(*args)
 
     def parse(self, name: str) -> tuple[str, ...] | None:
         """The arguments `name` was built from, or None when it is not of this family."""
-        m = self._pattern.fullmatch(name)
+        m = self._pattern.fullmatch(name) if name.startswith(self._prefix) else None  # (a cheap first look)
         return m.groups() if m else None
 
     def lua(self) -> str:
@@ -120,7 +120,7 @@ class BatchEntry:
 
     kind = "batch"
     """Its `kind`."""
-    schema = "1"
+    schema = "2"
     """Its `schema` (the codec's `messages.SCHEMA`: `decode_batch` refuses another)."""
     seq = "seq"
     groups = "groups"

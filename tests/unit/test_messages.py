@@ -1,5 +1,7 @@
 """Codec round trips for every message type, readable headers, and DecodeError on bad input."""
 
+import dataclasses
+
 import msgpack
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 from astraflow.errors import DecodeError
 from astraflow.messages import (
     KINDS,
+    SCHEMA,
     Heartbeat,
     PromptGroup,
     RolloutGroup,
@@ -155,7 +158,14 @@ def test_round_trip(msg):
 
 
 def test_batch_with_a_bad_group_names_it():
-    fields = {"kind": b"batch", "schema": b"1", "uid": b"b", "model": b"m", "version": b"1", "groups": b"g1"}
+    fields = {
+        "kind": b"batch",
+        "schema": str(SCHEMA).encode(),
+        "uid": b"b",
+        "model": b"m",
+        "version": b"1",
+        "groups": b"g1",
+    }
     fields |= {"replayed": b"", "refs": b"r1"}
     with pytest.raises(DecodeError, match="group g1: missing"):
         decode_batch(fields, [None])  # the reference points at nothing
@@ -168,7 +178,7 @@ def test_batch_with_a_bad_group_names_it():
 def test_random_bytes_raise_decode_error(data):
     for kind in KINDS:
         with pytest.raises(DecodeError):
-            result = decode({"kind": kind, "schema": "1", "data": data})
+            result = decode({"kind": kind, "schema": str(SCHEMA), "data": data})
             # Random bytes that happen to be valid msgpack must still not validate as this kind.
             raise AssertionError(f"decoded {result!r}")
 
@@ -181,19 +191,58 @@ def test_a_bad_value_deep_in_a_message_is_named_by_its_whole_path():
         )
 
     fields = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj(0.5), traj(1.0)]))
-    plain = msgpack.unpackb(fields["data"], raw=False)
-    plain["trajectories"][1]["reward"] = "high"
-    data = msgpack.packb(plain, use_bin_type=True)
+    plain = msgpack.unpackb(fields["data"], raw=False, ext_hook=_unpack_array)
+    columns = plain["trajectories"]  # one list (or array) per field for the whole group
+
+    def decoded(drop: str = "", **changes):
+        changed = {k: v for k, v in {**columns, **changes}.items() if k != drop}
+        return decode(
+            {**fields, "data": msgpack.packb({**plain, "trajectories": changed}, default=_pack_array)}
+        )
+
     with pytest.raises(
-        DecodeError, match=r"^rollout_group\.trajectories\[1\]\.reward: expected a number, got str$"
+        DecodeError, match=r"^rollout_group\.trajectories\.reward\[1\]: expected a number, got str$"
     ):
-        decode({**fields, "data": data})
-    plain["trajectories"][1]["reward"], plain["trajectories"][0]["metrics"] = 1.0, {"tool": "x"}
-    data = msgpack.packb(plain, use_bin_type=True)
+        decoded(reward=[0.5, "high"])
     with pytest.raises(
-        DecodeError, match=r"^rollout_group\.trajectories\[0\]\.metrics\.tool: expected a number"
+        DecodeError, match=r"^rollout_group\.trajectories\.metrics\[0\]\.tool: expected a number"
     ):
-        decode({**fields, "data": data})
+        decoded(metrics=[{"tool": "x"}, {}])
+    with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.reward: 3 values for 2 elements$"):
+        decoded(reward=[0.5, 1.0, 2.0])
+    with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.lengths: expected a 1-D array"):
+        decoded(lengths=np.array([5, -1]))  # (sums to the tokens there are)
+    with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.logprobs: shape \(3,\) does not"):
+        decoded(logprobs=np.zeros(3, np.float32))
+    with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.model: missing$"):
+        decoded(drop="model")
+
+
+def test_a_group_travels_as_columns_and_comes_back_as_trajectories_of_their_own():
+    lengths = [3, 0, 5]
+    trajs = [
+        Trajectory(
+            model=f"m{n}",
+            token_ids=np.arange(n, dtype=np.int32) + 10 * n,
+            logprobs=-np.ones(n, np.float32),
+            loss_mask=np.ones(n, np.uint8),
+            versions=np.full(n, n, np.int32),
+            reward=float(n),
+            error=None if n else "timeout",
+            metrics={"turns": float(n)} if n else {},
+        )
+        for n in lengths
+    ]
+    fields = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=trajs))
+    plain = msgpack.unpackb(fields["data"], raw=False, ext_hook=_unpack_array)
+    assert plain["trajectories"]["lengths"].tolist() == lengths
+    assert plain["trajectories"]["token_ids"].tolist() == [10 * n + i for n in lengths for i in range(n)]
+    back = decode(fields, RolloutGroup).trajectories
+    assert [len(t.token_ids) for t in back] == lengths
+    assert all(same(a, b) for a, b in zip(back, trajs, strict=True))
+    assert back[2].versions.tolist() == [5] * 5 and back[1].error == "timeout"
+    empty = decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[], error="boom")))
+    assert empty.trajectories == [] and empty.error == "boom"
 
 
 def test_arrays_travel_as_raw_bytes_not_lists():
@@ -232,8 +281,11 @@ def test_inconsistent_arrays_are_rejected():
         versions=np.zeros(4, np.int32),
         reward=0.0,
     )
-    with pytest.raises(DecodeError, match=r"trajectory\.logprobs: shape"):
+    with pytest.raises(DecodeError, match=r"trajectories\.logprobs: shape \(3,\) does not match"):
         decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[traj])))
+    floats = dataclasses.replace(traj, logprobs=np.zeros(4, np.float32), token_ids=np.zeros(4, np.float32))
+    with pytest.raises(DecodeError, match=r"trajectory\.token_ids: integer dtype expected"):
+        decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[floats, floats])))
 
 
 def test_headers_are_checked():

@@ -4,7 +4,7 @@ RaaS pool and the trainer simulated over the real streams."""
 
 from __future__ import annotations
 
-from astraflow.messages import VersionNotice, decode
+from astraflow.messages import SCHEMA, VersionNotice, decode
 from astraflow.ops.peek import peek
 from astraflow.streams import Out
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train
@@ -14,7 +14,8 @@ async def a_short_run():
     bus, df = await small_dataflow("dataflow.feeder.min_backlog=6", "dataflow.batch.size=4")
     await df.feeder.step()
     entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
-    garbage = {"kind": b"rollout_group", "schema": b"1", "uid": entries[0].fields["uid"], "data": b"\xc1"}
+    uid = entries[0].fields["uid"]
+    garbage = {"kind": b"rollout_group", "schema": str(SCHEMA).encode(), "uid": uid, "data": b"\xc1"}
     await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, garbage)])])
     await roll_out(bus, 100, lambda g, i: float(i % 2), version=0)
     while await df.collector.step(1):
