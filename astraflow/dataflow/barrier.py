@@ -102,6 +102,8 @@ class Barrier:
                 log.info("version_announced", version=version, eval=state.is_eval(version), **held)
                 if self.evals is not None and state.is_eval(version):
                     await self.evals.submit(self.store, version)
+                if version == ready:  # nothing else was due: the next step reads the state again
+                    return sent
 
     def _notice(self, state: RunState, version: int) -> dict[str, bytes]:
         """The notice of `version`. An eval (or sync-mode) notice loads `version` itself; otherwise each

@@ -7,6 +7,7 @@ advances in the same atomic step that submits (submit.lua), so replicas never su
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -118,25 +119,27 @@ class Feeder:
         return all(state.batch_version(m) >= version for m in self.settings.trained)
 
     async def step(self) -> tuple[str, int]:
-        """Consider the next positions; returns (status, groups submitted). Status 'full' means wait."""
+        """Consider the next positions; returns (status, groups submitted). Status 'full' means wait: no
+        room, or this step took what there was."""
         await self.strays.sweep()  # (at most every half lease)
-        state = await self.store.state()
+        backlog_limit, ready_limit = await self.limits()
+        state, room = await self.store.state_and_room(backlog_limit, ready_limit)
         if self.evals is not None and (due := self.evals.due(state)) is not None:
             await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
+            room = await self.store.room(backlog_limit, ready_limit)
         cursor, version = state.cursor, max(state.notice or 0, 0)
-        sync = self.settings.sync
-        if sync and self._batch_formed(state, version):
-            return "full", 0  # lockstep: this version's batch is formed; wait for the next version
-        backlog_limit, ready_limit = await self.limits()
-        if sync:  # about what the batch still needs: what is left over when it forms is stale
+        if self.settings.sync:
+            if self._batch_formed(state, version):
+                return "full", 0  # lockstep: this version's batch is formed; wait for the next version
+            # About what the batch still needs: what is left over when it forms is stale.
             needed = max(1, self._groups_per_batch() - await self.store.fewest_ready(version))
             backlog_limit = min(backlog_limit, math.ceil(needed * self.feeder.sync_oversubmit))
-        room = await self.store.room(backlog_limit, ready_limit)
+            room = await self.store.room(backlog_limit, ready_limit)
         if room <= 0:
             return "full", 0  # checked before encoding anything: a full backlog is the usual case
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
-        randoms = [random.Random(f"{self.settings.seed}:curate:{p}").random() for p in positions]
+        randoms = [_curation_draw(self.settings.seed, p) for p in positions]
         decisions = await self.curator.decide(rows, randoms, version)
         items, wanted = [], 0
         for p, row, submit in zip(positions, rows, decisions, strict=True):
@@ -149,7 +152,7 @@ class Feeder:
         status, _, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
         if submitted:
             log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)
-        return status, submitted
+        return ("full" if status == "ok" and wanted == room else status), submitted
 
     def _group(self, uid: str, row: int, version: int) -> PromptGroup:
         return PromptGroup(
@@ -161,6 +164,13 @@ class Feeder:
             sample=self.rows[row],
             submitted_at=time.time(),
         )
+
+
+@functools.lru_cache(maxsize=4 * STEP_POSITIONS)
+def _curation_draw(seed: int, position: int) -> float:
+    """The curator's uniform draw for a dataset position (fixed per position; a position is considered
+    by several steps until the cursor passes it, and seeding a generator costs more than a draw)."""
+    return random.Random(f"{seed}:curate:{position}").random()
 
 
 async def _scan(redis, pattern: str) -> list[bytes]:

@@ -15,7 +15,7 @@ from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
 from astraflow.streams.connection import queue_script, register_scripts, with_script
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
-from astraflow.streams.runstate import RunState, read_state
+from astraflow.streams.runstate import RunState, read_state, state_of
 from astraflow.streams.schema import Entry
 
 SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
@@ -145,9 +145,25 @@ class Store:
 
     async def room(self, backlog_limit: int, ready_limit: int) -> int:
         """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""
+        return int((await self._room(backlog_limit, ready_limit, with_state=False))[0])
+
+    async def state_and_room(self, backlog_limit: int, ready_limit: int) -> tuple[RunState, int]:
+        """The run state and the `room`, in one round trip."""
+        state, room = await self._room(backlog_limit, ready_limit, with_state=True)
+        return state_of(state), int(room)
+
+    async def _room(self, backlog_limit: int, ready_limit: int, with_state: bool) -> list:
+        """The replies of an HGETALL of the state (`with_state`) and of room.lua (both read only)."""
         keys = [self.keys.prompts, *(self.keys.ready(m) for m in self.models)]
         args = [GROUP_RAAS, backlog_limit, ready_limit]
-        return int(await self.bus.call(lambda: self._scripts["room"](keys=keys, args=args)))  # (read only)
+        script = self._scripts["room"]
+
+        def fill(pipe) -> None:
+            if with_state:
+                pipe.hgetall(self.keys.state)
+            queue_script(pipe, script, keys, args)
+
+        return await self.bus.call(lambda: with_script(self.bus.redis, script, fill, transaction=False))
 
     async def collect(self, consumer: str, items: Sequence[Collected]) -> list[list[str]]:
         """Settle collected rollout entries (see collect.lua); returns per item [status, outcomes...]."""

@@ -80,7 +80,11 @@ class RunState(dict[str, str]):
 
 
 async def read_state(bus: Bus) -> RunState:
-    raw = await bus.call(lambda: bus.redis.hgetall(bus.keys.state))
+    return state_of(await bus.call(lambda: bus.redis.hgetall(bus.keys.state)))
+
+
+def state_of(raw: dict[bytes, bytes]) -> RunState:
+    """The snapshot of the state hash whose HGETALL reply is `raw`."""
     return RunState({k.decode(): v.decode() for k, v in raw.items()})
 
 

@@ -11,7 +11,7 @@ from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
-from astraflow.messages import RolloutGroup, VersionNotice, decode, encode
+from astraflow.messages import SCHEMA, RolloutGroup, VersionNotice, decode, encode
 from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS
@@ -198,7 +198,8 @@ async def test_malformed_rollout_is_dead_lettered_and_the_collector_goes_on():
     await df.feeder.step()
     entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
     uid = entries[0].fields["uid"]
-    garbage = {"kind": b"rollout_group", "schema": b"1", "uid": uid, "data": b"\xc1not msgpack"}
+    garbage = {"kind": b"rollout_group", "schema": str(SCHEMA).encode(), "uid": uid}
+    garbage["data"] = b"\xc1not msgpack"
     await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, garbage)])])
     await roll_out(bus, 1, lambda g, i: float(i % 2))
     await df.collector.step(1)
@@ -213,10 +214,10 @@ async def test_malformed_rollout_is_dead_lettered_and_the_collector_goes_on():
 async def test_without_raas_the_feeder_stops_at_the_capacity_bound():
     bus, df = make("dataflow.feeder.min_backlog=5", "dataflow.feeder.backlog_factor=2")
     await bus.bootstrap(["policy"])
-    for _ in range(5):
-        await df.feeder.step()
+    # The step that fills the room says so: the feeder's loop waits instead of stepping again at once.
+    assert await df.feeder.step() == ("full", 5)
     assert await bus.redis.xlen(bus.keys.prompts) == 5
-    assert (await df.feeder.step())[0] == "full"
+    assert (await df.feeder.step()) == ("full", 0)
     # A RaaS with 6 slots joins: the bound becomes 2 x 6.
     await heartbeat(bus, "w", 6)
     df.feeder._pool = (0.0, 0)  # forget the cached pool size
