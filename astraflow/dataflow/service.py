@@ -64,8 +64,8 @@ class BatchFormer:
         self._randoms = min(round(b.replay_ratio * b.size), b.replay_capacity)
         self._groups = b.unit == "groups"
         self.short: dict[str, int] = {}
-        """Per model, the batch units still missing when its last step found too few ready ('wait');
-        lowered by what this replica's collector makes ready since (`made_ready`)."""
+        """Per model, the batch units its last step found missing (for that batch on 'wait', for the next
+        one after 'ok'); lowered by what this replica's collector makes ready since (`made_ready`)."""
 
     def made_ready(self, model: str, n_samples: int) -> None:
         """The collector put a group of `model` with `n_samples` samples in its ready set."""
@@ -174,8 +174,8 @@ class Dataflow:
         while True:
             for model in self.settings.trained:
                 if timed_out or self.former.due(model):
-                    while await self.former.step(model) == "ok":
-                        pass
+                    while await self.former.step(model) == "ok" and self.former.due(model):
+                        pass  # (another batch's worth is ready)
             self._collected.clear()
             timed_out = not await _wait(self._collected, IDLE_S)
 

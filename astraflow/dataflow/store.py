@@ -208,7 +208,8 @@ class Store:
 
     async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int, int]:
         """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired,
-        short): `short`, on 'wait', the batch units (samples or groups) still missing."""
+        short): `short`, the batch units (samples or groups) missing for this batch ('wait') or for the
+        next ('ok')."""
         k, s, b = self.keys, self.settings, self.settings.batch
         keys = [k.ready(model), k.samples(model), k.refs(model), k.replay(model), k.batches(model)]
         keys += [k.ledger, k.state, k.formed(model), k.identity]

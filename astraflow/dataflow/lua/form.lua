@@ -11,7 +11,8 @@
 --   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, trace_prefix,
 --   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
 -- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
--- replayed groups, expired groups, units still missing ('wait' only, else 0)}.
+-- replayed groups, expired groups, units missing: for this batch ('wait'), for the next one ('ok': what
+-- is left ready, its replay share as this one's), 0 ('full')}.
 local ready, samples, refs, replay, batches = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ledger, state, formed, identity = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -107,12 +108,15 @@ for _, member in ipairs(candidates) do
   replayed_units = replayed_units + units(n)
 end
 
-local fresh, fresh_units = {}, 0
+local fresh, fresh_units, left_units = {}, 0, 0  -- left: ready units past this batch
 for _, member in ipairs(redis.call('ZRANGE', ready, 0, -1)) do
-  if fresh_units + replayed_units >= size then break end
   local _, _, n = parse_member(member)
-  fresh[#fresh + 1] = member
-  fresh_units = fresh_units + units(n)
+  if fresh_units + replayed_units >= size then
+    left_units = left_units + units(n)
+  else
+    fresh[#fresh + 1] = member
+    fresh_units = fresh_units + units(n)
+  end
 end
 if fresh_units + replayed_units < size then
   flush(ledger)
@@ -165,4 +169,4 @@ if excess > 0 then
     release(samples, refs, ref)
   end
 end
-return {'ok', batch_uid, #fresh, #replayed, #expired, 0}
+return {'ok', batch_uid, #fresh, #replayed, #expired, math.max(0, size - replayed_units - left_units)}
