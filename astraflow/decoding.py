@@ -14,6 +14,7 @@ is 4 arrays and a few short lists, not 8 maps of 4 arrays each.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import types
 import typing
@@ -85,6 +86,7 @@ def column_type(tp: Any) -> type | None:
     return None
 
 
+@functools.cache
 def _fields(cls: type) -> tuple[list[str], list[str]]:
     """(the names of `cls`'s fields that are not arrays, those that are)."""
     hints = typing.get_type_hints(cls)
