@@ -2,8 +2,9 @@
 
 A message travels as a flat field map: small human-readable headers (`kind`, `schema`, and `uid`,
 `model`, `version` where the message has them) plus one `data` field holding msgpack bytes, so
-`redis-cli XRANGE` shows a person what flows. Arrays travel as msgpack ext type 1 holding
-(little-endian dtype, shape, raw bytes), never as lists of Python ints. No pickle.
+`redis-cli XRANGE` shows a person what flows. Arrays travel as a msgpack ext type holding (little-endian
+dtype, shape, raw bytes), never as lists of Python ints; a rollout group's trajectories as columns (one
+list or array per field for the whole group, `decoding.Columns`). No pickle.
 """
 
 from __future__ import annotations
