@@ -120,7 +120,7 @@ def _columns(cls: type) -> Converter:
                 raise e.at(f".{name}") from None
             if len(column) != n:
                 raise Invalid(f"{len(column)} values for {n} elements").at(f".{name}")
-        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        bounds = list(itertools.accumulate(lengths.tolist(), initial=0))  # (Python ints: no wrapping)
         spans = list(itertools.pairwise(bounds))
         for name in arrays:
             column = value.get(name)

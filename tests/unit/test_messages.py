@@ -212,6 +212,9 @@ def test_a_bad_value_deep_in_a_message_is_named_by_its_whole_path():
         decoded(reward=[0.5, 1.0, 2.0])
     with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.lengths: expected a 1-D array"):
         decoded(lengths=np.array([5, -1]))  # (sums to the tokens there are)
+    wrapping = np.array([2**64 - 1, 5], np.uint64)  # sums to 4 in uint64: the whole column, then nothing
+    with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.token_ids: shape \(4,\) does not"):
+        decoded(lengths=wrapping)
     with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.logprobs: shape \(3,\) does not"):
         decoded(logprobs=np.zeros(3, np.float32))
     with pytest.raises(DecodeError, match=r"^rollout_group\.trajectories\.model: missing$"):
