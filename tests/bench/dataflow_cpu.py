@@ -1,12 +1,14 @@
-"""The dataflow's CPU per unit of its work: a rollout group judged, a Redis round trip made.
+"""The dataflow's CPU per unit of its work: a rollout group judged, a Redis round trip made (and what a
+RaaS spends encoding the group).
 
 - Per group: what the collector does with one rollout entry before settling it - decode, the value checks
   and the verdict (a packed SampleGroup) - for a group of the default recipe's shape (8 samples of 14
   tokens); baseline: msgpack's unpack of the same bytes, the least any reader of the entry does.
+- Per group encoded (the RaaS's side, `encode`); baseline: msgpack's pack of the same plain values.
 - Per round trip: one GET as the dataflow makes its calls (`Bus.call` on the run's redis-py asyncio
   client); baseline: the same GET written by hand on an asyncio stream (no client library).
 CPU is the process's user + system time (`getrusage`), so it counts the socket calls too. Each round
-measures both sides of each pair back to back, in alternating order; shown: the median over the rounds.
+measures both sides of each pair back to back; shown: the median over the rounds.
 
     python tests/bench/dataflow_cpu.py [--groups 2000] [--calls 3000] [--rounds 5]
 """
@@ -27,7 +29,7 @@ from _smoke import parse
 from astraflow import redis_server
 from astraflow.config import load_settings
 from astraflow.dataflow.verdicts import Judge, check_values
-from astraflow.messages import RolloutGroup, Trajectory, _unpack_array, decode, encode
+from astraflow.messages import RolloutGroup, Trajectory, _pack_array, _unpack_array, decode, encode
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
@@ -39,8 +41,8 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def entries(n: int) -> list[dict[bytes, bytes]]:
-    """`n` rollout entries as the collector reads them (field names as bytes)."""
+def groups_of(n: int) -> list[RolloutGroup]:
+    """`n` rollout groups of the default recipe's shape."""
     out = []
     for i in range(n):
         rng = np.random.default_rng(i)
@@ -58,9 +60,22 @@ def entries(n: int) -> list[dict[bytes, bytes]]:
                     finish_reason="stop",
                 )
             )
-        group = RolloutGroup(uid=f"e0r{i}", raas="raas-0", version=5, trajectories=trajs, models=["policy"])
-        out.append({k.encode(): v for k, v in encode(group).items()})
+        out.append(
+            RolloutGroup(uid=f"e0r{i}", raas="raas-0", version=5, trajectories=trajs, models=["policy"])
+        )
     return out
+
+
+def per_encode(groups: list[RolloutGroup]) -> tuple[float, float]:
+    """(CPU seconds per group encoded as a RaaS does, per msgpack pack of the same plain values)."""
+    start = cpu_s()
+    encoded = [encode(g)["data"] for g in groups]
+    astraflow = (cpu_s() - start) / len(groups)
+    plain = [msgpack.unpackb(data, ext_hook=_unpack_array, raw=False) for data in encoded]
+    start = cpu_s()
+    for values in plain:
+        msgpack.packb(values, default=_pack_array, use_bin_type=True)
+    return astraflow, (cpu_s() - start) / len(groups)
 
 
 def per_group(groups: list[dict[bytes, bytes]]) -> tuple[float, float]:
@@ -110,28 +125,33 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=5)
     args = parse(ap, groups=50, calls=100, rounds=1)
-    groups = entries(args.groups)
-    rows: dict[str, list[tuple[float, float]]] = {"group": [], "call": []}
+    made = groups_of(args.groups)
+    groups = [{k.encode(): v for k, v in encode(g).items()} for g in made]  # as the collector reads them
+    rows: dict[str, list[tuple[float, float]]] = {"group": [], "encode": [], "call": []}
     with tempfile.TemporaryDirectory() as tmp:
         server = redis_server.start(tmp)
         try:
             for _ in range(args.rounds):
                 rows["group"].append(per_group(groups))
+                rows["encode"].append(per_encode(made))
                 rows["call"].append(asyncio.run(per_call(server, args.calls)))
         finally:
             server.stop()
     us = {k: [statistics.median(x[i] for x in v) * 1e6 for i in (0, 1)] for k, v in rows.items()}
     print(f"dataflow CPU per unit, median of {args.rounds} rounds (user + system)")
     print(f"{'':<34}{'astraflow us':>14}{'baseline us':>13}{'ratio':>8}")
+    labels = {
+        "group": "rollout group judged / unpacked",
+        "encode": "rollout group encoded / packed",
+        "call": "round trip Bus.call / by hand",
+    }
+    for key, label in labels.items():
+        ours, base = us[key]
+        print(f"{label:<34}{ours:>14.1f}{base:>13.1f}{ours / base:>8.1f}")
     print(
-        f"{'rollout group judged / unpacked':<34}{us['group'][0]:>14.1f}{us['group'][1]:>13.1f}"
-        f"{us['group'][0] / us['group'][1]:>8.1f}"
+        f"dataflow cpu: group {us['group'][0]:.0f} us, round trip {us['call'][0]:.0f} us"
+        f" (encoded in {us['encode'][0]:.0f} us)"
     )
-    print(
-        f"{'round trip Bus.call / by hand':<34}{us['call'][0]:>14.1f}{us['call'][1]:>13.1f}"
-        f"{us['call'][0] / us['call'][1]:>8.1f}"
-    )
-    print(f"dataflow cpu: group {us['group'][0]:.0f} us, round trip {us['call'][0]:.0f} us")
 
 
 if __name__ == "__main__":

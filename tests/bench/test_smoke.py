@@ -24,7 +24,7 @@ FIGURES = {
     "bus_throughput": rf"^consume \+ publish_and_ack +\d+ +\d+ +{NUMBER}$",
     "cross_region": rf"^v1 delta +relay +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}x$",
     "dataflow_throughput": rf"^1 +\d+ +\d+ +\d+ +{NUMBER}$",
-    "dataflow_cpu": rf"^dataflow cpu: group {NUMBER} us, round trip {NUMBER} us$",
+    "dataflow_cpu": rf"^dataflow cpu: group {NUMBER} us, round trip {NUMBER} us \(encoded in {NUMBER} us\)$",
     "e2e": r"^e2e: astraflow/TRL \S+, astraflow/plain \S+, astraflow/plain\+ds \S+, sync/plain\+ds \S+ "
     r"\(\d+ seeds\)$",
     "eval_overhead": rf"^eval overhead: recipe {NUMBER}, every 1 versions {NUMBER} \(\d+ seeds\)$",

@@ -27,6 +27,7 @@ from astraflow.messages import (
     decode_batch,
     encode,
 )
+from astraflow.streams.schema import BatchEntry
 
 text = st.text(max_size=12)
 ints = st.integers(-(2**40), 2**40)
@@ -317,3 +318,9 @@ def test_arrays_round_trip_in_the_raw_format_and_the_older_msgpack_one_still_rea
         _unpack_array(2, _pack_array(np.arange(4, dtype=np.int32)).data[:-1])  # one byte short
     with pytest.raises(DecodeError, match="bad array"):
         _unpack_array(1, msgpack.packb(["|O", [1], b"x" * 8], use_bin_type=True))  # object arrays: never
+
+
+def test_batch_entries_carry_the_codecs_schema():
+    # form.lua writes `BatchEntry.schema`, `decode_batch` refuses any but the codec's: a trainer would
+    # dead-letter every batch of a run where the two differ.
+    assert BatchEntry.schema == str(SCHEMA)
