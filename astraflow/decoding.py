@@ -8,7 +8,9 @@ number, got str`).
 
 A list of dataclasses annotated `Columns[...]` travels as columns (`columns`): one list per field, and
 each 1-D array field concatenated over the elements with their `lengths` once: a group of 8 trajectories
-is 4 arrays and a few short lists, not 8 maps of 4 arrays each.
+is 4 arrays and a few short lists, not 8 maps of 4 arrays each. Decoded, it is a `ColumnList`: the
+elements, and the columns they came from for whoever looks at a field of every element (`column`,
+`joined`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import functools
 import itertools
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
@@ -27,6 +29,9 @@ from astraflow.errors import DecodeError
 
 Converter = Callable[[Any], Any]
 _CONVERTERS: dict[Any, Converter] = {}
+_EXACT: dict[Converter, type] = {}
+"""Converters of leaves that return a value of exactly this type unchanged (`float` a float, `str` a
+str): a list or map of such values is checked by type alone."""
 _T = TypeVar("_T")
 COLUMNAR = "columnar"
 Columns = Annotated[list[_T], COLUMNAR]
@@ -79,6 +84,33 @@ def columns(cls: type, items: list[Any], to_plain: Callable[[Any], Any]) -> dict
     return out
 
 
+class ColumnList(list):
+    """The elements a `Columns` value was decoded into, with the columns they were built from
+    (`columns`: per field the list of the elements' values; for an array field the concatenated array
+    they are views of): what a look at every element reads in one piece. Read them, do not write them."""
+
+    columns: dict[str, Any]
+
+
+def column(items: Sequence[Any], name: str) -> list:
+    """The values of field `name` of every element of `items` (the decoded column of a `ColumnList`)."""
+    if isinstance(items, ColumnList):
+        return items.columns[name]
+    return [getattr(x, name) for x in items]
+
+
+def joined(items: Sequence[Any], name: str, picked: Sequence[int] | None = None) -> np.ndarray:
+    """The array field `name` of the elements of `items` at `picked` (all when None) concatenated: the
+    decoded column itself for all of a `ColumnList` (not a copy)."""
+    if picked is not None and len(picked) == len(items):
+        picked = None
+    if picked is None and isinstance(items, ColumnList):
+        return items.columns[name]
+    chosen = items if picked is None else [items[i] for i in picked]
+    arrays = [getattr(x, name) for x in chosen]
+    return np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+
+
 def column_type(tp: Any) -> type | None:
     """The element class of a `Columns[...]` annotation; None for any other annotation."""
     if typing.get_origin(tp) is Annotated and COLUMNAR in typing.get_args(tp)[1:]:
@@ -100,19 +132,24 @@ def _columns(cls: type) -> Converter:
     hints = typing.get_type_hints(cls)
     names, arrays = _fields(cls)
     required = {f.name for f in dataclasses.fields(cls) if _required(f)}
+    defaults = {f.name: _default(f) for f in dataclasses.fields(cls) if not _required(f)}
     lists = [(name, _list(converter(hints[name]))) for name in names]
+    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
+        raise TypeError(f"{cls.__name__}: a Columns element is built without its __init__")
 
-    def to_list(value: Any) -> list:
+    def to_list(value: Any) -> ColumnList:
         expect(isinstance(value, dict), "a map", value)
         lengths = value.get("lengths")
         ok = isinstance(lengths, np.ndarray) and lengths.ndim == 1 and lengths.dtype.kind in "iu"
-        if not ok or (len(lengths) and lengths.min() < 0):
+        sizes = lengths.tolist() if ok else []  # (Python ints: their sum cannot wrap)
+        if not ok or min(sizes, default=0) < 0:
             raise Invalid("expected a 1-D array of lengths >= 0").at(".lengths")
-        n, cols = len(lengths), {}
+        n, cols = len(sizes), {}
         for name, conv in lists:
             if name not in value:
                 if name in required:
                     raise Invalid("missing").at(f".{name}")
+                cols[name] = [defaults[name]() for _ in range(n)]  # (left out by the sender)
                 continue
             try:
                 cols[name] = column = conv(value[name])
@@ -120,21 +157,38 @@ def _columns(cls: type) -> Converter:
                 raise e.at(f".{name}") from None
             if len(column) != n:
                 raise Invalid(f"{len(column)} values for {n} elements").at(f".{name}")
-        bounds = list(itertools.accumulate(lengths.tolist(), initial=0))  # (Python ints: no wrapping)
+        whole = dict(cols)
+        bounds = list(itertools.accumulate(sizes, initial=0))
         spans = list(itertools.pairwise(bounds))
         for name in arrays:
-            column = value.get(name)
+            whole[name] = column = value.get(name)
             if not isinstance(column, np.ndarray) or column.ndim != 1 or len(column) != bounds[-1]:
                 what = f"shape {column.shape}" if isinstance(column, np.ndarray) else type(column).__name__
                 raise Invalid(f"{what} does not match the lengths (total {bounds[-1]})").at(f".{name}")
             cols[name] = [column[start:end] for start, end in spans]
-        return [cls(**dict(zip(cols, row, strict=True))) for row in zip(*cols.values(), strict=True)]
+        rows = zip(*cols.values(), strict=True)
+        out = ColumnList(_instance(cls, dict(zip(cols, row, strict=True))) for row in rows)
+        out.columns = whole
+        return out
 
     return to_list
 
 
 def _required(f: dataclasses.Field) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field) -> Callable[[], Any]:
+    return f.default_factory if f.default is dataclasses.MISSING else lambda: f.default  # type: ignore[return-value]
+
+
+def _instance(cls: type[_T], values: dict[str, Any]) -> _T:
+    """An instance of the dataclass `cls` holding `values` (checked, one per field) without its
+    `__init__`: a frozen dataclass's sets each field through `object.__setattr__`, and a rollout group
+    builds a dozen such instances per entry."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
 
 
 def _build(tp: Any) -> Converter:
@@ -161,6 +215,7 @@ def _build(tp: Any) -> Converter:
             expect(isinstance(value, int | float) and not isinstance(value, bool), "a number", value)
             return float(value)
 
+        _EXACT[to_float] = float
         return to_float
     if tp is int:
 
@@ -168,18 +223,24 @@ def _build(tp: Any) -> Converter:
             expect(isinstance(value, int) and not isinstance(value, bool), "an integer", value)
             return value
 
+        _EXACT[to_int] = int
         return to_int
 
     def check(value: Any) -> Any:
         expect(isinstance(value, tp), tp.__name__, value)
         return value
 
+    _EXACT[check] = tp
     return check
 
 
 def _list(item: Converter) -> Converter:
+    exact = _EXACT.get(item)
+
     def to_list(value: Any) -> list:
         expect(isinstance(value, list), "a list", value)
+        if exact is not None and all(type(v) is exact for v in value):
+            return value  # (what `item` returns as it is: a look at each type is enough)
         try:
             return [item(v) for v in value]
         except Invalid as e:  # which one: only now that one failed
@@ -189,8 +250,12 @@ def _list(item: Converter) -> Converter:
 
 
 def _dict(entry: Converter) -> Converter:
+    exact = _EXACT.get(entry)
+
     def to_dict(value: Any) -> dict:
         expect(isinstance(value, dict), "a map", value)
+        if exact is not None and all(type(v) is exact for v in value.values()):
+            return value
         out = {}
         for k, v in value.items():
             try:

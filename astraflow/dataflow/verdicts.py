@@ -13,6 +13,7 @@ import numpy as np
 
 from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.store import Collected, Part
+from astraflow.decoding import column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, SampleGroup, Trajectory, pack
 from astraflow.streams.schema import Trace
@@ -55,29 +56,38 @@ def check_values(group: RolloutGroup, newest: Mapping[str, int], vocab: Mapping[
     finite logprobs <= 0, token ids in its policy's vocabulary (`vocab`, where known), and versions of
     its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known).
 
-    The arrays are checked a policy's trajectories at a time (a few reductions per group, not per
-    trajectory); only a group that fails is looked at trajectory by trajectory, to say which one."""
-    ok = [(i, t) for i, t in enumerate(group.trajectories) if t.error is None]
-    for i, t in ok:
-        if not math.isfinite(t.reward):
-            raise InvalidRollout(f"trajectory {i} ({t.model}): reward {t.reward} is not finite")
-        bad = [k for k, v in t.metrics.items() if not math.isfinite(v)]
+    The group is read a column at a time (a few reductions per policy, not per trajectory); only a
+    group that fails is looked at trajectory by trajectory, to say which one."""
+    trajs = group.trajectories
+    models, rewards, metrics = column(trajs, "model"), column(trajs, "reward"), column(trajs, "metrics")
+    ok = _succeeded(trajs)
+    for i in ok:
+        if not math.isfinite(rewards[i]):
+            raise InvalidRollout(f"trajectory {i} ({models[i]}): reward {rewards[i]} is not finite")
+        bad = [k for k, v in metrics[i].items() if not math.isfinite(v)]
         if bad:
-            raise InvalidRollout(f"trajectory {i} ({t.model}): metric {bad[0]!r} is not finite")
-    for model in dict.fromkeys(t.model for _, t in ok):  # in order: the first bad trajectory is named
-        mine = [(i, t) for i, t in ok if t.model == model and len(t.token_ids)]
+            raise InvalidRollout(f"trajectory {i} ({models[i]}): metric {bad[0]!r} is not finite")
+    for model in dict.fromkeys(models[i] for i in ok):  # in order: the first bad trajectory is named
+        mine = [i for i in ok if models[i] == model]
         limits = (newest.get(model), vocab.get(model))
-        if mine and not _arrays_ok([t for _, t in mine], *limits):
-            for i, t in mine:
-                _check_arrays(f"trajectory {i} ({model})", t, *limits)
+        if not _arrays_ok(trajs, mine, *limits):
+            for i in mine:
+                if len(trajs[i].token_ids):
+                    _check_arrays(f"trajectory {i} ({model})", trajs[i], *limits)
 
 
-def _arrays_ok(trajectories: Sequence[Trajectory], top: int | None, n: int | None) -> bool:
-    """Whether the arrays of `trajectories` (one policy's, none empty) pass `_check_arrays`, at once."""
-    logprobs = np.concatenate([t.logprobs for t in trajectories])
-    ids = np.concatenate([t.token_ids for t in trajectories])
-    versions = np.concatenate([t.versions for t in trajectories])
-    trained = versions[np.concatenate([t.loss_mask for t in trajectories]) != 0]
+def _succeeded(trajectories: Sequence[Trajectory]) -> list[int]:
+    """The indices of the trajectories that did not fail."""
+    return [i for i, error in enumerate(column(trajectories, "error")) if error is None]
+
+
+def _arrays_ok(trajectories: Sequence[Trajectory], picked: list[int], top: int | None, n: int | None) -> bool:
+    """Whether the arrays of the `picked` trajectories (one policy's) pass `_check_arrays`, at once."""
+    logprobs = joined(trajectories, "logprobs", picked)
+    if not len(logprobs):
+        return True
+    ids = joined(trajectories, "token_ids", picked)
+    trained = joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
     with np.errstate(invalid="ignore"):
         if not (np.isfinite(logprobs).all() and logprobs.max() <= LOGPROB_SLACK):
             return False
@@ -152,20 +162,20 @@ def advantages(rewards: Sequence[float], how: str, epsilon: float) -> np.ndarray
     return np.array([a if abs(a) <= FLOAT32_MAX else math.nan for a in adv], dtype=np.float32)
 
 
-def _version_range(trajectories: Sequence[Trajectory]) -> tuple[int, int] | None:
-    """(oldest, newest) weight version of the trained tokens of `trajectories`; None when they have none."""
-    if not trajectories:
+def _version_range(trajectories: Sequence[Trajectory], picked: list[int]) -> tuple[int, int] | None:
+    """(oldest, newest) weight version of the trained tokens of the `picked` trajectories; None when they
+    have none."""
+    if not picked:
         return None
-    versions = np.concatenate([t.versions for t in trajectories])
-    trained = versions[np.concatenate([t.loss_mask for t in trajectories]) != 0]
+    trained = joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
     return (int(trained.min()), int(trained.max())) if len(trained) else None
 
 
-def _metric_sums(trajectories: Iterable[Trajectory]) -> dict[str, tuple[float, int]]:
-    """Per workflow metric: (sum, trajectories reporting it)."""
+def _metric_sums(metrics: Iterable[Mapping[str, float]]) -> dict[str, tuple[float, int]]:
+    """Per workflow metric: (sum, trajectories reporting it), over the trajectories' `metrics`."""
     sums: dict[str, tuple[float, int]] = {}
-    for t in trajectories:
-        for name, value in t.metrics.items():
+    for values in metrics:
+        for name, value in values.items():
             total, n = sums.get(name, (0.0, 0))
             sums[name] = (total + float(value), n + 1)
     return sums
@@ -180,13 +190,16 @@ class Judge:
 
     def __call__(self, entry_id: str, group: RolloutGroup, raw: bytes) -> Collected:
         """Decide `group`, whose `data` bytes are `raw` (kept as they are in the accepted parts)."""
-        named = group.models or sorted({t.model for t in group.trajectories})
+        trajs = group.trajectories
+        of, rewards, metrics = column(trajs, "model"), column(trajs, "reward"), column(trajs, "metrics")
+        named = group.models or sorted(set(of))
         models = [m for m in named if m in self.models] or self.models  # a policy not trained: no part
-        decided = [self._part(group, raw, m) for m in models]
+        ok = _succeeded(trajs)
+        mine = {m: [i for i in ok if of[i] == m] for m in models}
+        decided = [self._part(group, raw, m, mine[m]) for m in models]
         parts = [part for part, _ in decided]
         ranges = [r for _, r in decided if r is not None]
-        ok = [t for t in group.trajectories if t.error is None]
-        scored = {m: [t.reward for t in ok if t.model == m] for m in models}
+        scored = {m: [rewards[i] for i in mine[m]] for m in models}
         first = scored[models[0]]
         trace = {Trace.raas: group.raas}
         if ranges:
@@ -200,23 +213,24 @@ class Judge:
             rewards={m: (sum(r) / len(r), len(r)) for m, r in scored.items() if r},
             zero_variance=len(first) > 1 and min(first) == max(first),
             trace=trace,
-            metrics={m: _metric_sums(t for t in ok if t.model == m) for m in models},
+            metrics={m: _metric_sums(metrics[i] for i in mine[m]) for m in models},
         )
 
-    def _part(self, group: RolloutGroup, raw: bytes, model: str) -> tuple[Part, tuple[int, int] | None]:
-        """The part of `model` and the version range of its trained tokens."""
-        mine = [i for i, t in enumerate(group.trajectories) if t.model == model and t.error is None]
-        ok = [group.trajectories[i] for i in mine]
-        versions = _version_range(ok)
+    def _part(
+        self, group: RolloutGroup, raw: bytes, model: str, mine: list[int]
+    ) -> tuple[Part, tuple[int, int] | None]:
+        """The part of `model`, whose trajectories that did not fail are at `mine`, and the version range
+        of their trained tokens."""
+        versions = _version_range(group.trajectories, mine)
         if group.error or versions is None:
-            return Part(model, FAILED, 0, len(ok)), versions
+            return Part(model, FAILED, 0, len(mine)), versions
         min_version, max_version = versions
-        rewards = [t.reward for t in ok]
-        if self.settings.dynamic_sampling and len(ok) > 1 and min(rewards) == max(rewards):
-            return Part(model, ZERO_VARIANCE, min_version, len(ok)), versions
+        rewards = [column(group.trajectories, "reward")[i] for i in mine]
+        if self.settings.dynamic_sampling and len(mine) > 1 and min(rewards) == max(rewards):
+            return Part(model, ZERO_VARIANCE, min_version, len(mine)), versions
         for name, keep in self.filters:
-            if not keep(model, ok):
-                return Part(model, f"filter:{name}", min_version, len(ok)), versions
+            if not keep(model, [group.trajectories[i] for i in mine]):
+                return Part(model, f"filter:{name}", min_version, len(mine)), versions
         adv = advantages(rewards, self.settings.normalize, self.settings.epsilon)
         if not np.isfinite(adv).all():  # finite rewards so large that their spread overflows
             raise InvalidRollout(f"advantages of {model} are not finite (rewards {rewards[:8]})")
@@ -231,4 +245,4 @@ class Judge:
             submitted_version=group.version,
             raas=group.raas,
         )
-        return Part(model, "", min_version, len(ok), pack(samples)), versions
+        return Part(model, "", min_version, len(mine), pack(samples)), versions

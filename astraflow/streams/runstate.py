@@ -7,10 +7,11 @@ publishers and operator commands read it here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 
 from astraflow.streams.bus import Bus
-from astraflow.streams.schema import State
+from astraflow.streams.schema import Family, State
 
 VERSIONED = (State.eval, State.eval_submitted, State.eval_pending, State.manifest, State.checkpoint)
 """Fields kept per version (forgotten once far behind the announced one)."""
@@ -53,7 +54,8 @@ class RunState(dict[str, str]):
 
     def eval_versions(self) -> list[int]:
         """Every eval version recorded (ascending)."""
-        return sorted(int(args[0]) for name in self if (args := State.eval.parse(name)) and args[0].isdigit())
+        found = (_versioned(name) for name in self)
+        return sorted(f[1] for f in found if f is not None and f[0] is State.eval)
 
     def eval_submitted(self, version: int) -> float | None:
         """When the eval groups of `version` were submitted (None: not yet)."""
@@ -69,14 +71,18 @@ class RunState(dict[str, str]):
 
     def versioned_before(self, version: int) -> list[str]:
         """Fields of per-version entries (eval marks, manifests, checkpoints) older than `version`."""
-        out = []
-        for name in self:
-            for family in VERSIONED:
-                args = family.parse(name)
-                if args and args[-1].isdigit() and int(args[-1]) < version:
-                    out.append(name)
-                    break
-        return out
+        return [name for name in self if (found := _versioned(name)) and found[1] < version]
+
+
+@functools.lru_cache(maxsize=4096)
+def _versioned(name: str) -> tuple[Family, int] | None:
+    """The family and version of a per-version field's name; None for any other field. (Cached: the
+    dataflow looks through the ~150 fields of the state at every step, and they change a few at a time.)"""
+    for family in VERSIONED:
+        args = family.parse(name)
+        if args and args[-1].isdigit():
+            return family, int(args[-1])
+    return None
 
 
 async def read_state(bus: Bus) -> RunState:

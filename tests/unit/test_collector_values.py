@@ -16,7 +16,7 @@ import pytest
 from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
-from astraflow.dataflow.verdicts import VERSIONS_AHEAD
+from astraflow.dataflow.verdicts import VERSIONS_AHEAD, InvalidRollout, check_values
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
 from astraflow.streams import Bus, Keys, Out
@@ -135,3 +135,25 @@ def test_the_vocabulary_is_read_from_the_policy_model_config(tiny_model):
     df = Dataflow(dataflow_setup(settings), bus, "df")
     with open(f"{tiny_model}/config.json") as f:
         assert df.collector.vocab == {"policy": json.load(f)["vocab_size"]}
+
+
+@pytest.mark.parametrize("travelled", [True, False], ids=["decoded", "built"])
+def test_only_the_trajectories_that_did_not_fail_are_checked_and_the_bad_one_is_named(travelled):
+    """A failed trajectory's values are not checked (it is not trained), so a group with one in its
+    middle is checked by the others alone, read from the decoded columns or from the trajectories."""
+    failed = dataclasses.replace(
+        trajectory("policy", 0.0, 3), error="timeout", logprobs=np.full(8, np.nan, np.float32)
+    )
+    past = dataclasses.replace(trajectory("policy", 1.0, 3), token_ids=np.full(8, VOCAB, np.int32))
+
+    def group(*trajs):
+        built = RolloutGroup(uid="u", raas="w", version=3, trajectories=list(trajs), models=["policy"])
+        return decode(encode(built), RolloutGroup) if travelled else built
+
+    check_values(
+        group(trajectory("policy", 0.0, 3), failed, trajectory("policy", 1.0, 3)), {}, {"policy": VOCAB}
+    )
+    with pytest.raises(InvalidRollout, match=rf"trajectory 2 \(policy\): token id {VOCAB} outside"):
+        check_values(group(trajectory("policy", 0.0, 3), failed, past), {}, {"policy": VOCAB})
+    with pytest.raises(InvalidRollout, match=r"trajectory 1 \(policy\): logprobs are not finite"):
+        check_values(group(trajectory("policy", 0.0, 3), dataclasses.replace(failed, error=None)), {}, {})

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from astraflow.decoding import column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import (
     KINDS,
@@ -26,8 +27,10 @@ from astraflow.messages import (
     decode,
     decode_batch,
     encode,
+    unpack,
 )
 from astraflow.streams.schema import BatchEntry
+from tests.dataflow_helpers import trajectory
 
 text = st.text(max_size=12)
 ints = st.integers(-(2**40), 2**40)
@@ -247,6 +250,32 @@ def test_a_group_travels_as_columns_and_comes_back_as_trajectories_of_their_own(
     assert back[2].versions.tolist() == [5] * 5 and back[1].error == "timeout"
     empty = decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=[], error="boom")))
     assert empty.trajectories == [] and empty.error == "boom"
+
+
+def test_a_decoded_group_keeps_its_columns_for_looks_at_every_trajectory():
+    """What checks every trajectory's values reads the decoded columns whole: the arrays the
+    trajectories are views of, not copies of them; a subset, or trajectories never sent, give the same."""
+    trajs = [trajectory("a", float(n), n, tokens=n) for n in (3, 0, 5)]
+    back = decode(encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=trajs))).trajectories
+    whole = joined(back, "token_ids")
+    assert whole.tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    assert all(np.shares_memory(t.token_ids, whole) for t in back if len(t.token_ids))
+    assert column(back, "reward") == column(trajs, "reward") == [3.0, 0.0, 5.0]
+    assert joined(back, "versions", [0, 2]).tolist() == joined(trajs, "versions", [0, 2]).tolist()
+    assert joined(back, "versions", [1]).tolist() == [] and joined(trajs, "versions", []).tolist() == []
+
+
+def test_a_column_the_sender_left_out_gives_each_element_its_own_default():
+    trajs = [trajectory("a", 1.0, 0), trajectory("a", 0.0, 0)]
+    plain = msgpack.unpackb(
+        encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=trajs))["data"],
+        raw=False,
+        ext_hook=_unpack_array,
+    )
+    del plain["trajectories"]["metrics"], plain["trajectories"]["finish_reason"]
+    back = unpack(RolloutGroup, msgpack.packb(plain, default=_pack_array, use_bin_type=True)).trajectories
+    assert [t.metrics for t in back] == [{}, {}] and back[0].metrics is not back[1].metrics
+    assert [t.finish_reason for t in back] == ["", ""]
 
 
 def test_arrays_travel_as_raw_bytes_not_lists():
