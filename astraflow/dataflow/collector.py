@@ -71,18 +71,20 @@ class Collector:
         return len(entries), items
 
     async def commit(self, items: list[Collected]) -> None:
-        """Settle decided entries in one atomic step."""
+        """Settle decided entries in one atomic step, their `metrics` entries with them when all settle (a
+        round trip less; otherwise those of the entries settled here are added after)."""
         if not items:
             return
         ids = [it.entry_id for it in items]
+        records = _records(items)
         try:
-            replies = await self.store.collect(self.consumer.name, items)
+            done = await self.store.collect(self.consumer.name, items, _encoded(records))
         except Exception as e:  # not settled: the next read takes them back (this replica may be alone)
             await self.consumer.give_back(ids, e)
             raise
         self.consumer.settled(ids)
         settled = []
-        for item, (status, *outcomes) in zip(items, replies, strict=True):
+        for item, (status, *outcomes) in zip(items, done.replies, strict=True):
             if status in ("lost", "unknown"):
                 log.warning("rollout_not_settled", uid=item.uid, status=status)
                 continue
@@ -92,41 +94,11 @@ class Collector:
                 for part, outcome in zip(item.parts, outcomes, strict=False):
                     if outcome == "ready":
                         self.made_ready(part.model, part.n_samples)
-        await self._metrics(settled)
-        await self._eval_metrics(settled)
-
-    async def _metrics(self, items: list[Collected]) -> None:
-        """Per model, the on-policy reward of what was collected (before any filter), and the sums of
-        the workflow's metrics (`metrics`: JSON {name: [sum, trajectories]}): `kind=rollouts`."""
-        totals: dict[str, tuple[float, int, int]] = {}
-        metrics: dict[str, dict[str, list[float]]] = {}
-        for it in items:
-            for model, (mean, n) in it.rewards.items():
-                reward_sum, samples, groups = totals.get(model, (0.0, 0, 0))
-                totals[model] = (reward_sum + mean * n, samples + n, groups + 1)
-            for model, sums in it.metrics.items():
-                for name, (total, n) in sums.items():
-                    acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
-                    acc[0], acc[1] = acc[0] + total, acc[1] + n
-        now = time.time()
-        records = [RolloutStats(m, g, n, r, now, metrics.get(m, {})) for m, (r, n, g) in totals.items()]
-        await self._add_metrics(records)
-
-    async def _eval_metrics(self, items: list[Collected]) -> None:
-        """Per eval version, dataset and policy, the sums of the eval metrics over the rows scored here
-        (`kind=eval`: `rows`, `sums` JSON {metric: sum}); readers add up the entries of a version."""
-        sums: dict[tuple[int, str, str], tuple[int, dict[str, float]]] = {}
-        for it in items:
-            if it.eval is None or it.eval.reason:
-                continue
-            for model, values in it.eval.scores.items():
-                key = (it.eval.version, it.eval.dataset, model)
-                rows, acc = sums.get(key, (0, {}))
-                for name, value in values.items():
-                    acc[name] = acc.get(name, 0.0) + value
-                sums[key] = (rows + 1, acc)
-        now = time.time()
-        await self._add_metrics([EvalResult(m, d, v, n, acc, now) for (v, d, m), (n, acc) in sums.items()])
+        if not done.records_written:
+            records = _records(settled)
+            await self._add_metrics(records)
+        if records:
+            self.observe(records)
 
     async def _add_metrics(self, records: list[Record]) -> None:
         if not records:
@@ -135,13 +107,11 @@ class Collector:
 
         async def add() -> None:  # one round trip for every model
             async with bus.redis.pipeline(transaction=False) as pipe:
-                for r in records:
-                    fields = encode_record(r)
+                for fields in _encoded(records):
                     pipe.xadd(bus.keys.metrics, fields, maxlen=bus.settings.capped_maxlen, approximate=True)
                 await pipe.execute()
 
         await bus.call(add)
-        self.observe(records)
 
     def _eval(self, entry_id: str, group: RolloutGroup) -> Collected:
         """An eval row: scored, never put into a ready set (no parts); dropped (counted, logged) when it
@@ -200,3 +170,36 @@ class Collector:
             log.warning("rollout_failed", id=entry.id, error=describe(e))
             await self.consumer.release(entry, f"{type(e).__name__}: {e}")
         return None
+
+
+def _encoded(records: list[Record]) -> list[dict[str, str]]:
+    return [encode_record(r) for r in records]
+
+
+def _records(items: list[Collected]) -> list[Record]:
+    """The `metrics` entries of settled `items`: per model the on-policy reward of what was collected
+    (before any filter) and the sums of the workflow's metrics (`kind=rollouts`); per eval version,
+    dataset and policy the sums of the eval metrics over the rows scored (`kind=eval`; readers add up the
+    entries of a version)."""
+    totals: dict[str, tuple[float, int, int]] = {}
+    metrics: dict[str, dict[str, list[float]]] = {}
+    evals: dict[tuple[int, str, str], tuple[int, dict[str, float]]] = {}
+    for it in items:
+        for model, (mean, n) in it.rewards.items():
+            reward_sum, samples, groups = totals.get(model, (0.0, 0, 0))
+            totals[model] = (reward_sum + mean * n, samples + n, groups + 1)
+        for model, sums in it.metrics.items():
+            for name, (total, n) in sums.items():
+                acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
+                acc[0], acc[1] = acc[0] + total, acc[1] + n
+        if it.eval is None or it.eval.reason:
+            continue
+        for model, values in it.eval.scores.items():
+            key = (it.eval.version, it.eval.dataset, model)
+            rows, acc = evals.get(key, (0, {}))
+            for name, value in values.items():
+                acc[name] = acc.get(name, 0.0) + value
+            evals[key] = (rows + 1, acc)
+    now = time.time()
+    out: list[Record] = [RolloutStats(m, g, n, r, now, metrics.get(m, {})) for m, (r, n, g) in totals.items()]
+    return out + [EvalResult(m, d, v, n, acc, now) for (v, d, m), (n, acc) in evals.items()]

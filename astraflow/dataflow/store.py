@@ -77,6 +77,16 @@ class Collected:
         return next((mean for mean, _ in self.rewards.values()), None)
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a settle (`Store.collect`) did."""
+
+    records_written: bool
+    """The `metrics` entries went out with it (every item settled 'ok')."""
+    replies: list[list[str]]
+    """Per item: [status, outcome per part...] (collect.lua)."""
+
+
 class Store:
     def __init__(self, bus: Bus, settings: DataflowSettings, models: Sequence[str]) -> None:
         self.bus, self.settings, self.models = bus, settings, list(models)
@@ -165,11 +175,14 @@ class Store:
 
         return await self.bus.call(lambda: with_script(self.bus.redis, script, fill, transaction=False))
 
-    async def collect(self, consumer: str, items: Sequence[Collected]) -> list[list[str]]:
-        """Settle collected rollout entries (see collect.lua); returns per item [status, outcomes...]."""
+    async def collect(
+        self, consumer: str, items: Sequence[Collected], records: Sequence[Mapping[str, str]] = ()
+    ) -> Settled:
+        """Settle collected rollout entries (see collect.lua), adding the `metrics` entries `records` (their
+        fields) when every item settles 'ok'."""
         k, s = self.keys, self.settings
         keys = [k.rollouts, k.in_flight, k.ledger, k.state, k.curator("ewma"), k.curator("streak")]
-        keys += [k.curator("greso"), k.errors]
+        keys += [k.curator("greso"), k.errors, k.metrics]
         index = {}
         for m in self.models:
             index[m] = len(keys) + 1
@@ -185,6 +198,11 @@ class Store:
             args.append(len(it.parts))
             for p in it.parts:
                 args += [p.model, index[p.model], p.reason, p.min_version, p.n_samples]
+        args += [self.bus.settings.capped_maxlen, len(records)]
+        for fields in records:
+            args.append(len(fields))
+            for name, value in fields.items():
+                args += [name, value]
 
         accepted: dict[str, dict[str, bytes]] = {}
         for it in items:
@@ -203,8 +221,8 @@ class Store:
             # The bytes go in as plain HSETs (fast), the decisions in the script, all in one MULTI.
             return (await with_script(self.bus.redis, script, fill, transaction=True))[-1]
 
-        replies = await self.bus.call(transaction)
-        return [[x.decode() for x in r] for r in replies]
+        written, replies = await self.bus.call(transaction)
+        return Settled(bool(written), [[x.decode() for x in r] for r in replies])
 
     async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int, int]:
         """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired,

@@ -2,10 +2,10 @@
 
 A record travels as flat plain fields (a person reads it with redis-cli as it is); `kind` says which
 record it is; the field names are the schema's (`streams.schema.MetricEntry`, `DeadLetter`). Writers:
-the trainer (`TrainerStep`), the collector (`RolloutStats`, `EvalResult`), submit_eval.lua
-(`EvalSubmitted`, names from the generated prelude), the bus and the scripts that dead-letter
-(`DeadLetter`). Readers: the launcher's progress and evals, `astraflow scale`, tracking, the Prometheus
-endpoint, `astraflow trace` and `peek`.
+the trainer (`TrainerStep`), the collector (`RolloutStats`, `EvalResult`: encoded here, added by its
+settle's collect.lua), submit_eval.lua (`EvalSubmitted`, names from the generated prelude), the bus and
+the scripts that dead-letter (`DeadLetter`). Readers: the launcher's progress and evals, `astraflow
+scale`, tracking, the Prometheus endpoint, `astraflow trace` and `peek`.
 """
 
 from __future__ import annotations

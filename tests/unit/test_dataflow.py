@@ -15,6 +15,7 @@ from astraflow.messages import SCHEMA, RolloutGroup, VersionNotice, decode, enco
 from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS
+from astraflow.streams.records import RolloutStats, decode_record, encode_record
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
@@ -378,6 +379,29 @@ async def test_a_rollout_for_an_unknown_group_is_acknowledged_not_counted():
     ledger = await ledger_of(bus, df)
     assert (ledger.unknown, ledger.collected) == (1, 0)
     assert await df.collector.step(1) == 0  # acknowledged
+
+
+async def test_the_rollout_metrics_go_out_with_the_settle_and_a_settle_retried_adds_none():
+    """The settle writes the collector's `metrics` entries itself (no round trip of their own), only when
+    every entry settles: after a lost reply the same decisions come back settled, and add nothing."""
+    bus, df = make()
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 2, lambda g, i: float(i % 2))
+    _, items = await df.collector.prepare(1)
+    records = [RolloutStats("policy", 2, 8, 4.0, 1.0)]
+    fields = [{k: str(v) for k, v in encode_record(r).items()} for r in records]
+    assert (await df.store.collect("df", items, fields)).records_written
+    [(_, entry)] = await bus.redis.xrange(bus.keys.metrics)
+    assert decode_record(entry) == records[0]
+    again = await df.store.collect("df", items, fields)  # (its reply was lost: again)
+    assert not again.records_written and [r[0] for r in again.replies] == ["dup", "dup"]
+    assert len(await bus.redis.xrange(bus.keys.metrics)) == 1
+    await roll_out(bus, 2, lambda g, i: 1.0)
+    while await df.collector.step(1):
+        pass
+    stats = [decode_record(e) for _, e in await bus.redis.xrange(bus.keys.metrics)]
+    assert [(r.groups, r.samples, r.reward_sum) for r in stats] == [(2, 8, 4.0), (2, 8, 8.0)]
 
 
 @pytest.mark.parametrize("bad", [{"model": "other"}, {"uid": "has space"}])
