@@ -87,22 +87,27 @@ def columns(cls: type, items: list[Any], to_plain: Callable[[Any], Any]) -> dict
 class ColumnList(list):
     """The elements a `Columns` value was decoded into, with the columns they were built from
     (`columns`: per field the list of the elements' values; for an array field the concatenated array
-    they are views of): what a look at every element reads in one piece. Read them, do not write them."""
+    they are views of): what a look at every element reads in one piece. Read them, do not write them;
+    change a copy of the list (`list(...)`), not the list: the columns would no longer match it."""
 
     columns: dict[str, Any]
 
 
 def column(items: Sequence[Any], name: str) -> list:
-    """The values of field `name` of every element of `items` (the decoded column of a `ColumnList`)."""
+    """The values of the (not array) field `name` of every element of `items` (the decoded column of a
+    `ColumnList`); an array field's are `joined`."""
     if isinstance(items, ColumnList):
-        return items.columns[name]
+        values = items.columns[name]
+        if isinstance(values, np.ndarray):
+            raise TypeError(f"{name} is an array field: joined() reads it")
+        return values
     return [getattr(x, name) for x in items]
 
 
 def joined(items: Sequence[Any], name: str, picked: Sequence[int] | None = None) -> np.ndarray:
     """The array field `name` of the elements of `items` at `picked` (all when None) concatenated: the
     decoded column itself for all of a `ColumnList` (not a copy)."""
-    if picked is not None and len(picked) == len(items):
+    if picked is not None and list(picked) == list(range(len(items))):
         picked = None
     if picked is None and isinstance(items, ColumnList):
         return items.columns[name]
@@ -134,7 +139,8 @@ def _columns(cls: type) -> Converter:
     required = {f.name for f in dataclasses.fields(cls) if _required(f)}
     defaults = {f.name: _default(f) for f in dataclasses.fields(cls) if not _required(f)}
     lists = [(name, _list(converter(hints[name]))) for name in names]
-    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
+    plain = all(f.init for f in dataclasses.fields(cls)) and not hasattr(cls, "__post_init__")
+    if not plain or hasattr(cls, "__slots__"):  # (its __init__ would do more than set each field)
         raise TypeError(f"{cls.__name__}: a Columns element is built without its __init__")
 
     def to_list(value: Any) -> ColumnList:

@@ -196,10 +196,10 @@ class Judge:
         models = [m for m in named if m in self.models] or self.models  # a policy not trained: no part
         ok = _succeeded(trajs)
         mine = {m: [i for i in ok if of[i] == m] for m in models}
-        decided = [self._part(group, raw, m, mine[m]) for m in models]
+        scored = {m: [rewards[i] for i in mine[m]] for m in models}
+        decided = [self._part(group, raw, m, mine[m], scored[m]) for m in models]
         parts = [part for part, _ in decided]
         ranges = [r for _, r in decided if r is not None]
-        scored = {m: [rewards[i] for i in mine[m]] for m in models}
         first = scored[models[0]]
         trace = {Trace.raas: group.raas}
         if ranges:
@@ -217,15 +217,14 @@ class Judge:
         )
 
     def _part(
-        self, group: RolloutGroup, raw: bytes, model: str, mine: list[int]
+        self, group: RolloutGroup, raw: bytes, model: str, mine: list[int], rewards: list[float]
     ) -> tuple[Part, tuple[int, int] | None]:
-        """The part of `model`, whose trajectories that did not fail are at `mine`, and the version range
-        of their trained tokens."""
+        """The part of `model`, whose trajectories that did not fail are at `mine` (with `rewards`), and
+        the version range of their trained tokens."""
         versions = _version_range(group.trajectories, mine)
         if group.error or versions is None:
             return Part(model, FAILED, 0, len(mine)), versions
         min_version, max_version = versions
-        rewards = [column(group.trajectories, "reward")[i] for i in mine]
         if self.settings.dynamic_sampling and len(mine) > 1 and min(rewards) == max(rewards):
             return Part(model, ZERO_VARIANCE, min_version, len(mine)), versions
         for name, keep in self.filters:

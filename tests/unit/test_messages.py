@@ -263,6 +263,9 @@ def test_a_decoded_group_keeps_its_columns_for_looks_at_every_trajectory():
     assert column(back, "reward") == column(trajs, "reward") == [3.0, 0.0, 5.0]
     assert joined(back, "versions", [0, 2]).tolist() == joined(trajs, "versions", [0, 2]).tolist()
     assert joined(back, "versions", [1]).tolist() == [] and joined(trajs, "versions", []).tolist() == []
+    assert joined(back, "token_ids", [0, 0, 2]).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4]
+    with pytest.raises(TypeError, match="array field"):
+        column(back, "token_ids")
 
 
 def test_a_column_the_sender_left_out_gives_each_element_its_own_default():
