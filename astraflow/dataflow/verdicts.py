@@ -87,7 +87,7 @@ def _arrays_ok(trajectories: Sequence[Trajectory], picked: list[int], top: int |
     if not len(logprobs):
         return True
     ids = joined(trajectories, "token_ids", picked)
-    trained = joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
+    trained = _trained_versions(trajectories, picked)
     with np.errstate(invalid="ignore"):
         if not (np.isfinite(logprobs).all() and logprobs.max() <= LOGPROB_SLACK):
             return False
@@ -167,8 +167,13 @@ def _version_range(trajectories: Sequence[Trajectory], picked: list[int]) -> tup
     have none."""
     if not picked:
         return None
-    trained = joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
+    trained = _trained_versions(trajectories, picked)
     return (int(trained.min()), int(trained.max())) if len(trained) else None
+
+
+def _trained_versions(trajectories: Sequence[Trajectory], picked: list[int]) -> np.ndarray:
+    """The weight versions of the trained tokens (loss mask set) of the `picked` trajectories."""
+    return joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
 
 
 def _metric_sums(metrics: Iterable[Mapping[str, float]]) -> dict[str, tuple[float, int]]:

@@ -14,7 +14,8 @@ overlap). The ratio is of median wall times, against the baseline.
 
     python tests/bench/eval_overhead.py [--steps 150 | --target 0.8] [--seeds 0] [--every 10] [--arms ...]
 
-Then `eval priced: recipe <p>% of the run (held <h>%, generation <g>%)` (medians over seeds), and the
+Then `eval priced: recipe <p>% of the run (held <h>%, generation <g>%)` (each the median over the
+recipe's runs), and the
 last line: `eval overhead: recipe <r>, every <n> versions <r> (<seeds> seeds)`, each the ratio of median
 wall times against the baseline (1.03: the eval costs 3% of the run's time), `-` for an arm not run.
 """
@@ -106,12 +107,14 @@ def main() -> None:
             held = r["held_s"] / r["wall_s"]
             cells += (r["eval_groups"], f"{held:.1%}", f"{r['gen']:.1%}", f"{held + r['gen']:.1%}")
             print(" ".join(f"{c:>10}" for c in cells), "", r["eval"])
-    if args.target is not None:
+    if args.target is not None and not all(r["reached"] for rows in results.values() for r in rows):
         print(f"(+: the target {args.target} was not reached within {args.max_time} s)")
     if "recipe" in results:
-        held = statistics.median(r["held_s"] / r["wall_s"] for r in results["recipe"])
-        gen = statistics.median(r["gen"] for r in results["recipe"])
-        print(f"eval priced: recipe {held + gen:.1%} of the run (held {held:.1%}, generation {gen:.1%})")
+        rows = results["recipe"]
+        held = statistics.median(r["held_s"] / r["wall_s"] for r in rows)
+        gen = statistics.median(r["gen"] for r in rows)
+        priced = statistics.median(r["held_s"] / r["wall_s"] + r["gen"] for r in rows)
+        print(f"eval priced: recipe {priced:.1%} of the run (held {held:.1%}, generation {gen:.1%})")
     shown = {arm: f"{ratio[arm]:.2f}" if arm in ratio else "-" for arm in ("recipe", every)}
     print(f"eval overhead: recipe {shown['recipe']}, {every} versions {shown[every]} ({len(seeds)} seeds)")
 
