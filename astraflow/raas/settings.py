@@ -44,7 +44,8 @@ class RaasSettings(BaseModel):
     accept pushed code, never stored in Redis: set it with `ASTRAFLOW_RAAS__PUSH_KEY`."""
     reward_processes: int = Field(2, ge=1)
     reward_timeout_s: float = Field(10.0, gt=0)
-    """A reward call running longer fails its trajectory ("timed out") and its process is replaced."""
+    """A reward call running longer fails its trajectory ("timed out"); importing its module is not counted.
+    A call that does not answer within this plus a minute (a hang in C) gets its process replaced."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the worker's Prometheus /metrics endpoint (labels run, worker, policy); 0 = not served.
     Two RaaS on one host need two ports."""

@@ -1,8 +1,11 @@
 """Built-in rewards, and the process pool that runs reward code with a timeout.
 
-Reward code is the user's and may raise, hang or burn CPU: it runs in worker processes; a call that
-exceeds `timeout_s` gets the pool's processes killed (ours, by pid) and a fresh pool. Either way the
-trajectory is marked failed with the reason and the worker goes on.
+Reward code is the user's and may raise, hang or burn CPU: it runs in worker processes, each call
+limited to `timeout_s` of its own running there (a timer in the process; importing the reward's module,
+the first time a process runs it, is not counted: user rewards often import torch, which takes longer
+than a call on a busy machine). A call that does not answer within `timeout_s + START_GRACE_S` (a hang
+the timer cannot interrupt, in C code) gets the pool's processes killed (ours, by pid) and a fresh pool.
+Either way the trajectory is marked failed with the reason and the worker goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from astraflow.workflows.api import INLINE_REWARDS, load, resolve_reward, reward
+
+START_GRACE_S = 60.0
+"""Seconds a call may take besides `timeout_s` before its pool is replaced: a fresh process starting and
+importing the reward's module (torch alone takes seconds, many on a loaded machine)."""
 
 
 @reward("exact_match", inline=True)
@@ -65,11 +72,41 @@ class NonFiniteReward(ValueError):
     """A reward returned NaN or an infinity."""
 
 
+class RewardTimedOut(Exception):
+    """A reward ran past its `timeout_s` in its pool process."""
+
+
+class _Alarm(BaseException):
+    """The pool process's timer went off (a BaseException: a reward's own `except Exception` cannot
+    swallow it)."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Alarm
+
+
 def _score_in_pool(
-    target: str, prompt: str, completion: str, sample: dict[str, Any], ids: dict[str, list[int]]
+    target: str,
+    timeout_s: float,
+    prompt: str,
+    completion: str,
+    sample: dict[str, Any],
+    ids: dict[str, list[int]],
 ) -> float:
-    """In a pool process: `target` is the `module:qualname` of a reward the worker already resolved."""
-    return _score(load(target, "reward"), prompt, completion, sample, ids)
+    """In a pool process: `target` is the `module:qualname` of a reward the worker already resolved; it
+    is imported before the timer starts, so only the reward's own running counts against `timeout_s`."""
+    fn = load(target, "reward")
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            return _score(fn, prompt, completion, sample, ids)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Alarm:
+        raise RewardTimedOut(f"timed out after {timeout_s}s") from None
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 class RewardRunner:
@@ -78,8 +115,15 @@ class RewardRunner:
     `allowed`: the `module:Name` rewards the recipe names; a name neither registered nor allowed is refused
     without importing anything."""
 
-    def __init__(self, processes: int = 2, timeout_s: float = 10.0, allowed: Collection[str] = ()) -> None:
+    def __init__(
+        self,
+        processes: int = 2,
+        timeout_s: float = 10.0,
+        allowed: Collection[str] = (),
+        start_grace_s: float = START_GRACE_S,
+    ) -> None:
         self.processes, self.timeout_s, self.allowed = processes, timeout_s, frozenset(allowed)
+        self.start_grace_s = start_grace_s
         # A call is submitted only when a process is free, so its timeout measures running, not queueing.
         self._free = asyncio.Semaphore(processes)
         self._pool = self._new_pool()
@@ -119,15 +163,20 @@ class RewardRunner:
                 pool = self._pool
                 try:
                     future = asyncio.wrap_future(
-                        pool.submit(_score_in_pool, target, prompt, completion, sample, ids)
+                        pool.submit(_score_in_pool, target, self.timeout_s, prompt, completion, sample, ids)
                     )
-                    return await asyncio.wait_for(future, self.timeout_s), None
+                    return await asyncio.wait_for(future, self.timeout_s + self.start_grace_s), None
                 except asyncio.CancelledError:
                     self._restart(pool)  # the running call cannot be cancelled: end its process
                     raise
-                except TimeoutError:
+                except RewardTimedOut as e:  # the process's timer stopped it: the process goes on
+                    return 0.0, f"reward {name!r} {e}"
+                except TimeoutError:  # nothing came back: a hang in C, or a process that cannot start
                     self._restart(pool)
-                    return 0.0, f"reward {name!r} timed out after {self.timeout_s}s"
+                    return (
+                        0.0,
+                        f"reward {name!r} timed out after {self.timeout_s}s (its process did not answer)",
+                    )
                 except BrokenProcessPool:
                     if attempt:  # the pool broke twice under this call: give up on it
                         return 0.0, f"reward {name!r} crashed its process"

@@ -70,7 +70,10 @@ def test_nan_rewards_forged_heartbeats_foreign_groups_and_silent_peers_do_not_ru
         if group.get("lag") is None:  # Redis 6.2 reports no lag: count what the group has not read
             group["lag"] = len(r.xrange(key + "prompts", min=b"(" + group["last-delivered-id"]))
         assert group["lag"] + group["pending"] <= 100, f"a forged heartbeat inflated the backlog: {group}"
-        out, _ = launcher.communicate(timeout=400)
+        try:
+            out, _ = launcher.communicate(timeout=400)
+        except subprocess.TimeoutExpired as e:  # say where it stood: the output's tail, the logs' complaints
+            pytest.fail(f"the run did not end: {(e.output or b'')[-2000:].decode()}\n{complaints(run_dir)}")
         assert launcher.returncode == 0, out[-3000:]
         # Trimmed every `streams.trim_interval_ms` (10 s): what arrived since the last trim stays.
         rollouts = r.xlen(key + "rollouts")
@@ -87,3 +90,9 @@ def test_nan_rewards_forged_heartbeats_foreign_groups_and_silent_peers_do_not_ru
     latest = sorted((run_dir / "checkpoints" / "policy").glob("v*"))[-1]
     weights = torch.load(latest / "model.pt", weights_only=True)
     assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def complaints(run_dir):
+    """The last warnings and errors the run's workers logged."""
+    lines = [x for f in sorted((run_dir / "logs").glob("*.log")) for x in f.read_text().splitlines()]
+    return "\n".join([x[:300] for x in lines if '"level": "warning"' in x or '"level": "error"' in x][-20:])
