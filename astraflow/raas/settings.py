@@ -45,7 +45,8 @@ class RaasSettings(BaseModel):
     reward_processes: int = Field(2, ge=1)
     reward_timeout_s: float = Field(10.0, gt=0)
     """A reward call running longer fails its trajectory ("timed out"); importing its module is not counted.
-    A call that does not answer within this plus a minute (a hang in C) gets its process replaced."""
+    Its process goes on, unless the call was stopped in an import, or gave no answer within this plus a
+    minute (a hang in C): then the reward processes are replaced."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the worker's Prometheus /metrics endpoint (labels run, worker, policy); 0 = not served.
     Two RaaS on one host need two ports."""

@@ -1,11 +1,13 @@
 """Built-in rewards, and the process pool that runs reward code with a timeout.
 
 Reward code is the user's and may raise, hang or burn CPU: it runs in worker processes, each call
-limited to `timeout_s` of its own running there (a timer in the process; importing the reward's module,
-the first time a process runs it, is not counted: user rewards often import torch, which takes longer
-than a call on a busy machine). A call that does not answer within `timeout_s + START_GRACE_S` (a hang
-the timer cannot interrupt, in C code) gets the pool's processes killed (ours, by pid) and a fresh pool.
-Either way the trajectory is marked failed with the reason and the worker goes on.
+limited to `timeout_s` of its own running there (a watchdog in the process; importing the reward's
+module, the first time a process runs it, is not counted: user rewards often import torch, which takes
+longer than a call on a busy machine). A call stopped there leaves its process running, unless it was
+importing (a half-done import may not be tried again in that process): then the pool is replaced. A call
+that does not answer within `timeout_s + START_GRACE_S` (a hang in C code, out of the watchdog's reach)
+gets the pool's processes killed (ours, by pid) and a fresh pool. Either way the trajectory is marked
+failed with the reason and the worker goes on.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -26,6 +29,9 @@ from astraflow.workflows.api import INLINE_REWARDS, load, resolve_reward, reward
 START_GRACE_S = 60.0
 """Seconds a call may take besides `timeout_s` before its pool is replaced: a fresh process starting and
 importing the reward's module (torch alone takes seconds, many on a loaded machine)."""
+WATCHDOG = signal.SIGUSR2
+"""The signal a pool process's watchdog sends its main thread at a call's timeout. Not SIGALRM: rewards
+set and clear `signal.alarm` themselves (math_verify's parser does), which would cancel the timer."""
 
 
 @reward("exact_match", inline=True)
@@ -73,16 +79,35 @@ class NonFiniteReward(ValueError):
 
 
 class RewardTimedOut(Exception):
-    """A reward ran past its `timeout_s` in its pool process."""
+    """A reward ran past its `timeout_s` in its pool process; `importing`: it was in an import then, so
+    the process may hold a half-initialised module."""
+
+    def __init__(self, message: str, importing: bool = False) -> None:
+        super().__init__(message, importing)  # (the args rebuild it when it crosses back from the pool)
+        self.message, self.importing = message, importing
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class _Alarm(BaseException):
-    """The pool process's timer went off (a BaseException: a reward's own `except Exception` cannot
-    swallow it)."""
+    """The watchdog went off (a BaseException: a reward's own `except Exception` cannot swallow it)."""
+
+    def __init__(self, importing: bool) -> None:
+        self.importing = importing
 
 
 def _alarm(signum: int, frame: Any) -> None:
-    raise _Alarm
+    raise _Alarm(_importing(frame))
+
+
+def _importing(frame: Any) -> bool:
+    """Whether `frame` runs inside an import (a frame of importlib's bootstrap below it)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _score_in_pool(
@@ -94,19 +119,21 @@ def _score_in_pool(
     ids: dict[str, list[int]],
 ) -> float:
     """In a pool process: `target` is the `module:qualname` of a reward the worker already resolved; it
-    is imported before the timer starts, so only the reward's own running counts against `timeout_s`."""
+    is imported before the watchdog starts, so only the reward's own running counts against `timeout_s`."""
     fn = load(target, "reward")
-    previous = signal.signal(signal.SIGALRM, _alarm)
+    previous = signal.signal(WATCHDOG, _alarm)
+    watchdog = threading.Timer(timeout_s, signal.pthread_kill, (threading.get_ident(), WATCHDOG))
     try:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        watchdog.start()
         try:
             return _score(fn, prompt, completion, sample, ids)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _Alarm:
-        raise RewardTimedOut(f"timed out after {timeout_s}s") from None
+            watchdog.cancel()
+            watchdog.join()  # a signal it sent is handled here, before the handler is put back
+    except _Alarm as e:
+        raise RewardTimedOut(f"timed out after {timeout_s}s", e.importing) from None
     finally:
-        signal.signal(signal.SIGALRM, previous)
+        signal.signal(WATCHDOG, previous)
 
 
 class RewardRunner:
@@ -165,18 +192,22 @@ class RewardRunner:
                     future = asyncio.wrap_future(
                         pool.submit(_score_in_pool, target, self.timeout_s, prompt, completion, sample, ids)
                     )
-                    return await asyncio.wait_for(future, self.timeout_s + self.start_grace_s), None
+                    waited = self.timeout_s + self.start_grace_s
+                    done, _ = await asyncio.wait({future}, timeout=waited)
+                    if not done:  # a hang in C, or a process that cannot start
+                        self._restart(pool)
+                        return (
+                            0.0,
+                            f"reward {name!r} timed out after {self.timeout_s}s (no answer in {waited}s)",
+                        )
+                    return future.result(), None  # (a TimeoutError of the reward's own is its error)
                 except asyncio.CancelledError:
                     self._restart(pool)  # the running call cannot be cancelled: end its process
                     raise
-                except RewardTimedOut as e:  # the process's timer stopped it: the process goes on
+                except RewardTimedOut as e:  # the watchdog stopped it: the process goes on, unless mid-import
+                    if e.importing:
+                        self._restart(pool)
                     return 0.0, f"reward {name!r} {e}"
-                except TimeoutError:  # nothing came back: a hang in C, or a process that cannot start
-                    self._restart(pool)
-                    return (
-                        0.0,
-                        f"reward {name!r} timed out after {self.timeout_s}s (its process did not answer)",
-                    )
                 except BrokenProcessPool:
                     if attempt:  # the pool broke twice under this call: give up on it
                         return 0.0, f"reward {name!r} crashed its process"

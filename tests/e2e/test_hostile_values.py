@@ -73,7 +73,8 @@ def test_nan_rewards_forged_heartbeats_foreign_groups_and_silent_peers_do_not_ru
         try:
             out, _ = launcher.communicate(timeout=400)
         except subprocess.TimeoutExpired as e:  # say where it stood: the output's tail, the logs' complaints
-            pytest.fail(f"the run did not end: {(e.output or b'')[-2000:].decode()}\n{complaints(run_dir)}")
+            tail = (e.output or b"")[-2000:].decode(errors="replace")
+            pytest.fail(f"the run did not end: {tail}\n{complaints(run_dir)}")
         assert launcher.returncode == 0, out[-3000:]
         # Trimmed every `streams.trim_interval_ms` (10 s): what arrived since the last trim stays.
         rollouts = r.xlen(key + "rollouts")
