@@ -79,15 +79,8 @@ class NonFiniteReward(ValueError):
 
 
 class RewardTimedOut(Exception):
-    """A reward ran past its `timeout_s` in its pool process; `importing`: it was in an import then, so
-    the process may hold a half-initialised module."""
-
-    def __init__(self, message: str, importing: bool = False) -> None:
-        super().__init__(message, importing)  # (the args rebuild it when it crosses back from the pool)
-        self.message, self.importing = message, importing
-
-    def __str__(self) -> str:
-        return self.message
+    """A reward ran past its `timeout_s` in its pool process. Its one arg: whether it was in an import
+    then, so that the process may hold a half-initialised module."""
 
 
 class _Alarm(BaseException):
@@ -131,7 +124,7 @@ def _score_in_pool(
             watchdog.cancel()
             watchdog.join()  # a signal it sent is handled here, before the handler is put back
     except _Alarm as e:
-        raise RewardTimedOut(f"timed out after {timeout_s}s", e.importing) from None
+        raise RewardTimedOut(e.importing) from None
     finally:
         signal.signal(WATCHDOG, previous)
 
@@ -185,6 +178,7 @@ class RewardRunner:
         # The pool's processes import the function by its module path, so rewards registered by name
         # in the user's module work there too.
         target = f"{fn.__module__}:{fn.__qualname__}"
+        timed_out = f"reward {name!r} timed out after {self.timeout_s}s"
         for attempt in range(2):
             async with self._free:
                 pool = self._pool
@@ -196,18 +190,15 @@ class RewardRunner:
                     done, _ = await asyncio.wait({future}, timeout=waited)
                     if not done:  # a hang in C, or a process that cannot start
                         self._restart(pool)
-                        return (
-                            0.0,
-                            f"reward {name!r} timed out after {self.timeout_s}s (no answer in {waited}s)",
-                        )
+                        return 0.0, f"{timed_out} (no answer in {waited}s)"
                     return future.result(), None  # (a TimeoutError of the reward's own is its error)
                 except asyncio.CancelledError:
                     self._restart(pool)  # the running call cannot be cancelled: end its process
                     raise
                 except RewardTimedOut as e:  # the watchdog stopped it: the process goes on, unless mid-import
-                    if e.importing:
+                    if e.args[0]:
                         self._restart(pool)
-                    return 0.0, f"reward {name!r} {e}"
+                    return 0.0, timed_out
                 except BrokenProcessPool:
                     if attempt:  # the pool broke twice under this call: give up on it
                         return 0.0, f"reward {name!r} crashed its process"
