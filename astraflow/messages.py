@@ -441,6 +441,8 @@ def _text(fields: dict[str, Any], name: str) -> str:
 _FIELDS: dict[type, tuple[tuple[str, type | None], ...]] = {}
 """Per message class: its fields' names, each with the element class of a `Columns` field (else None)."""
 _LEAVES = (str, int, float, bool, bytes, np.ndarray, type(None))
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+"""Types a list or map of which msgpack packs as it is (no element to convert)."""
 
 
 def _to_plain(value: Any) -> Any:
@@ -461,8 +463,10 @@ def _to_plain(value: Any) -> Any:
             for name, element in names
         }
     if isinstance(value, list | tuple):
-        return [_to_plain(v) for v in value]
+        return value if all(type(v) in _SCALARS for v in value) else [_to_plain(v) for v in value]
     if isinstance(value, dict):
+        if all(type(v) in _SCALARS for v in value.values()):
+            return value
         return {k: _to_plain(v) for k, v in value.items()}
     return value
 

@@ -11,6 +11,7 @@ import structlog
 from astraflow.dataflow.evaluation import score
 from astraflow.dataflow.store import Collected, EvalRow, Store
 from astraflow.dataflow.verdicts import Judge, check_values, vocab_size
+from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
@@ -156,13 +157,13 @@ class Collector:
             group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
             if not UID.fullmatch(group.uid):
                 raise DecodeError(f"uid: {group.uid[:40]!r} is not 1-200 non-space characters")
-            unknown = {t.model for t in group.trajectories} - set(self.store.models) - self.untrained
+            unknown = set(column(group.trajectories, "model")) - set(self.store.models) - self.untrained
             if unknown:
                 raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
-            check_values(group, newest, self.vocab)  # no NaN, no out-of-range value reaches a batch
+            owned = check_values(group, newest, self.vocab)  # no NaN or out-of-range value reaches a batch
             if group.eval_version >= 0:
                 return self._eval(entry.id, group)
-            return self.judge(entry.id, group, entry.fields["data"])
+            return self.judge(entry.id, group, entry.fields["data"], owned)
         except DecodeError as e:  # (InvalidRollout too: its values are bad)
             log.error("rollout_dead_lettered", id=entry.id, error=str(e))
             await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")

@@ -51,51 +51,60 @@ def vocab_size(model_path: str) -> int | None:
     return size if isinstance(size, int) and size > 0 else None
 
 
-def check_values(group: RolloutGroup, newest: Mapping[str, int], vocab: Mapping[str, int]) -> None:
+Owned = Mapping[str, tuple[list[int], tuple[int, int] | None]]
+"""Per policy of a checked group, in the group's order: the indices of its trajectories that did not fail
+and the (oldest, newest) weight version of their trained tokens (None: they have none)."""
+
+
+def check_values(group: RolloutGroup, newest: Mapping[str, int], vocab: Mapping[str, int]) -> Owned:
     """Raise InvalidRollout unless every trajectory that did not fail has a finite reward and metrics,
     finite logprobs <= 0, token ids in its policy's vocabulary (`vocab`, where known), and versions of
-    its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known).
+    its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known);
+    returns what the verdict reads of them (`Owned`).
 
     The group is read a column at a time (a few reductions per policy, not per trajectory); only a
     group that fails is looked at trajectory by trajectory, to say which one."""
     trajs = group.trajectories
     models, rewards, metrics = column(trajs, "model"), column(trajs, "reward"), column(trajs, "metrics")
-    ok = _succeeded(trajs)
+    ok = [i for i, error in enumerate(column(trajs, "error")) if error is None]
     for i in ok:
         if not math.isfinite(rewards[i]):
             raise InvalidRollout(f"trajectory {i} ({models[i]}): reward {rewards[i]} is not finite")
         bad = [k for k, v in metrics[i].items() if not math.isfinite(v)]
         if bad:
             raise InvalidRollout(f"trajectory {i} ({models[i]}): metric {bad[0]!r} is not finite")
+    owned = {}
     for model in dict.fromkeys(models[i] for i in ok):  # in order: the first bad trajectory is named
         mine = [i for i in ok if models[i] == model]
         limits = (newest.get(model), vocab.get(model))
-        if not _arrays_ok(trajs, mine, *limits):
+        passed, versions = _arrays_ok(trajs, mine, *limits)
+        if not passed:
             for i in mine:
                 if len(trajs[i].token_ids):
                     _check_arrays(f"trajectory {i} ({model})", trajs[i], *limits)
+        owned[model] = (mine, versions)
+    return owned
 
 
-def _succeeded(trajectories: Sequence[Trajectory]) -> list[int]:
-    """The indices of the trajectories that did not fail."""
-    return [i for i, error in enumerate(column(trajectories, "error")) if error is None]
-
-
-def _arrays_ok(trajectories: Sequence[Trajectory], picked: list[int], top: int | None, n: int | None) -> bool:
-    """Whether the arrays of the `picked` trajectories (one policy's) pass `_check_arrays`, at once."""
+def _arrays_ok(
+    trajectories: Sequence[Trajectory], picked: list[int], top: int | None, n: int | None
+) -> tuple[bool, tuple[int, int] | None]:
+    """Whether the arrays of the `picked` trajectories (one policy's) pass `_check_arrays`, at once, and
+    the (oldest, newest) version of their trained tokens (None: none)."""
     logprobs = joined(trajectories, "logprobs", picked)
     if not len(logprobs):
-        return True
-    ids = joined(trajectories, "token_ids", picked)
+        return True, None
     trained = _trained_versions(trajectories, picked)
-    with np.errstate(invalid="ignore"):
-        if not (np.isfinite(logprobs).all() and logprobs.max() <= LOGPROB_SLACK):
-            return False
+    versions = (int(trained.min()), int(trained.max())) if len(trained) else None
+    # (A NaN fails both comparisons: a reduction over an array holding one is NaN.)
+    if not (logprobs.min() > -math.inf and logprobs.max() <= LOGPROB_SLACK):
+        return False, versions
+    ids = joined(trajectories, "token_ids", picked)
     if ids.min() < 0 or (n is not None and ids.max() >= n):
-        return False
-    if len(trained) and (trained.min() < 0 or (top is not None and trained.max() > top + VERSIONS_AHEAD)):
-        return False
-    return True
+        return False, versions
+    if versions and (versions[0] < 0 or (top is not None and versions[1] > top + VERSIONS_AHEAD)):
+        return False, versions
+    return True, versions
 
 
 def _check_arrays(where: str, t: Trajectory, top: int | None, n: int | None) -> None:
@@ -162,15 +171,6 @@ def advantages(rewards: Sequence[float], how: str, epsilon: float) -> np.ndarray
     return np.array([a if abs(a) <= FLOAT32_MAX else math.nan for a in adv], dtype=np.float32)
 
 
-def _version_range(trajectories: Sequence[Trajectory], picked: list[int]) -> tuple[int, int] | None:
-    """(oldest, newest) weight version of the trained tokens of the `picked` trajectories; None when they
-    have none."""
-    if not picked:
-        return None
-    trained = _trained_versions(trajectories, picked)
-    return (int(trained.min()), int(trained.max())) if len(trained) else None
-
-
 def _trained_versions(trajectories: Sequence[Trajectory], picked: list[int]) -> np.ndarray:
     """The weight versions of the trained tokens (loss mask set) of the `picked` trajectories."""
     return joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
@@ -193,18 +193,17 @@ class Judge:
         self.settings, self.models = settings, list(models)
         self.filters = [(name, resolve_filter(name)) for name in settings.filters]
 
-    def __call__(self, entry_id: str, group: RolloutGroup, raw: bytes) -> Collected:
-        """Decide `group`, whose `data` bytes are `raw` (kept as they are in the accepted parts)."""
+    def __call__(self, entry_id: str, group: RolloutGroup, raw: bytes, owned: Owned) -> Collected:
+        """Decide `group`, whose `data` bytes are `raw` (kept as they are in the accepted parts), by what
+        `check_values` found in it (`owned`)."""
         trajs = group.trajectories
-        of, rewards, metrics = column(trajs, "model"), column(trajs, "reward"), column(trajs, "metrics")
-        named = group.models or sorted(set(of))
+        rewards, metrics = column(trajs, "reward"), column(trajs, "metrics")
+        named = group.models or sorted(set(column(trajs, "model")))
         models = [m for m in named if m in self.models] or self.models  # a policy not trained: no part
-        ok = _succeeded(trajs)
-        mine = {m: [i for i in ok if of[i] == m] for m in models}
-        scored = {m: [rewards[i] for i in mine[m]] for m in models}
-        decided = [self._part(group, raw, m, mine[m], scored[m]) for m in models]
-        parts = [part for part, _ in decided]
-        ranges = [r for _, r in decided if r is not None]
+        mine = {m: owned.get(m, ([], None)) for m in models}
+        scored = {m: [rewards[i] for i in mine[m][0]] for m in models}
+        parts = [self._part(group, raw, m, *mine[m], scored[m]) for m in models]
+        ranges = [versions for _, versions in mine.values() if versions is not None]
         first = scored[models[0]]
         trace = {Trace.raas: group.raas}
         if ranges:
@@ -218,23 +217,28 @@ class Judge:
             rewards={m: (sum(r) / len(r), len(r)) for m, r in scored.items() if r},
             zero_variance=len(first) > 1 and min(first) == max(first),
             trace=trace,
-            metrics={m: _metric_sums(metrics[i] for i in mine[m]) for m in models},
+            metrics={m: _metric_sums(metrics[i] for i in mine[m][0]) for m in models},
         )
 
     def _part(
-        self, group: RolloutGroup, raw: bytes, model: str, mine: list[int], rewards: list[float]
-    ) -> tuple[Part, tuple[int, int] | None]:
-        """The part of `model`, whose trajectories that did not fail are at `mine` (with `rewards`), and
-        the version range of their trained tokens."""
-        versions = _version_range(group.trajectories, mine)
+        self,
+        group: RolloutGroup,
+        raw: bytes,
+        model: str,
+        mine: list[int],
+        versions: tuple[int, int] | None,
+        rewards: list[float],
+    ) -> Part:
+        """The part of `model`, whose trajectories that did not fail are at `mine` (with `rewards`, and
+        `versions` the range of their trained tokens' weight versions)."""
         if group.error or versions is None:
-            return Part(model, FAILED, 0, len(mine)), versions
+            return Part(model, FAILED, 0, len(mine))
         min_version, max_version = versions
         if self.settings.dynamic_sampling and len(mine) > 1 and min(rewards) == max(rewards):
-            return Part(model, ZERO_VARIANCE, min_version, len(mine)), versions
+            return Part(model, ZERO_VARIANCE, min_version, len(mine))
         for name, keep in self.filters:
             if not keep(model, [group.trajectories[i] for i in mine]):
-                return Part(model, f"filter:{name}", min_version, len(mine)), versions
+                return Part(model, f"filter:{name}", min_version, len(mine))
         adv = advantages(rewards, self.settings.normalize, self.settings.epsilon)
         if not np.isfinite(adv).all():  # finite rewards so large that their spread overflows
             raise InvalidRollout(f"advantages of {model} are not finite (rewards {rewards[:8]})")
@@ -249,4 +253,4 @@ class Judge:
             submitted_version=group.version,
             raas=group.raas,
         )
-        return Part(model, "", min_version, len(mine), pack(samples)), versions
+        return Part(model, "", min_version, len(mine), pack(samples))

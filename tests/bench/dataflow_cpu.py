@@ -84,8 +84,8 @@ def per_group(groups: list[dict[bytes, bytes]]) -> tuple[float, float]:
     start = cpu_s()
     for i, fields in enumerate(groups):
         group = decode(fields, RolloutGroup, 1 << 20)
-        check_values(group, {"policy": 5}, {"policy": 64})
-        judge(str(i), group, fields[b"data"])
+        owned = check_values(group, {"policy": 5}, {"policy": 64})
+        judge(str(i), group, fields[b"data"], owned)
     judged = (cpu_s() - start) / len(groups)
     start = cpu_s()
     for fields in groups:
