@@ -120,10 +120,11 @@ class Feeder:
 
     async def step(self) -> tuple[str, int]:
         """Consider the next positions; returns (status, groups submitted). Status 'full' means wait: no
-        room, or this step took what there was."""
+        room, or this step took what there was; 'ready': no room while the ready sets are full (no
+        settle makes room then, only a batch formed or groups expired)."""
         await self.strays.sweep()  # (at most every half lease)
         backlog_limit, ready_limit = await self.limits()
-        state, room = await self.store.state_and_room(backlog_limit, ready_limit)
+        state, room, ready_full = await self.store.state_and_room(backlog_limit, ready_limit)
         if self.evals is not None and (due := self.evals.due(state)) is not None:
             await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
             room = await self.store.room(backlog_limit, ready_limit)
@@ -135,8 +136,8 @@ class Feeder:
             needed = max(1, self._groups_per_batch() - await self.store.fewest_ready(version))
             backlog_limit = min(backlog_limit, math.ceil(needed * self.feeder.sync_oversubmit))
             room = await self.store.room(backlog_limit, ready_limit)
-        if room <= 0:
-            return "full", 0  # checked before encoding anything: a full backlog is the usual case
+        if room <= 0:  # checked before encoding anything: a full backlog is the usual case
+            return ("ready" if ready_full and not self.settings.sync else "full"), 0
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [_curation_draw(self.settings.seed, p) for p in positions]

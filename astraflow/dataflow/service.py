@@ -33,6 +33,10 @@ IDLE_S = 0.1
 """Pause of the batch former when it has nothing to do (woken early by this replica's collector when it
 made enough groups ready, or made any while the prefetch is full); what other replicas collected, and
 groups gone stale while waiting, are taken in at the latest then."""
+FULL_RECHECK_S = 0.5
+"""How long the former leaves a model whose prefetch was full, unless this replica records a version first
+(its trainer took a batch then): a full prefetch stays full until a trainer reads, and the collector
+settles many times a step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +70,12 @@ class BatchFormer:
         self.short: dict[str, int] = {}
         """Per model, the batch units its last step found missing (for that batch on 'wait', for the next
         one after 'ok'); lowered by what this replica's collector makes ready since (`made_ready`)."""
+        self.full_until: dict[str, float] = {}
+        """Per model whose last step found the prefetch full: when to step again at the latest (monotonic;
+        `version_recorded` sooner)."""
+        self.took: Callable[[], None] = lambda: None
+        """Told of every step that took groups out of a ready set (a batch formed, groups expired): the
+        feeder's wake-up while the ready sets are full."""
 
     def made_ready(self, model: str, n_samples: int) -> None:
         """The collector put a group of `model` with `n_samples` samples in its ready set."""
@@ -75,14 +85,24 @@ class BatchFormer:
     def due(self, model: str) -> bool:
         """Whether a step of `model` may form a batch now, as far as this replica saw: not while too few
         units are ready (a form step is a script of a dozen commands; the collector settles groups many
-        times a batch)."""
-        return self.short.get(model, 0) <= 0
+        times a batch), nor while its prefetch is full."""
+        return self.short.get(model, 0) <= 0 and time.monotonic() >= self.full_until.get(model, 0.0)
+
+    def version_recorded(self) -> None:
+        """This replica recorded a published version: its trainer is reading its next batch."""
+        self.full_until.clear()
 
     async def step(self, model: str) -> str:
         """Form at most one batch of `model`: 'ok', 'full' (prefetch reached) or 'wait' (too few ready)."""
         randoms = [random.random() for _ in range(self._randoms)]
         status, uid, fresh, replayed, expired, short = await self.store.form(model, randoms)
         self.short[model] = short
+        if status == "full":
+            self.full_until[model] = time.monotonic() + FULL_RECHECK_S
+        else:
+            self.full_until.pop(model, None)
+        if status == "ok" or expired:
+            self.took()
         if expired:
             log.info("groups_expired", model=model, groups=expired)
         if status == "ok":
@@ -109,6 +129,8 @@ class Dataflow:
         self.collector.made_ready = self.former.made_ready
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
         self._freed = asyncio.Event()  # ... and the feeder may have room
+        self._taken = asyncio.Event()  # the former took ready groups (or a version came): room again
+        self.former.took = self._taken.set
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.bus.bootstrap(self.settings.trained)
@@ -134,13 +156,16 @@ class Dataflow:
     async def _feed(self) -> None:
         """Submit while there is room; when full, wait for this replica's collector to settle rollouts
         (their prompts' slots are free again) or its barrier to record a version (sync mode submits per
-        version), or `interval_ms` (another replica did, a RaaS joined), whichever comes first."""
+        version, an eval's groups go out), or `interval_ms` (another replica did, a RaaS joined),
+        whichever comes first. While the ready sets are full a settle frees nothing: then wait for this
+        replica's former to take groups out of them, or a version."""
         interval = self.settings.dataflow.feeder.interval_ms / 1000
         while True:
             self._freed.clear()
+            self._taken.clear()
             status, _ = await self.feeder.step()
             if status != "ok":
-                await _wait(self._freed, interval)
+                await _wait(self._taken if status == "ready" else self._freed, interval)
 
     async def _collect(self) -> None:
         """Judge the next entries while the last ones are committed (Python and Redis work overlap), at
@@ -183,6 +208,9 @@ class Dataflow:
         while True:
             if await self.barrier.step(self.bus.settings.block_ms):
                 self._freed.set()  # a new version: in sync mode the feeder may submit its groups now
+                self._taken.set()  # (an eval's groups go out then too)
+                self.former.version_recorded()  # ... and a full prefetch has room again
+                self._collected.set()
 
     async def _trim(self) -> None:
         keys = self.bus.keys

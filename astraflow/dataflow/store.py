@@ -155,12 +155,12 @@ class Store:
 
     async def room(self, backlog_limit: int, ready_limit: int) -> int:
         """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""
-        return int((await self._room(backlog_limit, ready_limit, with_state=False))[0])
+        return int((await self._room(backlog_limit, ready_limit, with_state=False))[0][0])
 
-    async def state_and_room(self, backlog_limit: int, ready_limit: int) -> tuple[RunState, int]:
-        """The run state and the `room`, in one round trip."""
-        state, room = await self._room(backlog_limit, ready_limit, with_state=True)
-        return state_of(state), int(room)
+    async def state_and_room(self, backlog_limit: int, ready_limit: int) -> tuple[RunState, int, bool]:
+        """The run state, the `room` and whether the ready sets are what is full, in one round trip."""
+        state, (room, ready_full) = await self._room(backlog_limit, ready_limit, with_state=True)
+        return state_of(state), int(room), bool(int(ready_full))
 
     async def _room(self, backlog_limit: int, ready_limit: int, with_state: bool) -> list:
         """The replies of an HGETALL of the state (`with_state`) and of room.lua (both read only)."""

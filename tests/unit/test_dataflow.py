@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import fakeredis
 import numpy as np
 import pytest
 
 from astraflow.config import load_settings
+from astraflow.dataflow import service
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.dataflow.verdicts import advantages
@@ -233,7 +236,12 @@ async def test_feeder_stops_while_the_ready_sets_are_full():
     await df.feeder.step()
     await roll_out(bus, 8, lambda g, i: float(i % 2))
     await df.collector.step(1)  # 8 groups ready; a batch holds 2
-    assert (await df.feeder.step()) == ("full", 0)
+    # No settle makes room now, only the former taking groups out: the feeder waits for it to say so.
+    assert (await df.feeder.step()) == ("ready", 0)
+    took = []
+    df.former.took = lambda: took.append(1)
+    assert await df.former.step("policy") == "ok"
+    assert took == [1]
 
 
 async def test_replicas_share_one_cursor_and_each_epoch_covers_every_row_once():
@@ -486,6 +494,26 @@ async def test_traces_are_bounded_by_count_keeping_the_newest():
     assert kept == sorted(bus.keys.trace(uid) for uid in submitted[-5:])  # the newest five
     assert await read_trace(bus, submitted[-1]) is not None
     assert await read_trace(bus, submitted[0]) is None
+
+
+async def test_a_full_prefetch_is_stepped_again_after_a_version_not_at_every_settle(monkeypatch):
+    """A full prefetch stays full until a trainer reads a batch, while the collector settles many times a
+    step: the former steps again once this replica records a version, or FULL_RECHECK_S later."""
+    monkeypatch.setattr(service, "FULL_RECHECK_S", 0.2)
+    bus, df = make("dataflow.batch.unit=groups", "dataflow.batch.size=2", "dataflow.feeder.min_backlog=12")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 100, lambda g, i: float(i % 2))
+    await df.collector.step(1)
+    assert [await df.former.step("policy") for _ in range(3)] == ["ok", "ok", "full"]
+    assert not df.former.due("policy")  # 8 groups still ready, but no room for them
+    await train(bus, "policy")
+    df.former.version_recorded()
+    assert df.former.due("policy")
+    assert [await df.former.step("policy") for _ in range(3)] == ["ok", "ok", "full"]
+    assert not df.former.due("policy")
+    await asyncio.sleep(0.25)  # no version recorded here (another replica's barrier took it)
+    assert df.former.due("policy")
 
 
 async def test_the_former_steps_again_only_once_the_collector_made_enough_ready():
