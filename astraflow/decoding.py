@@ -1,5 +1,5 @@
 """Plain decoded values (msgpack's lists, maps, numbers, arrays) checked against type annotations and
-built into dataclasses: what `messages.unpack` does with a message's `data`.
+built into dataclasses: what `packing.unpack` does with a message's `data`.
 
 A checker is built once per annotation (decoding is on every hot path). It builds no text on the way: a
 value of the wrong type raises `Invalid`, each level it passes through on the way out adds its place, and

@@ -1,35 +1,26 @@
-"""Typed wire messages and their msgpack codec.
+"""Typed wire messages and their field maps.
 
 A message travels as a flat field map: small human-readable headers (`kind`, `schema`, and `uid`,
-`model`, `version` where the message has them) plus one `data` field holding msgpack bytes, so
-`redis-cli XRANGE` shows a person what flows. Arrays travel as a msgpack ext type holding (little-endian
-dtype, shape, raw bytes), never as lists of Python ints; a rollout group's trajectories as columns (one
-list or array per field for the whole group, `decoding.Columns`). No pickle.
+`model`, `version` where the message has them) plus one `data` field holding the message's msgpack bytes
+(`packing`: arrays as raw bytes, a rollout group's trajectories as columns, no pickle), so
+`redis-cli XRANGE` shows a person what flows.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import struct
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import msgpack
 import numpy as np
 
-from astraflow.decoding import Columns, column_type, columns, from_plain
+from astraflow.decoding import Columns
 from astraflow.errors import DecodeError
+from astraflow.packing import pack, unpack
 
 SCHEMA = 2
 """2: a rollout group's trajectories travel as columns (`decoding.Columns`); 1: as a list of maps."""
-_ARRAY_EXT, _RAW_ARRAY_EXT = 1, 2
-"""msgpack ext types of a numpy array. 1: a msgpack [dtype, shape, bytes] (still read, no longer written).
-2: a header - dtype length u8, dtype, ndim u8, each dimension u64 little-endian - then the bytes: read
-with no second msgpack pass (a rollout group holds 4 arrays per trajectory)."""
-_DTYPES: dict[bytes, np.dtype] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,28 +343,6 @@ def encode(msg: Message) -> dict[str, bytes]:
     return fields
 
 
-def pack(msg: Message) -> bytes:
-    """The msgpack bytes of `msg` alone (no headers)."""
-    return msgpack.packb(_to_plain(msg), default=_pack_array, use_bin_type=True)
-
-
-def unpack(cls: type[Message], data: Any, max_bytes: int | None = None, path: str = "data") -> Message:
-    """The message `pack` made; DecodeError names the bad field."""
-    if not isinstance(data, bytes | bytearray):
-        raise DecodeError(f"{path}: missing or not bytes")
-    if max_bytes is not None and len(data) > max_bytes:
-        raise DecodeError(f"{path}: {len(data)} bytes exceeds the limit of {max_bytes}")
-    try:
-        plain = msgpack.unpackb(data, ext_hook=_unpack_array, raw=False, strict_map_key=True)
-    except DecodeError:
-        raise
-    except Exception as e:
-        raise DecodeError(f"{path}: not valid msgpack ({type(e).__name__}: {e})") from None
-    msg = from_plain(cls, plain, cls.KIND)
-    msg._check()
-    return msg
-
-
 def batch_refs(fields: dict[Any, Any]) -> list[str]:
     """The sample references of a batch entry (written by the dataflow's form.lua: `groups` and `replayed`
     are space-separated uids, `refs` where each group's packed SampleGroup is kept, in group order)."""
@@ -436,75 +405,3 @@ def _text(fields: dict[str, Any], name: str) -> str:
     if isinstance(value, str):
         return value
     raise DecodeError(f"{name}: missing header field")
-
-
-_FIELDS: dict[type, tuple[tuple[str, type | None], ...]] = {}
-"""Per message class: its fields' names, each with the element class of a `Columns` field (else None)."""
-_LEAVES = (str, int, float, bool, bytes, np.ndarray, type(None))
-_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
-"""Types a list or map of which msgpack packs as it is (no element to convert)."""
-
-
-def _to_plain(value: Any) -> Any:
-    if isinstance(value, _LEAVES):
-        return value
-    if isinstance(value, Message):
-        cls = type(value)
-        names = _FIELDS.get(cls)
-        if names is None:
-            hints = typing.get_type_hints(cls, include_extras=True)
-            names = _FIELDS[cls] = tuple(
-                (f.name, column_type(hints[f.name])) for f in dataclasses.fields(cls)
-            )
-        return {
-            name: _to_plain(getattr(value, name))
-            if element is None
-            else columns(element, getattr(value, name), _to_plain)
-            for name, element in names
-        }
-    if isinstance(value, list | tuple):
-        return value if all(type(v) in _SCALARS for v in value) else [_to_plain(v) for v in value]
-    if isinstance(value, dict):
-        if all(type(v) in _SCALARS for v in value.values()):
-            return value
-        return {k: _to_plain(v) for k, v in value.items()}
-    return value
-
-
-def _pack_array(obj: Any) -> msgpack.ExtType:
-    if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj, dtype=obj.dtype.newbyteorder("<"))
-        dtype = arr.dtype.str.encode()
-        header = struct.pack(f"<B{len(dtype)}sB{arr.ndim}Q", len(dtype), dtype, arr.ndim, *arr.shape)
-        return msgpack.ExtType(_RAW_ARRAY_EXT, header + arr.tobytes())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    raise TypeError(f"cannot encode {type(obj).__name__}")
-
-
-def _unpack_array(code: int, payload: bytes) -> np.ndarray:
-    try:
-        if code == _RAW_ARRAY_EXT:
-            n = payload[0]
-            dtype, ndim = _dtype(payload[1 : 1 + n]), payload[1 + n]
-            shape = struct.unpack_from(f"<{ndim}Q", payload, 2 + n)
-            flat = np.frombuffer(payload, dtype, offset=2 + n + 8 * ndim)
-            return flat if ndim == 1 and len(flat) == shape[0] else flat.reshape(shape)
-        if code == _ARRAY_EXT:
-            dtype_str, shape, raw = msgpack.unpackb(payload, raw=False)
-            return np.frombuffer(raw, dtype=_dtype(dtype_str.encode())).reshape(shape)
-    except Exception as e:
-        raise DecodeError(f"data: bad array ({type(e).__name__}: {e})") from None
-    raise DecodeError(f"data: unknown msgpack ext type {code}")
-
-
-def _dtype(name: bytes) -> np.dtype:
-    """The numpy dtype `name` ('<i4', ...); never an object dtype."""
-    dtype = _DTYPES.get(name)
-    if dtype is None:
-        dtype = np.dtype(name.decode())
-        if dtype.hasobject:
-            raise ValueError("object arrays are not allowed")
-        if len(_DTYPES) < 64:  # names from the wire: a bounded cache
-            _DTYPES[name] = dtype
-    return dtype

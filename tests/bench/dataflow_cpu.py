@@ -29,7 +29,8 @@ from _smoke import parse
 from astraflow import redis_server
 from astraflow.config import load_settings
 from astraflow.dataflow.verdicts import Judge, check_values
-from astraflow.messages import RolloutGroup, Trajectory, _pack_array, _unpack_array, decode, encode
+from astraflow.messages import RolloutGroup, Trajectory, decode, encode
+from astraflow.packing import _pack_array, _unpack_array
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 

@@ -22,13 +22,11 @@ from astraflow.messages import (
     VersionNotice,
     VersionPublished,
     WeightManifest,
-    _pack_array,
-    _unpack_array,
     decode,
     decode_batch,
     encode,
-    unpack,
 )
+from astraflow.packing import _pack_array, _unpack_array, unpack
 from astraflow.streams.schema import BatchEntry
 from tests.dataflow_helpers import trajectory
 

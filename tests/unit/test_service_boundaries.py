@@ -26,6 +26,7 @@ FLOORS = {
     0: {
         "streams",
         "messages",
+        "packing",
         "decoding",
         "errors",
         "logs",
