@@ -21,8 +21,8 @@ from astraflow.streams.connection import (
     client_kwargs,
     credentials,
     is_transient,
+    lean_connections,
     make_client,
-    packing_in_c,
     raise_if_cancelled,
 )
 from astraflow.streams.settings import RedisSettings
@@ -48,7 +48,7 @@ def connect_clients(
     sentinel = Sentinel(addresses, sentinel_kwargs=client_kwargs(settings, None), **kwargs)
     primary = sentinel.master_for(settings.master_name, redis_class=aioredis.Redis)
     replica = replica or sentinel.slave_for(settings.master_name, redis_class=aioredis.Redis)
-    return packing_in_c(primary), packing_in_c(replica)
+    return lean_connections(primary), lean_connections(replica)
 
 
 class ReplicaReads:

@@ -150,7 +150,7 @@ def test_commands_are_packed_in_c_to_the_same_bytes():
     """Every bus client packs commands with hiredis: the bytes redis-py's own packer would send."""
     from redis.asyncio.connection import Connection
 
-    from astraflow.streams.connection import make_client, packing_in_c
+    from astraflow.streams.connection import lean_connections, make_client
     from astraflow.streams.settings import RedisSettings
 
     client = make_client("redis://127.0.0.1:1", RedisSettings())
@@ -160,4 +160,57 @@ def test_commands_are_packed_in_c_to_the_same_bytes():
     assert len(packed) == 1 and type(ours).pack_command is not Connection.pack_command  # hiredis: one piece
     assert b"".join(packed) == b"".join(theirs.pack_command(*args))
     packing = client.connection_pool.connection_class
-    assert packing_in_c(client).connection_pool.connection_class is packing  # once is enough
+    assert lean_connections(client).connection_pool.connection_class is packing  # once is enough
+
+
+async def _silent_on_get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server that answers +OK to every command but GET, which it never answers (a Redis gone quiet)."""
+    while True:
+        head = await reader.readline()
+        if not head:
+            return
+        args = []
+        for _ in range(int(head[1:])):
+            size = int((await reader.readline())[1:])
+            args.append((await reader.readexactly(size + 2))[:-2])
+        if args[0].upper() != b"GET":
+            writer.write(b"+OK\r\n")
+            await writer.drain()
+
+
+async def test_a_small_command_is_sent_without_a_task_of_its_own_and_its_reply_still_times_out(monkeypatch):
+    """redis-py sends under `asyncio.wait_for` while a socket timeout is set: on Python 3.11 a task per
+    command. A bus client sends a small command without it (nothing to wait for), a large one with it, and
+    a reply that never comes still times out."""
+    import time
+
+    from redis.exceptions import TimeoutError
+
+    from astraflow.streams.connection import SMALL_SEND, make_client
+    from astraflow.streams.settings import RedisSettings
+
+    server = await asyncio.start_server(_silent_on_get, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sends, wait_for = [], asyncio.wait_for
+
+    def counted(aw, timeout):
+        sends.append(timeout)
+        return wait_for(aw, timeout)
+
+    monkeypatch.setattr(asyncio, "wait_for", counted)
+    client = make_client(f"redis://127.0.0.1:{port}", RedisSettings(socket_timeout_s=0.3))
+    try:
+        await client.set("k", "v")  # connects first (under the timeouts)
+        before = len(sends)
+        await client.set("k", "v")
+        assert len(sends) == before
+        await client.set("k", b"x" * SMALL_SEND)
+        assert sends[before:] == [0.3]
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await client.get("k")
+        assert time.monotonic() - start < 3
+        await client.set("k", "v")  # a new connection: the timed-out one was dropped
+    finally:
+        await client.aclose()
+        server.close()
