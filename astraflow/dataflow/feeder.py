@@ -137,7 +137,7 @@ class Feeder:
             backlog_limit = min(backlog_limit, math.ceil(needed * self.feeder.sync_oversubmit))
             room = await self.store.room(backlog_limit, ready_limit)
         if room <= 0:  # checked before encoding anything: a full backlog is the usual case
-            return ("ready" if ready_full and not self.settings.sync else "full"), 0
+            return ("ready" if ready_full else "full"), 0
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [_curation_draw(self.settings.seed, p) for p in positions]

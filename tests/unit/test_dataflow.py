@@ -244,6 +244,33 @@ async def test_feeder_stops_while_the_ready_sets_are_full():
     assert took == [1]
 
 
+async def test_the_feeder_waits_for_the_former_not_for_settles_while_the_ready_sets_are_full():
+    """A settle wakes a feeder whose backlog is full, not one whose ready sets are: only the former
+    taking groups out of them (or a new version) makes room then."""
+    _, df = make("dataflow.feeder.interval_ms=10000")
+    statuses, steps = ["ready", "full"], []
+
+    async def step():
+        steps.append(1)
+        return statuses.pop(0) if statuses else "full", 0
+
+    df.feeder.step = step
+    feeding = asyncio.create_task(df._feed())
+    try:
+        await asyncio.sleep(0.05)
+        df._settled(feeding)  # a settle: nothing for a feeder waiting on full ready sets
+        await asyncio.sleep(0.05)
+        assert len(steps) == 1
+        df.former.took()  # a batch formed
+        await asyncio.sleep(0.05)
+        assert len(steps) == 2  # ... and now 'full' (the backlog): a settle wakes it
+        df._settled(feeding)
+        await asyncio.sleep(0.05)
+        assert len(steps) == 3
+    finally:
+        feeding.cancel()
+
+
 async def test_replicas_share_one_cursor_and_each_epoch_covers_every_row_once():
     bus, df = make("dataflow.feeder.min_backlog=1000", "dataflow.dataset.size=20")
     other = Dataflow(df.settings, bus, "df-2")
