@@ -57,25 +57,25 @@ _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 def _to_plain(value: Any) -> Any:
     if isinstance(value, _LEAVES):
         return value
-    names = _FIELDS.get(type(value))
-    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        cls = type(value)
-        hints = typing.get_type_hints(cls, include_extras=True)
-        names = _FIELDS[cls] = tuple((f.name, column_type(hints[f.name])) for f in dataclasses.fields(cls))
-    if names is not None:  # a message (or a part of one): a map of its fields
-        return {
-            name: _to_plain(getattr(value, name))
-            if element is None
-            else columns(element, getattr(value, name), _to_plain)
-            for name, element in names
-        }
     if isinstance(value, list | tuple):
         return value if all(type(v) in _SCALARS for v in value) else [_to_plain(v) for v in value]
     if isinstance(value, dict):
         if all(type(v) in _SCALARS for v in value.values()):
             return value
         return {k: _to_plain(v) for k, v in value.items()}
-    return value
+    cls = type(value)
+    names = _FIELDS.get(cls)
+    if names is None:
+        if not dataclasses.is_dataclass(cls):
+            return value
+        hints = typing.get_type_hints(cls, include_extras=True)
+        names = _FIELDS[cls] = tuple((f.name, column_type(hints[f.name])) for f in dataclasses.fields(cls))
+    return {  # a message (or a part of one): a map of its fields
+        name: _to_plain(getattr(value, name))
+        if element is None
+        else columns(element, getattr(value, name), _to_plain)
+        for name, element in names
+    }
 
 
 def _pack_array(obj: Any) -> msgpack.ExtType:
