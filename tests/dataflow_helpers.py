@@ -22,7 +22,7 @@ from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS, GROUP_TRAINER
 from astraflow.streams.names import name_key
 
-RewardFn = Callable[[PromptGroup, int], float]
+RewardFn = Callable[[PromptGroup, int], float | None]
 
 
 def trajectory(
@@ -60,9 +60,10 @@ async def roll_out(
         v = version(group) if callable(version) else version
         n = group.n_samples
         trajs = [
-            trajectory(m, reward(group, i), v, tokens, metrics(group, i) if metrics else None)
+            trajectory(m, r, v, tokens, metrics(group, i) if metrics else None)
             for m in group.models
             for i in range(n)
+            if (r := reward(group, i)) is not None  # (None: a sample the worker lost)
         ]
         rollout = RolloutGroup(
             uid=group.uid,

@@ -102,10 +102,11 @@ class Feeder:
         return max(0, min(beat.capacity, f.max_worker_slots, shown))
 
     async def limits(self) -> tuple[int, int]:
-        """(backlog limit in prompt groups, ready-set limit in groups)."""
+        """(backlog limit in prompt groups, ready-set limit in batch units: groups or samples)."""
         f = self.feeder
         backlog = max(f.min_backlog, math.ceil(f.backlog_factor * await self.pool_slots()))
-        ready = math.ceil(f.max_ready_batches * self._groups_per_batch()) * len(self.settings.trained)
+        batch = self.settings.dataflow.batch.size
+        ready = math.ceil(f.max_ready_batches * batch) * len(self.settings.trained)
         return backlog, ready
 
     def _groups_per_batch(self) -> int:

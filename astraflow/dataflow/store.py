@@ -129,6 +129,7 @@ class Store:
             f"{time.time():.3f}",
             len(items),
             self.settings.trace_max_groups,
+            self.settings.batch.unit,
         ]
         for it in items:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
@@ -165,7 +166,7 @@ class Store:
     async def _room(self, backlog_limit: int, ready_limit: int, with_state: bool) -> list:
         """The replies of an HGETALL of the state (`with_state`) and of room.lua (both read only)."""
         keys = [self.keys.prompts, *(self.keys.ready(m) for m in self.models)]
-        args = [GROUP_RAAS, backlog_limit, ready_limit]
+        args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit]
         script = self._scripts["room"]
 
         def fill(pipe) -> None:

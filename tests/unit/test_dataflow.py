@@ -244,6 +244,20 @@ async def test_feeder_stops_while_the_ready_sets_are_full():
     assert took == [1]
 
 
+async def test_ready_groups_short_of_samples_do_not_stop_the_feeder():
+    """Batches in samples: groups that lost samples (a RaaS drops those its reward failed on) fill the
+    ready sets' count of groups while holding less than a batch. The feeder must go on, or no batch
+    forms and the run stalls."""
+    bus, df = make("dataflow.feeder.min_backlog=2", "dataflow.feeder.max_ready_batches=1")
+    await bus.bootstrap(["policy"])
+    assert (await df.feeder.step())[1] == 2
+    await roll_out(bus, 2, lambda g, i: None if i == 0 else float(i % 2))
+    await df.collector.step(1)  # 2 groups of 3 samples ready: a batch holds 8
+    assert await bus.redis.zcard(bus.keys.ready("policy")) == 2
+    assert await df.former.step("policy") == "wait"
+    assert await df.feeder.step() == ("full", 2)
+
+
 async def test_the_feeder_waits_for_the_former_not_for_settles_while_the_ready_sets_are_full():
     """A settle wakes a feeder whose backlog is full, not one whose ready sets are: only the former
     taking groups out of them (or a new version) makes room then."""

@@ -31,19 +31,31 @@ local function pending(stream, group)
   return tonumber(summary[1])
 end
 
--- The feeder's back-pressure: prompt groups of `prompts` not yet acknowledged by `group` (counted up to
--- `cap`), and the groups in the ready sets KEYS[first..].
-local function pressure(prompts, group, cap, first)
-  local ready = 0
-  for i = first, #KEYS do ready = ready + redis.call('ZCARD', KEYS[i]) end
-  return pending(prompts, group) + undelivered(prompts, group, cap), ready
-end
 
 -- A ready/replay member is 'uid min_version n_samples ref'; `ref` is the field of the samples hash that
 -- holds the group (the id of the rollout entry it came from).
 local function parse_member(member)
   local uid, minv, n, ref = string.match(member, '^(%S+) (%-?%d+) (%d+) (%S+)$')
   return uid, tonumber(minv), tonumber(n), ref
+end
+
+-- The feeder's back-pressure: prompt groups of `prompts` not yet acknowledged by `group` (counted up to
+-- `cap`), and the batch units in the ready sets KEYS[first..] - groups, or samples when `unit` is
+-- 'samples' (groups may hold fewer samples than the feeder asked for: a limit in groups could stop it
+-- while the ready sets hold less than a batch), counted up to `ready_cap`.
+local function pressure(prompts, group, cap, first, unit, ready_cap)
+  local ready = 0
+  for i = first, #KEYS do
+    if unit ~= 'samples' then
+      ready = ready + redis.call('ZCARD', KEYS[i])
+    elseif ready < ready_cap then  -- a sample per group at least: that many members tell
+      for _, member in ipairs(redis.call('ZRANGE', KEYS[i], 0, ready_cap - ready - 1)) do
+        local _, _, n = parse_member(member)
+        ready = ready + n
+      end
+    end
+  end
+  return pending(prompts, group) + undelivered(prompts, group, cap), ready
 end
 
 -- Reference counts of stored groups: the ready set, the replay set and each batch not yet acknowledged

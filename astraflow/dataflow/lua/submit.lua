@@ -1,23 +1,23 @@
 -- Feeder: submit prompt groups at the dataset cursor, atomically with the cursor's advance.
 -- Any replica may call it: the cursor is compare-and-set, so a position is submitted (or skipped) once.
 -- Back-pressure: stops ('full') when undelivered + pending prompt groups reach `backlog_limit`, or the
--- ready sets hold `ready_limit` groups.
+-- ready sets hold `ready_limit` batch units (groups or samples, `unit`).
 -- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5] traces (sorted set of
 -- the uids whose trace is kept), KEYS[6..] ready sets
 -- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, now, n_items,
---   trace_max_groups, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
+--   trace_max_groups, unit, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
 -- Returns {status ('ok', 'full' or 'moved'), cursor, submitted}.
 local prompts, state, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
-local traces, trace_max = KEYS[5], tonumber(ARGV[9])
+local traces, trace_max, unit = KEYS[5], tonumber(ARGV[9]), ARGV[10]
 
 local cursor = tonumber(redis.call('HGET', state, State.cursor) or '0')
 if cursor ~= expected then return {'moved', cursor, 0} end
 
-local backlog, ready = pressure(prompts, group, backlog_limit, 6)
+local backlog, ready = pressure(prompts, group, backlog_limit, 6, unit, ready_limit)
 
-local status, submitted, pos = 'ok', 0, 10
+local status, submitted, pos = 'ok', 0, 11
 local count, flush = counter()
 local uids, ranked = {}, {}  -- added to the in-flight set and the trace index in one command a 500
 local function add_uids()
