@@ -8,6 +8,7 @@ advances in the same atomic step that submits (submit.lua), so replicas never su
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import random
 import time
@@ -49,6 +50,9 @@ class Feeder:
         self._perm: tuple[int, list[int]] | None = None
         self._pool: tuple[float, int] = (0.0, 0)
         self._refused: set[bytes] = set()
+        self._notice_read: int | None = -1
+        """The notice of the last state this feeder read whole (-1: none read): until the notice moves on,
+        no eval is due that was not then."""
         self.strays = Strays(self.bus)
 
     def row_at(self, position: int) -> int:
@@ -125,27 +129,32 @@ class Feeder:
         settle makes room then, only a batch formed or groups expired)."""
         await self.strays.sweep()  # (at most every half lease)
         backlog_limit, ready_limit = await self.limits()
-        state, room, ready_full = await self.store.state_and_room(backlog_limit, ready_limit)
-        if self.evals is not None and (due := self.evals.due(state)) is not None:
-            await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
-            room = await self.store.room(backlog_limit, ready_limit)
-        cursor, version = state.cursor, max(state.notice or 0, 0)
-        if self.settings.sync:
+        room = await self.store.room(backlog_limit, ready_limit)
+        state = None
+        if self.settings.sync or (self.evals is not None and room.notice != self._notice_read):
+            state = await self.store.state()  # (an eval is due only from a new notice on)
+            if self.evals is not None and (due := self.evals.due(state)) is not None:
+                await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
+                room = await self.store.room(backlog_limit, ready_limit)
+            self._notice_read = state.notice
+        version = max(room.notice or 0, 0)
+        if state is not None and self.settings.sync:
             if self._batch_formed(state, version):
                 return "full", 0  # lockstep: this version's batch is formed; wait for the next version
             # About what the batch still needs: what is left over when it forms is stale.
             needed = max(1, self._groups_per_batch() - await self.store.fewest_ready(version))
             backlog_limit = min(backlog_limit, math.ceil(needed * self.feeder.sync_oversubmit))
             room = await self.store.room(backlog_limit, ready_limit)
-        if room <= 0:  # checked before encoding anything: a full backlog is the usual case
-            return ("ready" if ready_full else "full"), 0
+        if room.groups <= 0:  # checked before encoding anything: a full backlog is the usual case
+            return ("ready" if room.ready_full else "full"), 0
+        cursor = room.cursor
         positions = range(cursor, cursor + STEP_POSITIONS)
         rows = [self.row_at(p) for p in positions]
         randoms = [_curation_draw(self.settings.seed, p) for p in positions]
         decisions = await self.curator.decide(rows, randoms, version)
         items, wanted = [], 0
         for p, row, submit in zip(positions, rows, decisions, strict=True):
-            if submit and wanted == room:
+            if submit and wanted == room.groups:
                 break  # encoded only what there is room for (a settle frees a slot or two): later steps go on
             wanted += submit
             uid = self.uid_at(p)
@@ -154,7 +163,7 @@ class Feeder:
         status, _, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
         if submitted:
             log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)
-        return ("full" if status == "ok" and wanted == room else status), submitted
+        return ("full" if status == "ok" and wanted == room.groups else status), submitted
 
     def _group(self, uid: str, row: int, version: int) -> PromptGroup:
         return PromptGroup(
@@ -171,8 +180,9 @@ class Feeder:
 @functools.lru_cache(maxsize=4 * STEP_POSITIONS)
 def _curation_draw(seed: int, position: int) -> float:
     """The curator's uniform draw for a dataset position (fixed per position; a position is considered
-    by several steps until the cursor passes it, and seeding a generator costs more than a draw)."""
-    return random.Random(f"{seed}:curate:{position}").random()
+    by several steps until the cursor passes it): a hash, a quarter of what seeding a generator costs."""
+    digest = hashlib.blake2b(b"%d:curate:%d" % (seed, position), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 async def _scan(redis, pattern: str) -> list[bytes]:

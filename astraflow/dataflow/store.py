@@ -15,7 +15,7 @@ from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
 from astraflow.streams.connection import queue_script, register_scripts, with_script
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
-from astraflow.streams.runstate import RunState, read_state, state_of
+from astraflow.streams.runstate import RunState, read_state
 from astraflow.streams.schema import Entry
 
 SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
@@ -30,6 +30,19 @@ class SubmitItem:
     row: int
     version: int
     fields: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the back-pressure limits admit now (a hint: `Store.submit` checks again, atomically)."""
+
+    groups: int
+    """Prompt groups that may be submitted."""
+    ready_full: bool
+    """No room because the ready sets are full (then a settle frees nothing: only a batch formed does)."""
+    cursor: int
+    notice: int | None
+    """The state's dataset cursor and last version announced (None: none yet)."""
 
 
 @dataclass(frozen=True)
@@ -154,27 +167,12 @@ class Store:
         keys = [k.prompts, k.state, k.in_flight, k.ledger, k.metrics]
         return int(await self._run("submit_eval", keys, args))
 
-    async def room(self, backlog_limit: int, ready_limit: int) -> int:
-        """Prompt groups the feeder may submit now (a hint: `submit` checks again, atomically)."""
-        return int((await self._room(backlog_limit, ready_limit, with_state=False))[0][0])
-
-    async def state_and_room(self, backlog_limit: int, ready_limit: int) -> tuple[RunState, int, bool]:
-        """The run state, the `room` and whether the ready sets are what is full, in one round trip."""
-        state, (room, ready_full) = await self._room(backlog_limit, ready_limit, with_state=True)
-        return state_of(state), int(room), bool(int(ready_full))
-
-    async def _room(self, backlog_limit: int, ready_limit: int, with_state: bool) -> list:
-        """The replies of an HGETALL of the state (`with_state`) and of room.lua (both read only)."""
-        keys = [self.keys.prompts, *(self.keys.ready(m) for m in self.models)]
+    async def room(self, backlog_limit: int, ready_limit: int) -> Room:
+        """What the feeder may submit now, and where (room.lua: one script, read only)."""
+        keys = [self.keys.prompts, self.keys.state, *(self.keys.ready(m) for m in self.models)]
         args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit]
-        script = self._scripts["room"]
-
-        def fill(pipe) -> None:
-            if with_state:
-                pipe.hgetall(self.keys.state)
-            queue_script(pipe, script, keys, args)
-
-        return await self.bus.call(lambda: with_script(self.bus.redis, script, fill, transaction=False))
+        groups, ready_full, cursor, notice = await self._run("room", keys, args)
+        return Room(int(groups), bool(ready_full), int(cursor), None if notice < 0 else int(notice))
 
     async def collect(
         self, consumer: str, items: Sequence[Collected], records: Sequence[Mapping[str, str]] = ()
