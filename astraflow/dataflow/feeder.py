@@ -137,7 +137,7 @@ class Feeder:
                 await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
                 room = await self.store.room(backlog_limit, ready_limit)
             self._notice_read = state.notice
-        version = max(room.notice or 0, 0)
+        version = max((room.notice if state is None else state.notice) or 0, 0)
         if state is not None and self.settings.sync:
             if self._batch_formed(state, version):
                 return "full", 0  # lockstep: this version's batch is formed; wait for the next version

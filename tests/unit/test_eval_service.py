@@ -237,3 +237,29 @@ async def test_eval_rows_a_killed_replica_did_not_submit_are_submitted_by_the_ne
     assert [n.version for n in await notices(bus)] == [0]
     await df.feeder.step()
     assert [g.uid for g in await prompt_groups(bus)] == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
+
+
+async def test_a_feeder_reads_the_whole_state_once_per_notice():
+    """Each feeder step is one script (room, cursor, notice); the whole state - fields per version, the
+    weights' manifests and eval marks - is read for a due eval only when the notice moved."""
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    df.barrier.evals = None  # the eval's groups are left to the feeder
+    reads, state = [], df.store.state
+
+    async def read():
+        reads.append(1)
+        return await state()
+
+    df.store.state = read
+    for _ in range(3):
+        await df.feeder.step()
+    assert len(reads) == 1
+    await publish_version(bus, "policy", 0, eval_=True)
+    await df.barrier.step(1)  # (it reads the state too)
+    reads.clear()
+    for _ in range(3):
+        await df.feeder.step()
+    assert len(reads) == 1
+    evals = [g.uid for g in await prompt_groups(bus) if g.eval_version >= 0]
+    assert evals == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
