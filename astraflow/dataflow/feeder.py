@@ -34,6 +34,8 @@ STEP_POSITIONS = 32
 """Most dataset positions considered per submit call (up to the one that fills the room)."""
 START_SLOTS = 8
 """Slots a heartbeat counts for before its worker has shown it uses more (the RaaS default `slots`)."""
+STATE_READ_S = 5.0
+"""The feeder reads the whole state at least this often with evals on, a new notice or not."""
 
 
 class Feeder:
@@ -51,8 +53,10 @@ class Feeder:
         self._pool: tuple[float, int] = (0.0, 0)
         self._refused: set[bytes] = set()
         self._notice_read: int | None = -1
-        """The notice of the last state this feeder read whole (-1: none read): until the notice moves on,
-        no eval is due that was not then."""
+        """The notice of the last state this feeder read whole (-1: none read), and when: until the notice
+        moves on, no eval is due that was not then (but for a rollback's notice that repeats a version
+        whose eval its barrier did not submit: `STATE_READ_S`)."""
+        self._state_read_at = 0.0
         self.strays = Strays(self.bus)
 
     def row_at(self, position: int) -> int:
@@ -131,12 +135,13 @@ class Feeder:
         backlog_limit, ready_limit = await self.limits()
         room = await self.store.room(backlog_limit, ready_limit)
         state = None
-        if self.settings.sync or (self.evals is not None and room.notice != self._notice_read):
+        seen = room.notice == self._notice_read and time.monotonic() < self._state_read_at + STATE_READ_S
+        if self.settings.sync or (self.evals is not None and not seen):
             state = await self.store.state()  # (an eval is due only from a new notice on)
             if self.evals is not None and (due := self.evals.due(state)) is not None:
                 await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
                 room = await self.store.room(backlog_limit, ready_limit)
-            self._notice_read = state.notice
+            self._notice_read, self._state_read_at = state.notice, time.monotonic()
         version = max((room.notice if state is None else state.notice) or 0, 0)
         if state is not None and self.settings.sync:
             if self._batch_formed(state, version):

@@ -171,7 +171,8 @@ class Store:
         """What the feeder may submit now, and where (room.lua: one script, read only)."""
         keys = [self.keys.prompts, self.keys.state, *(self.keys.ready(m) for m in self.models)]
         args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit]
-        groups, ready_full, cursor, notice = await self._run("room", keys, args)
+        script = self._scripts["room"]  # (read only: no wait for replicas, unlike `_run`)
+        groups, ready_full, cursor, notice = await self.bus.call(lambda: script(keys=keys, args=args))
         return Room(int(groups), bool(ready_full), int(cursor), None if notice < 0 else int(notice))
 
     async def collect(

@@ -9,10 +9,12 @@ import json
 import pytest
 
 from astraflow.config import ConfigError, load_settings
+from astraflow.dataflow import feeder
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import PromptGroup, VersionNotice, decode
 from astraflow.streams.records import EvalResult, EvalSubmitted, decode_record
+from astraflow.streams.schema import State
 from tests.dataflow_helpers import publish_version, roll_out, train
 from tests.unit.test_dataflow import make
 
@@ -261,5 +263,24 @@ async def test_a_feeder_reads_the_whole_state_once_per_notice():
     for _ in range(3):
         await df.feeder.step()
     assert len(reads) == 1
+    evals = [g.uid for g in await prompt_groups(bus) if g.eval_version >= 0]
+    assert evals == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
+
+
+async def test_an_eval_marked_under_a_notice_already_read_is_still_submitted(monkeypatch):
+    """A rollback announces a version again, and its restarted trainer may mark it an eval that no barrier
+    then submits (its replica died): the notice did not move, so only the feeder's periodic read of the
+    whole state (`STATE_READ_S`) finds it."""
+    bus, df = make(*EVAL)
+    await bus.bootstrap(["policy"])
+    df.barrier.evals = None
+    await publish_version(bus, "policy", 0)
+    await df.barrier.step(1)
+    await df.feeder.step()  # notice 0 read: no eval due
+    await bus.redis.hset(bus.keys.state, State.eval(0), 1)  # (as version.lua marks one)
+    await df.feeder.step()
+    assert not [g for g in await prompt_groups(bus) if g.eval_version >= 0]
+    monkeypatch.setattr(feeder, "STATE_READ_S", 0.0)
+    await df.feeder.step()
     evals = [g.uid for g in await prompt_groups(bus) if g.eval_version >= 0]
     assert evals == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
