@@ -46,8 +46,9 @@ class FeederSettings(BaseModel):
     (`groups` since `started_at`), or twice what it holds now, if either is more than a new worker's
     allowance (`feeder.START_SLOTS`): advertised slots it has not shown it can use do not feed the backlog."""
     max_ready_batches: float = Field(4.0, ge=1)
-    """Stop submitting while the ready sets hold this many batches' worth of units (groups, or samples:
-    a group may hold fewer than `n_samples`) - a slow trainer; at least one, or no batch could form."""
+    """Stop submitting while the ready sets hold this many batches' worth of units per model (groups, or
+    samples: a group may hold fewer than `n_samples`), each model's set a batch at least - a slow
+    trainer; at least one, or no batch could form."""
     interval_ms: int = Field(200, gt=0)
     """How long the feeder waits when the backlog is full, at most: this replica's collector wakes it as
     soon as it settles rollouts (their prompts' slots are free then), its barrier at a new version; the

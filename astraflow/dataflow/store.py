@@ -143,6 +143,7 @@ class Store:
             len(items),
             self.settings.trace_max_groups,
             self.settings.batch.unit,
+            self.settings.batch.size,
         ]
         for it in items:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
@@ -170,7 +171,7 @@ class Store:
     async def room(self, backlog_limit: int, ready_limit: int) -> Room:
         """What the feeder may submit now, and where (room.lua: one script, read only)."""
         keys = [self.keys.prompts, self.keys.state, *(self.keys.ready(m) for m in self.models)]
-        args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit]
+        args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit, self.settings.batch.size]
         script = self._scripts["room"]  # (read only: no wait for replicas, unlike `_run`)
         groups, ready_full, cursor, notice = await self.bus.call(lambda: script(keys=keys, args=args))
         return Room(int(groups), bool(ready_full), int(cursor), None if notice < 0 else int(notice))

@@ -258,6 +258,21 @@ async def test_ready_groups_short_of_samples_do_not_stop_the_feeder():
     assert await df.feeder.step() == ("full", 2)
 
 
+async def test_a_model_short_of_a_batch_keeps_the_feeder_going():
+    """Two policies, batches of 8 samples, one batch's worth each: the ready sets hold 16 samples
+    together, but all of them the first model's (the other's parts were dropped). Stopping would leave
+    the second model's former waiting on the feeder for good: the sets are full only once each holds a
+    batch."""
+    bus, df = make("dataflow.feeder.max_ready_batches=1", models=("a", "b"))
+    await bus.bootstrap(["a", "b"])
+    await bus.redis.zadd(bus.keys.ready("a"), {f"g{i} 0 4 r{i}": 1 for i in range(4)})
+    room = await df.store.room(8, 16)
+    assert (room.groups, room.ready_full) == (8, False)
+    await bus.redis.zadd(bus.keys.ready("b"), {f"h{i} 0 4 s{i}": 1 for i in range(2)})
+    room = await df.store.room(8, 16)
+    assert (room.groups, room.ready_full) == (0, True)
+
+
 async def test_the_feeder_waits_for_the_former_not_for_settles_while_the_ready_sets_are_full():
     """A settle wakes a feeder whose backlog is full, not one whose ready sets are: only the former
     taking groups out of them (or a new version) makes room then."""

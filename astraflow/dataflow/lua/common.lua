@@ -40,22 +40,25 @@ local function parse_member(member)
 end
 
 -- The feeder's back-pressure: prompt groups of `prompts` not yet acknowledged by `group` (counted up to
--- `cap`), and the batch units in the ready sets KEYS[first..] - groups, or samples when `unit` is
--- 'samples' (groups may hold fewer samples than the feeder asked for: a limit in groups could stop it
--- while the ready sets hold less than a batch), counted up to `ready_cap`.
-local function pressure(prompts, group, cap, first, unit, ready_cap)
-  local ready = 0
+-- `cap`), and whether the ready sets KEYS[first..] are full: they hold `ready_limit` batch units together
+-- and each at least a batch (`batch` units) - else a model short of a batch would wait for the feeder and
+-- the feeder for the others. A unit is a group, or a sample when `unit` is 'samples' (a group may hold
+-- fewer samples than the feeder asked for).
+local function pressure(prompts, group, cap, first, unit, ready_limit, batch)
+  local ready, short = 0, false
   for i = first, #KEYS do
+    local units = 0
     if unit ~= 'samples' then
-      ready = ready + redis.call('ZCARD', KEYS[i])
-    elseif ready < ready_cap then  -- a sample per group at least: that many members tell
-      for _, member in ipairs(redis.call('ZRANGE', KEYS[i], 0, ready_cap - ready - 1)) do
+      units = redis.call('ZCARD', KEYS[i])
+    else  -- a sample per group at least: `ready_limit` members tell
+      for _, member in ipairs(redis.call('ZRANGE', KEYS[i], 0, ready_limit - 1)) do
         local _, _, n = parse_member(member)
-        ready = ready + n
+        units = units + n
       end
     end
+    ready, short = ready + units, short or units < batch
   end
-  return pending(prompts, group) + undelivered(prompts, group, cap), ready
+  return pending(prompts, group) + undelivered(prompts, group, cap), ready >= ready_limit and not short
 end
 
 -- Reference counts of stored groups: the ready set, the replay set and each batch not yet acknowledged

@@ -2,11 +2,11 @@
 -- feeder submits at (read only: submit.lua decides, this only spares the feeder encoding groups that would
 -- be refused, and reading the whole state at every step).
 -- KEYS[1] prompts, KEYS[2] state, KEYS[3..] ready sets
--- ARGV: raas_group, backlog_limit, ready_limit (in batch units), batch unit ('groups'/'samples')
+-- ARGV: raas_group, backlog_limit, ready_limit (in batch units), batch unit ('groups'/'samples'), batch size
 -- Returns {room, 1 when the ready sets are what is full (else 0), cursor, notice (-1: none yet)}.
 local backlog_limit, ready_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local backlog, ready = pressure(KEYS[1], ARGV[1], backlog_limit, 3, ARGV[4], ready_limit)
+local backlog, ready_full = pressure(KEYS[1], ARGV[1], backlog_limit, 3, ARGV[4], ready_limit, tonumber(ARGV[5]))
 local cursor = tonumber(redis.call('HGET', KEYS[2], State.cursor) or '0')
 local notice = tonumber(redis.call('HGET', KEYS[2], State.notice) or '-1')
-if ready >= ready_limit then return {0, 1, cursor, notice} end
+if ready_full then return {0, 1, cursor, notice} end
 return {math.max(0, backlog_limit - backlog), 0, cursor, notice}

@@ -1,23 +1,24 @@
 -- Feeder: submit prompt groups at the dataset cursor, atomically with the cursor's advance.
 -- Any replica may call it: the cursor is compare-and-set, so a position is submitted (or skipped) once.
 -- Back-pressure: stops ('full') when undelivered + pending prompt groups reach `backlog_limit`, or the
--- ready sets hold `ready_limit` batch units (groups or samples, `unit`).
+-- ready sets are full (`pressure`: `ready_limit` batch units, of `unit` 'groups' or 'samples', and a
+-- batch of `batch_size` units in each).
 -- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5] traces (sorted set of
 -- the uids whose trace is kept), KEYS[6..] ready sets
 -- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, now, n_items,
---   trace_max_groups, unit, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
+--   trace_max_groups, unit, batch_size, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
 -- Returns {status ('ok', 'full' or 'moved'), cursor, submitted}.
 local prompts, state, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
-local traces, trace_max, unit = KEYS[5], tonumber(ARGV[9]), ARGV[10]
+local traces, trace_max, unit, batch = KEYS[5], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
 
 local cursor = tonumber(redis.call('HGET', state, State.cursor) or '0')
 if cursor ~= expected then return {'moved', cursor, 0} end
 
-local backlog, ready = pressure(prompts, group, backlog_limit, 6, unit, ready_limit)
+local backlog, ready_full = pressure(prompts, group, backlog_limit, 6, unit, ready_limit, batch)
 
-local status, submitted, pos = 'ok', 0, 11
+local status, submitted, pos = 'ok', 0, 12
 local count, flush = counter()
 local uids, ranked = {}, {}  -- added to the in-flight set and the trace index in one command a 500
 local function add_uids()
@@ -30,7 +31,7 @@ end
 for _ = 1, n_items do
   local submit, uid, row, version, n_fields = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3], tonumber(ARGV[pos + 4])
   if submit == '1' then
-    if backlog >= backlog_limit or ready >= ready_limit then
+    if backlog >= backlog_limit or ready_full then
       status = 'full'
       break
     end
