@@ -31,7 +31,6 @@ local function pending(stream, group)
   return tonumber(summary[1])
 end
 
-
 -- A ready/replay member is 'uid min_version n_samples ref'; `ref` is the field of the samples hash that
 -- holds the group (the id of the rollout entry it came from).
 local function parse_member(member)

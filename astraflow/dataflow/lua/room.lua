@@ -6,7 +6,7 @@
 -- Returns {room, 1 when the ready sets are what is full (else 0), cursor, notice (-1: none yet)}.
 local backlog_limit, ready_limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local backlog, ready_full = pressure(KEYS[1], ARGV[1], backlog_limit, 3, ARGV[4], ready_limit, tonumber(ARGV[5]))
-local cursor = tonumber(redis.call('HGET', KEYS[2], State.cursor) or '0')
-local notice = tonumber(redis.call('HGET', KEYS[2], State.notice) or '-1')
+local at = redis.call('HMGET', KEYS[2], State.cursor, State.notice)
+local cursor, notice = tonumber(at[1] or '0'), tonumber(at[2] or '-1')
 if ready_full then return {0, 1, cursor, notice} end
 return {math.max(0, backlog_limit - backlog), 0, cursor, notice}
