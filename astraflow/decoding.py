@@ -9,8 +9,8 @@ number, got str`).
 A list of dataclasses annotated `Columns[...]` travels as columns (`columns`): one list per field, and
 each 1-D array field concatenated over the elements with their `lengths` once: a group of 8 trajectories
 is 4 arrays and a few short lists, not 8 maps of 4 arrays each. Decoded, it is a `ColumnList`: the
-elements, and the columns they came from for whoever looks at a field of every element (`column`,
-`joined`).
+columns, for whoever looks at a field of every element (`column`, `joined`), and the elements, built
+from them at the first look at one.
 """
 
 from __future__ import annotations
@@ -84,13 +84,35 @@ def columns(cls: type, items: list[Any], to_plain: Callable[[Any], Any]) -> dict
     return out
 
 
-class ColumnList(list):
-    """The elements a `Columns` value was decoded into, with the columns they were built from
-    (`columns`: per field the list of the elements' values; for an array field the concatenated array
-    they are views of): what a look at every element reads in one piece. Read them, do not write them;
-    change a copy of the list (`list(...)`), not the list: the columns would no longer match it."""
+class ColumnList(Sequence):
+    """The elements a `Columns` value was decoded into, with the columns they are built from (`columns`:
+    per field the list of the elements' values; for an array field the concatenated array they are views
+    of): what a look at every element reads in one piece. The elements themselves are built at the first
+    look at one (a collector reads the columns alone). Read them, do not write them."""
 
-    columns: dict[str, Any]
+    def __init__(self, columns: dict[str, Any], n: int, build: Callable[[], list]) -> None:
+        self.columns, self._n, self._build = columns, n, build
+
+    @functools.cached_property
+    def _items(self) -> list:
+        return self._build()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index):
+        return self._items[index]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._items)
 
 
 def column(items: Sequence[Any], name: str) -> list:
@@ -165,17 +187,20 @@ def _columns(cls: type) -> Converter:
                 raise Invalid(f"{len(column)} values for {n} elements").at(f".{name}")
         whole = dict(cols)
         bounds = list(itertools.accumulate(sizes, initial=0))
-        spans = list(itertools.pairwise(bounds))
         for name in arrays:
             whole[name] = column = value.get(name)
             if not isinstance(column, np.ndarray) or column.ndim != 1 or len(column) != bounds[-1]:
                 what = f"shape {column.shape}" if isinstance(column, np.ndarray) else type(column).__name__
                 raise Invalid(f"{what} does not match the lengths (total {bounds[-1]})").at(f".{name}")
-            cols[name] = [column[start:end] for start, end in spans]
-        rows = zip(*cols.values(), strict=True)
-        out = ColumnList(_instance(cls, dict(zip(cols, row, strict=True))) for row in rows)
-        out.columns = whole
-        return out
+
+        def elements() -> list:
+            spans = list(itertools.pairwise(bounds))
+            for name in arrays:
+                cols[name] = [whole[name][start:end] for start, end in spans]
+            rows = zip(*cols.values(), strict=True)
+            return [_instance(cls, dict(zip(cols, row, strict=True))) for row in rows]
+
+        return ColumnList(whole, n, elements)
 
     return to_list
 

@@ -9,7 +9,7 @@ A message travels as a flat field map: small human-readable headers (`kind`, `sc
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -83,17 +83,26 @@ class Trajectory(Message):
     mean of each per model and step, as it does the reward."""
 
     def _check(self) -> None:
-        n = len(self.token_ids)
-        for name in ("token_ids", "logprobs", "loss_mask", "versions"):
-            arr = getattr(self, name)
-            if arr.ndim != 1 or len(arr) != n:
-                raise DecodeError(f"trajectory.{name}: shape {arr.shape} does not match token_ids ({n},)")
-        for name in ("token_ids", "versions", "loss_mask"):
-            dtype = getattr(self, name).dtype
-            if dtype.kind not in "iub":
-                raise DecodeError(f"trajectory.{name}: integer dtype expected, got {dtype}")
-        if self.logprobs.dtype.kind != "f":
-            raise DecodeError(f"trajectory.logprobs: float dtype expected, got {self.logprobs.dtype}")
+        check_token_arrays({name: getattr(self, name) for name in TOKEN_ARRAYS})
+
+
+TOKEN_ARRAYS = ("token_ids", "logprobs", "loss_mask", "versions")
+
+
+def check_token_arrays(arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise DecodeError unless a trajectory's `TOKEN_ARRAYS` are 1-D of one length, with integer token
+    ids, versions and loss mask and float logprobs."""
+    n = len(arrays["token_ids"])
+    for name in TOKEN_ARRAYS:
+        arr = arrays[name]
+        if arr.ndim != 1 or len(arr) != n:
+            raise DecodeError(f"trajectory.{name}: shape {arr.shape} does not match token_ids ({n},)")
+    for name in ("token_ids", "versions", "loss_mask"):
+        dtype = arrays[name].dtype
+        if dtype.kind not in "iub":
+            raise DecodeError(f"trajectory.{name}: integer dtype expected, got {dtype}")
+    if arrays["logprobs"].dtype.kind != "f":
+        raise DecodeError(f"trajectory.logprobs: float dtype expected, got {arrays['logprobs'].dtype}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,9 +143,9 @@ class RolloutGroup(Message):
 
     def _check(self) -> None:
         # Decoded, every trajectory's arrays are slices at the same bounds of the same four (the columns
-        # of `decoding.Columns`): the first has the dtypes of all, and all have matching lengths.
+        # of a `decoding.ColumnList`, checked 1-D and of the lengths' total): those have the dtypes of all.
         if self.trajectories:
-            self.trajectories[0]._check()
+            check_token_arrays(self.trajectories.columns)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from astraflow.dataflow.batches import fetch_batch
+from astraflow.decoding import ColumnList
 from astraflow.errors import DecodeError
 from astraflow.messages import KINDS, SampleGroup, decode
 from astraflow.ops.context import settings_from, with_bus
@@ -73,7 +74,7 @@ def to_json(value: Any) -> Any:
         if value.size <= ARRAY_ITEMS:
             return value.tolist()
         return {"dtype": str(value.dtype), "shape": list(value.shape), "first": value[:ARRAY_ITEMS].tolist()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, list | tuple | ColumnList):
         return [to_json(v) for v in value]
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}

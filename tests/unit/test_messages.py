@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from astraflow.decoding import column, joined
+from astraflow.dataflow.settings import CollectorSettings
+from astraflow.dataflow.verdicts import Judge, check_values
+from astraflow.decoding import ColumnList, column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import (
     KINDS,
@@ -132,7 +134,7 @@ MESSAGES = st.one_of(
 def same(a, b) -> bool:
     if isinstance(a, np.ndarray):
         return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, list):
+    if isinstance(a, list | ColumnList):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if hasattr(a, "__dataclass_fields__"):
         return type(a) is type(b) and all(same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
@@ -264,6 +266,21 @@ def test_a_decoded_group_keeps_its_columns_for_looks_at_every_trajectory():
     assert joined(back, "token_ids", [0, 0, 2]).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4]
     with pytest.raises(TypeError, match="array field"):
         column(back, "token_ids")
+
+
+def test_a_decoded_group_builds_its_trajectories_only_when_one_is_looked_at():
+    """The collector judges a group by its columns alone: decoding it, checking its values and deciding it
+    build no trajectory (a dozen objects per entry, on the dataflow's hot path); a look at one builds
+    them all, equal to what was sent."""
+    trajs = [trajectory("a", float(n), n, tokens=n + 1) for n in (3, 0, 5)]
+    entry = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=trajs, models=["a"]))
+    group = decode(entry)
+    owned = check_values(group, {"a": 0}, {"a": 100})
+    Judge(CollectorSettings(), ["a"])("1-0", group, entry["data"], owned)
+    back = group.trajectories
+    assert "_items" not in vars(back) and len(back) == 3
+    assert same(back[2], trajs[2]) and "_items" in vars(back)
+    assert same(list(back), trajs) and back == list(back) and back != trajs[:2]
 
 
 def test_a_column_the_sender_left_out_gives_each_element_its_own_default():
