@@ -82,21 +82,10 @@ class Trajectory(Message):
     """What the workflow measured in the episode (`tool_call`: 1.0 or 0.0, ...); the dataflow reports the
     mean of each per model and step, as it does the reward."""
 
-    def _check(self) -> None:
-        check_token_arrays({name: getattr(self, name) for name in TOKEN_ARRAYS})
 
-
-TOKEN_ARRAYS = ("token_ids", "logprobs", "loss_mask", "versions")
-
-
-def check_token_arrays(arrays: Mapping[str, np.ndarray]) -> None:
-    """Raise DecodeError unless a trajectory's `TOKEN_ARRAYS` are 1-D of one length, with integer token
-    ids, versions and loss mask and float logprobs."""
-    n = len(arrays["token_ids"])
-    for name in TOKEN_ARRAYS:
-        arr = arrays[name]
-        if arr.ndim != 1 or len(arr) != n:
-            raise DecodeError(f"trajectory.{name}: shape {arr.shape} does not match token_ids ({n},)")
+def _check_dtypes(arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise DecodeError unless a trajectory's token ids, versions and loss mask are of an integer dtype
+    and its logprobs of a float one."""
     for name in ("token_ids", "versions", "loss_mask"):
         dtype = arrays[name].dtype
         if dtype.kind not in "iub":
@@ -145,7 +134,7 @@ class RolloutGroup(Message):
         # Decoded, every trajectory's arrays are slices at the same bounds of the same four (the columns
         # of a `decoding.ColumnList`, checked 1-D and of the lengths' total): those have the dtypes of all.
         if self.trajectories:
-            check_token_arrays(self.trajectories.columns)  # type: ignore[attr-defined]
+            _check_dtypes(self.trajectories.columns)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, eq=False)
