@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import structlog
 
 from astraflow.dataflow.evaluation import score
-from astraflow.dataflow.store import Collected, EvalRow, Store
+from astraflow.dataflow.store import Collected, EvalRow, Room, Store
 from astraflow.dataflow.verdicts import Judge, check_values, vocab_size
 from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
@@ -71,15 +71,16 @@ class Collector:
                 items.append(item)
         return len(entries), items
 
-    async def commit(self, items: list[Collected]) -> None:
+    async def commit(self, items: list[Collected], limits: tuple[int, int] | None = None) -> Room | None:
         """Settle decided entries in one atomic step, their `metrics` entries with them when all settle (a
-        round trip less; otherwise those of the entries settled here are added after)."""
+        round trip less; otherwise those of the entries settled here are added after); returns the feeder's
+        room after it under `limits` (`Store.collect`)."""
         if not items:
-            return
+            return None
         ids = [it.entry_id for it in items]
         records = _records(items)
         try:
-            done = await self.store.collect(self.consumer.name, items, _encoded(records))
+            done = await self.store.collect(self.consumer.name, items, _encoded(records), limits)
         except Exception as e:  # not settled: the next read takes them back (this replica may be alone)
             await self.consumer.give_back(ids, e)
             raise
@@ -100,6 +101,7 @@ class Collector:
             await self._add_metrics(records)
         if records:
             self.observe(records)
+        return done.room
 
     async def _add_metrics(self, records: list[Record]) -> None:
         if not records:

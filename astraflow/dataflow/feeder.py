@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from astraflow.dataflow.curators import make_curator
-from astraflow.dataflow.store import Store, SubmitItem
+from astraflow.dataflow.store import Room, Store, SubmitItem
 from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
 from astraflow.streams.names import heartbeat_holder
@@ -58,6 +58,11 @@ class Feeder:
         whose eval its barrier did not submit: `STATE_READ_S`)."""
         self._state_read_at = 0.0
         self.strays = Strays(self.bus)
+        self.limits_used: tuple[int, int] | None = None
+        """The limits of the last step (`limits`): a settle reads the room under them for the next step."""
+        self._hint: tuple[tuple[int, int], Room] | None = None
+        self._cursor = 0
+        """The dataset cursor as this feeder's last submit left it."""
 
     def row_at(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.rows))
@@ -117,6 +122,19 @@ class Feeder:
         ready = math.ceil(f.max_ready_batches * batch) * len(self.settings.trained)
         return backlog, ready
 
+    def hint(self, limits: tuple[int, int], room: Room) -> None:
+        """The room a settle read under `limits` just after it (`Store.collect`): the next step takes it
+        instead of reading the room again - a round trip less per settle, the usual wake-up."""
+        self._hint = (limits, room)
+
+    async def _room(self, limits: tuple[int, int]) -> Room:
+        """The room under `limits`: the last hint, unless it was read under other limits or before this
+        feeder's last submit moved the cursor (it would count the slots that submit took)."""
+        hint, self._hint = self._hint, None
+        if hint is not None and hint[0] == limits and hint[1].cursor >= self._cursor:
+            return hint[1]
+        return await self.store.room(*limits)
+
     def _groups_per_batch(self) -> int:
         b = self.settings.dataflow.batch
         return b.size if b.unit == "groups" else math.ceil(b.size / self.feeder.n_samples)
@@ -132,8 +150,8 @@ class Feeder:
         room, or this step took what there was; 'ready': no room while the ready sets are full (no
         settle makes room then, only a batch formed or groups expired)."""
         await self.strays.sweep()  # (at most every half lease)
-        backlog_limit, ready_limit = await self.limits()
-        room = await self.store.room(backlog_limit, ready_limit)
+        backlog_limit, ready_limit = self.limits_used = await self.limits()
+        room = await self._room(self.limits_used)
         state = None
         seen = room.notice == self._notice_read and time.monotonic() < self._state_read_at + STATE_READ_S
         if self.settings.sync or (self.evals is not None and not seen):
@@ -165,7 +183,7 @@ class Feeder:
             uid = self.uid_at(p)
             fields = encode(self._group(uid, row, version)) if submit else {}
             items.append(SubmitItem(submit, uid, row, version, fields))
-        status, _, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
+        status, self._cursor, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
         if submitted:
             log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)
         return ("full" if status == "ok" and wanted == room.groups else status), submitted

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -155,10 +156,11 @@ class Dataflow:
 
     async def _feed(self) -> None:
         """Submit while there is room; when full, wait for this replica's collector to settle rollouts
-        (their prompts' slots are free again) or its barrier to record a version (sync mode submits per
-        version, an eval's groups go out), or `interval_ms` (another replica did, a RaaS joined),
-        whichever comes first. While the ready sets are full a settle frees nothing: then wait for this
-        replica's former to take groups out of them, or a version."""
+        (their prompts' slots are free again: the settle tells the feeder its room too), in sync mode for
+        its barrier to record a version (sync mode submits per version), or `interval_ms` (another replica
+        did, a RaaS joined), whichever comes first. While the ready sets are full a settle frees nothing:
+        then wait for this replica's former to take groups out of them. (In async mode a version frees no
+        slot itself, and the barrier submits an eval version's groups.)"""
         interval = self.settings.dataflow.feeder.interval_ms / 1000
         while True:
             self._freed.clear()
@@ -183,14 +185,18 @@ class Dataflow:
                     except Exception as e:  # the entries just read are not settled either: hand them back
                         await self.collector.consumer.give_back([it.entry_id for it in items], e)
                         raise
-                committing = asyncio.create_task(self.collector.commit(items)) if n else None
+                limits = self.feeder.limits_used
+                committing = asyncio.create_task(self.collector.commit(items, limits)) if n else None
                 if committing is not None:  # wake the former and the feeder as soon as it is settled
-                    committing.add_done_callback(self._settled)
+                    committing.add_done_callback(functools.partial(self._settled, limits))
         finally:
             if committing is not None:
                 await cancel_and_wait([committing])
 
-    def _settled(self, _: asyncio.Task) -> None:
+    def _settled(self, limits: tuple[int, int] | None, task: asyncio.Task) -> None:
+        if limits is not None and not task.cancelled() and task.exception() is None:
+            if (room := task.result()) is not None:
+                self.feeder.hint(limits, room)
         self._collected.set()
         self._freed.set()
 
@@ -207,9 +213,10 @@ class Dataflow:
     async def _follow_versions(self) -> None:
         while True:
             if await self.barrier.step(self.bus.settings.block_ms):
-                self._freed.set()  # a new version: in sync mode the feeder may submit its groups now
-                self._taken.set()  # (an eval's groups go out then too)
-                self.former.version_recorded()  # ... and a full prefetch has room again
+                if self.settings.sync:  # a new version: the feeder may submit its groups now
+                    self._freed.set()
+                    self._taken.set()
+                self.former.version_recorded()  # a full prefetch has room again
                 self._collected.set()
 
     async def _trim(self) -> None:

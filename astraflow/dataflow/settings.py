@@ -51,9 +51,10 @@ class FeederSettings(BaseModel):
     trainer; at least one, or no batch could form."""
     interval_ms: int = Field(200, gt=0)
     """How long the feeder waits when the backlog is full, at most: this replica's collector wakes it as
-    soon as it settles rollouts (their prompts' slots are free then), its barrier at a new version; the
-    interval only bounds how late it sees what it is not told (another replica's collector, a RaaS that
-    joined). Each look is two Redis round trips and a script: at 50 ms, a sixth of the dataflow's CPU."""
+    soon as it settles rollouts (their prompts' slots are free then), in sync mode its barrier at a new
+    version; the interval only bounds how late it sees what it is not told (another replica's collector,
+    a RaaS that joined). Each look is two Redis round trips and a script: at 50 ms, a sixth of the
+    dataflow's CPU."""
     sync_oversubmit: float = Field(2.0, ge=1)
     """Lockstep (`trainer.mode: sync`): prompt groups in flight per group the batch still needs, at most
     the backlog. Dynamic sampling drops the groups whose rewards are all equal (about half of them on the

@@ -98,6 +98,8 @@ class Settled:
     """The `metrics` entries went out with it (every item settled 'ok')."""
     replies: list[list[str]]
     """Per item: [status, outcome per part...] (collect.lua)."""
+    room: Room | None = None
+    """The feeder's room just after the settle, under the limits asked for (None: none asked)."""
 
 
 class Store:
@@ -173,17 +175,21 @@ class Store:
         keys = [self.keys.prompts, self.keys.state, *(self.keys.ready(m) for m in self.models)]
         args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit, self.settings.batch.size]
         script = self._scripts["room"]  # (read only: no wait for replicas, unlike `_run`)
-        groups, ready_full, cursor, notice = await self.bus.call(lambda: script(keys=keys, args=args))
-        return Room(int(groups), bool(ready_full), int(cursor), None if notice < 0 else int(notice))
+        return _room(await self.bus.call(lambda: script(keys=keys, args=args)))
 
     async def collect(
-        self, consumer: str, items: Sequence[Collected], records: Sequence[Mapping[str, str]] = ()
+        self,
+        consumer: str,
+        items: Sequence[Collected],
+        records: Sequence[Mapping[str, str]] = (),
+        limits: tuple[int, int] | None = None,
     ) -> Settled:
         """Settle collected rollout entries (see collect.lua), adding the `metrics` entries `records` (their
-        fields) when every item settles 'ok'."""
+        fields) when every item settles 'ok', and reading the feeder's room under `limits` (backlog and
+        ready-set limits, as `room` takes them) after it: the settle is what frees room."""
         k, s = self.keys, self.settings
         keys = [k.rollouts, k.in_flight, k.ledger, k.state, k.curator("ewma"), k.curator("streak")]
-        keys += [k.curator("greso"), k.errors, k.metrics]
+        keys += [k.curator("greso"), k.errors, k.metrics, k.prompts]
         index = {}
         for m in self.models:
             index[m] = len(keys) + 1
@@ -204,6 +210,7 @@ class Store:
             args.append(len(fields))
             for name, value in fields.items():
                 args += [name, value]
+        args += [GROUP_RAAS, *(limits or ("", "")), s.batch.unit, s.batch.size]
 
         accepted: dict[str, dict[str, bytes]] = {}
         for it in items:
@@ -222,8 +229,9 @@ class Store:
             # The bytes go in as plain HSETs (fast), the decisions in the script, all in one MULTI.
             return (await with_script(self.bus.redis, script, fill, transaction=True))[-1]
 
-        written, replies = await self.bus.call(transaction)
-        return Settled(bool(written), [[x.decode() for x in r] for r in replies])
+        written, replies, room = await self.bus.call(transaction)
+        decoded = [[x.decode() for x in r] for r in replies]
+        return Settled(bool(written), decoded, _room(room) if room else None)
 
     async def form(self, model: str, randoms: Sequence[float] = ()) -> tuple[str, str, int, int, int, int]:
         """Form at most one batch for `model`; returns (status, batch uid, fresh, replayed, expired,
@@ -260,3 +268,9 @@ class Store:
             args += [name, value]
         status, last = await self._run("announce", keys, args)
         return status.decode(), int(last)
+
+
+def _room(reply: list) -> Room:
+    """A `room` reply of the scripts (common.lua)."""
+    groups, ready_full, cursor, notice = reply
+    return Room(int(groups), bool(ready_full), int(cursor), None if notice < 0 else int(notice))

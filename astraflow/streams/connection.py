@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 import re
 import time
@@ -18,7 +17,6 @@ from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
     ConnectionError,
-    DataError,
     NoScriptError,
     ResponseError,
     TimeoutError,
@@ -26,6 +24,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from astraflow.errors import BusConnectionError, BusError, describe
+from astraflow.streams.lean import LeanRedis, lean_connections
 from astraflow.streams.schema import lua_prelude
 from astraflow.streams.settings import RedisSettings
 
@@ -47,68 +46,7 @@ def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | No
         files["ssl_keyfile"] = settings.tls_key_file
         tls = {k: str(v) for k, v in files.items() if v is not None}
     kwargs = client_kwargs(settings, read_timeout_s)
-    return lean_connections(aioredis.Redis.from_url(url, **credentials(settings), **tls, **kwargs))
-
-
-SMALL_SEND = 16 << 10
-"""Bytes a command may have to be sent without a timeout of its own: far below the 64 KiB at which an
-asyncio transport makes a writer wait (see `lean_connections`)."""
-
-
-def lean_connections(client: aioredis.Redis) -> aioredis.Redis:
-    """`client`, its connections lean: packing commands with hiredis (the same bytes as redis-py's Python
-    packer in a seventh of the time: a hand-off of 100 entries carries over a thousand arguments), and
-    sending a small command without redis-py's `asyncio.wait_for`, which on Python 3.11 wraps every send
-    in a task of its own (about a quarter of a GET's CPU through redis-py)."""
-    pool = client.connection_pool
-    if not getattr(pool.connection_class, "lean", False):
-        pool.connection_class = _lean_connection(pool.connection_class)
-    return client
-
-
-@functools.cache
-def _lean_connection(connection_class: type) -> type:
-    import hiredis
-
-    class Lean(connection_class):
-        lean = True
-
-        def pack_command(self, *args) -> list[bytes]:
-            if isinstance(args[0], str):  # 'CONFIG GET' and the like are sent as separate arguments
-                args = (*args[0].encode().split(), *args[1:])
-            elif b" " in args[0]:
-                args = (*args[0].split(), *args[1:])
-            try:
-                return [hiredis.pack_command(args)]
-            except TypeError:  # hiredis takes bytes, str, int and float: a bytearray or memoryview once more
-                args = tuple(bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args)
-            try:
-                return [hiredis.pack_command(args)]
-            except TypeError as e:
-                raise DataError(str(e)) from None
-
-        async def send_packed_command(self, command, check_health: bool = True) -> None:
-            # A connected socket takes a small command into its transport's buffer at once (the buffer is
-            # empty between commands: each waits for its reply, which keeps its timeout), so the send has
-            # nothing to wait for and no timeout to keep: it runs with none, and its errors as redis-py's.
-            timeout = self.socket_timeout
-            if not timeout or not self.is_connected or self.health_check_interval or not _small(command):
-                return await super().send_packed_command(command, check_health)
-            self.socket_timeout = None  # (this connection serves this command alone)
-            try:
-                return await super().send_packed_command(command, check_health)
-            finally:
-                self.socket_timeout = timeout
-
-    Lean.__name__ = f"Lean{connection_class.__name__}"
-    return Lean
-
-
-def _small(command) -> bool:
-    """Whether a packed command (bytes, or a list of them) is under SMALL_SEND bytes."""
-    if isinstance(command, bytes | str):
-        return len(command) < SMALL_SEND
-    return sum(map(len, command)) < SMALL_SEND
+    return lean_connections(LeanRedis.from_url(url, **credentials(settings), **tls, **kwargs))
 
 
 def credentials(settings: RedisSettings) -> dict[str, str]:

@@ -21,10 +21,10 @@ from astraflow.streams.connection import (
     client_kwargs,
     credentials,
     is_transient,
-    lean_connections,
     make_client,
     raise_if_cancelled,
 )
+from astraflow.streams.lean import lean_connections
 from astraflow.streams.settings import RedisSettings
 
 T = TypeVar("T")

@@ -150,7 +150,8 @@ def test_commands_are_packed_in_c_to_the_same_bytes():
     """Every bus client packs commands with hiredis: the bytes redis-py's own packer would send."""
     from redis.asyncio.connection import Connection
 
-    from astraflow.streams.connection import lean_connections, make_client
+    from astraflow.streams.connection import make_client
+    from astraflow.streams.lean import lean_connections
     from astraflow.streams.settings import RedisSettings
 
     client = make_client("redis://127.0.0.1:1", RedisSettings())
@@ -186,7 +187,8 @@ async def test_a_small_command_is_sent_without_a_task_of_its_own_and_its_reply_s
 
     from redis.exceptions import TimeoutError
 
-    from astraflow.streams.connection import SMALL_SEND, make_client
+    from astraflow.streams.connection import make_client
+    from astraflow.streams.lean import SMALL_SEND
     from astraflow.streams.settings import RedisSettings
 
     server = await asyncio.start_server(_silent_on_get, "127.0.0.1", 0)

@@ -287,13 +287,13 @@ async def test_the_feeder_waits_for_the_former_not_for_settles_while_the_ready_s
     feeding = asyncio.create_task(df._feed())
     try:
         await asyncio.sleep(0.05)
-        df._settled(feeding)  # a settle: nothing for a feeder waiting on full ready sets
+        df._settled(None, feeding)  # a settle: nothing for a feeder waiting on full ready sets
         await asyncio.sleep(0.05)
         assert len(steps) == 1
         df.former.took()  # a batch formed
         await asyncio.sleep(0.05)
         assert len(steps) == 2  # ... and now 'full' (the backlog): a settle wakes it
-        df._settled(feeding)
+        df._settled(None, feeding)
         await asyncio.sleep(0.05)
         assert len(steps) == 3
     finally:

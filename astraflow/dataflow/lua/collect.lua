@@ -7,20 +7,22 @@
 -- set (dropped here, or the entry was not ours to settle) has its bytes removed again.
 -- KEYS[1] rollouts, KEYS[2] in-flight set, KEYS[3] ledger, KEYS[4] state, KEYS[5] curator ewma hash,
 -- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8] errors hash (an acknowledged entry's recorded
--- error is removed), KEYS[9] metrics, KEYS[10..] per model: ready set, samples hash, refs
+-- error is removed), KEYS[9] metrics, KEYS[10] prompts, KEYS[11..] per model: ready set, samples hash, refs
 -- ARGV: group, consumer, max_staleness, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
 --   curator ('' = none reads the state, 'filter_solved', 'greso', 'skip_zero_variance'), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
 --   ready_index, reason ('' = accept), min_version, n_samples; then metrics_maxlen, n_records, per record:
 --   n_fields, field pairs... (the collector's `metrics` entries for these items, written only when every
---   item settles 'ok': after a lost reply the retry finds them settled, and must not count them again)
+--   item settles 'ok': after a lost reply the retry finds them settled, and must not count them again);
+--   then the feeder's room: raas_group, backlog_limit ('' = not wanted), ready_limit, batch unit, batch size
 -- An eval group (uid `eval:<v>:...`) has no parts: it counts as `eval` (and `eval_dropped:<reason>` when
 -- its trace says `eval` = `dropped: <reason>`) and lowers `eval_pending:<v>` in the state.
--- Returns {records written (1/0), per item: {status, outcome per part...}}; status 'ok', 'dup' (already
+-- Returns {records written (1/0), per item: {status, outcome per part...}, the feeder's `room` after the
+-- settle (common.lua; {} when not wanted): a round trip less for it}; status 'ok', 'dup' (already
 -- settled), 'lost' (another consumer owns the entry) or 'unknown' (its uid was not in flight: a duplicate
 -- rollout, only acked).
 local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ewma_key, streak_key, greso, errors, metrics = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local ewma_key, streak_key, greso, errors, metrics, prompts = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local group, consumer, max_staleness, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local ttl, order, alpha, now, curator = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
 local n_items = tonumber(ARGV[10])
@@ -158,9 +160,15 @@ redis.call('HSET', state, State.seq, seq)
 flush(ledger)
 local maxlen, n_records = ARGV[pos], tonumber(ARGV[pos + 1])
 pos = pos + 2
-for _ = 1, all_ok and n_records or 0 do
+for _ = 1, n_records do
   local n_fields = tonumber(ARGV[pos])
-  redis.call('XADD', metrics, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, pos + 1, pos + 2 * n_fields))
+  if all_ok then redis.call('XADD', metrics, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, pos + 1, pos + 2 * n_fields)) end
   pos = pos + 1 + 2 * n_fields
 end
-return {all_ok and 1 or 0, replies}
+local room_now = {}
+if ARGV[pos + 1] ~= '' then
+  local readys = {}
+  for i = 11, #KEYS, 3 do readys[#readys + 1] = KEYS[i] end
+  room_now = room(prompts, state, ARGV[pos], tonumber(ARGV[pos + 1]), readys, ARGV[pos + 3], tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 4]))
+end
+return {all_ok and 1 or 0, replies, room_now}

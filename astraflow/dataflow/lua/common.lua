@@ -39,18 +39,18 @@ local function parse_member(member)
 end
 
 -- The feeder's back-pressure: prompt groups of `prompts` not yet acknowledged by `group` (counted up to
--- `cap`), and whether the ready sets KEYS[first..] are full: they hold `ready_limit` batch units together
+-- `cap`), and whether the ready sets `readys` (key names) are full: they hold `ready_limit` batch units together
 -- and each at least a batch (`batch` units) - else a model short of a batch would wait for the feeder and
 -- the feeder for the others. A unit is a group, or a sample when `unit` is 'samples' (a group may hold
 -- fewer samples than the feeder asked for).
-local function pressure(prompts, group, cap, first, unit, ready_limit, batch)
+local function pressure(prompts, group, cap, readys, unit, ready_limit, batch)
   local ready, short = 0, false
-  for i = first, #KEYS do
+  for _, key in ipairs(readys) do
     local units = 0
     if unit ~= 'samples' then
-      units = redis.call('ZCARD', KEYS[i])
+      units = redis.call('ZCARD', key)
     else  -- a sample per group at least: `ready_limit` members tell
-      for _, member in ipairs(redis.call('ZRANGE', KEYS[i], 0, ready_limit - 1)) do
+      for _, member in ipairs(redis.call('ZRANGE', key, 0, ready_limit - 1)) do
         local _, _, n = parse_member(member)
         units = units + n
       end
@@ -58,6 +58,16 @@ local function pressure(prompts, group, cap, first, unit, ready_limit, batch)
     ready, short = ready + units, short or units < batch
   end
   return pending(prompts, group) + undelivered(prompts, group, cap), ready >= ready_limit and not short
+end
+
+-- What the back-pressure admits now, and where: {prompt groups that may be submitted, 1 when the ready
+-- sets are what is full (else 0), the dataset cursor, the last notice (-1: none yet)} (see `pressure`).
+local function room(prompts, state, group, backlog_limit, readys, unit, ready_limit, batch)
+  local backlog, ready_full = pressure(prompts, group, backlog_limit, readys, unit, ready_limit, batch)
+  local at = redis.call('HMGET', state, State.cursor, State.notice)
+  local cursor, notice = tonumber(at[1] or '0'), tonumber(at[2] or '-1')
+  if ready_full then return {0, 1, cursor, notice} end
+  return {math.max(0, backlog_limit - backlog), 0, cursor, notice}
 end
 
 -- Reference counts of stored groups: the ready set, the replay set and each batch not yet acknowledged

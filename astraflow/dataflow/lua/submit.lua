@@ -16,7 +16,7 @@ local traces, trace_max, unit, batch = KEYS[5], tonumber(ARGV[9]), ARGV[10], ton
 local cursor = tonumber(redis.call('HGET', state, State.cursor) or '0')
 if cursor ~= expected then return {'moved', cursor, 0} end
 
-local backlog, ready_full = pressure(prompts, group, backlog_limit, 6, unit, ready_limit, batch)
+local backlog, ready_full = pressure(prompts, group, backlog_limit, {unpack(KEYS, 6)}, unit, ready_limit, batch)
 
 local status, submitted, pos = 'ok', 0, 12
 local count, flush = counter()
