@@ -52,6 +52,7 @@ _FIELDS: dict[type, tuple[tuple[str, type | None], ...]] = {}
 _LEAVES = (str, int, float, bool, bytes, np.ndarray, type(None))
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
 """Types a list or map of which msgpack packs as it is (no element to convert)."""
+_LEAF_TYPES = frozenset(_LEAVES)
 
 
 def _to_plain(value: Any) -> Any:
@@ -70,12 +71,14 @@ def _to_plain(value: Any) -> Any:
             return value
         hints = typing.get_type_hints(cls, include_extras=True)
         names = _FIELDS[cls] = tuple((f.name, column_type(hints[f.name])) for f in dataclasses.fields(cls))
-    return {  # a message (or a part of one): a map of its fields
-        name: _to_plain(getattr(value, name))
-        if element is None
-        else columns(element, getattr(value, name), _to_plain)
-        for name, element in names
-    }
+    out = {}  # a message (or a part of one): a map of its fields
+    for name, element in names:
+        v = getattr(value, name)
+        if element is not None:
+            out[name] = columns(element, v, _to_plain)
+        else:  # (a leaf as it is, without a call: most fields are)
+            out[name] = v if type(v) in _LEAF_TYPES else _to_plain(v)
+    return out
 
 
 def _pack_array(obj: Any) -> msgpack.ExtType:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TypeVar
 
 import structlog
 
+from astraflow.dataflow.checks import Owned, check_groups, vocab_size
 from astraflow.dataflow.evaluation import score
 from astraflow.dataflow.store import Collected, EvalRow, Room, Store
-from astraflow.dataflow.verdicts import Judge, check_values, vocab_size
+from astraflow.dataflow.verdicts import Judge
 from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
 from astraflow.messages import RolloutGroup, decode
@@ -22,6 +25,7 @@ from astraflow.streams.runstate import recorded_versions
 from astraflow.streams.schema import Trace
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 UID = re.compile(r"[^\s]{1,200}")
 NEWEST_TTL_S = 1.0
 """How long a read of the recorded trainer versions is reused: they bound a token's version only to within
@@ -64,9 +68,16 @@ class Collector:
         The caller may prepare the next entries while the last decisions are being committed."""
         newest = await self._newest()  # first: a failure here leaves no entry read and unsettled
         entries = await self.consumer.read(self.settings.read_count, block_ms)
-        items: list[Collected] = []
+        read = []
         for entry in entries:
-            item = await self._judge(entry, newest)
+            group = await self._handled(entry, functools.partial(self._decode, entry))
+            if group is not None:
+                read.append((entry, group))
+        # The values of the whole read at once (no NaN or out-of-range value reaches a batch).
+        checks = check_groups([group for _, group in read], newest, self.vocab)
+        items: list[Collected] = []
+        for (entry, group), owned in zip(read, checks, strict=True):
+            item = await self._handled(entry, functools.partial(self._decide, entry, group, owned))
             if item is not None:
                 items.append(item)
         return len(entries), items
@@ -143,36 +154,41 @@ class Collector:
         self._newest_read = (time.monotonic(), newest)
         return newest
 
-    async def _judge(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
-        """The decision for `entry`, or None when it was dead-lettered or released (or settling that
-        failed: then the next read takes it back)."""
+    async def _handled(self, entry: Entry, step: Callable[[], T]) -> T | None:
+        """`step()` for `entry`, or None when it raised: a DecodeError (InvalidRollout too: its values are
+        bad) dead-letters the entry, any other error (a user filter raised) releases it (retried, dead
+        after `max_deliveries`); when that fails too, the next read takes it back."""
         try:
-            return await self._decide(entry, newest)
+            try:
+                return step()
+            except DecodeError as e:
+                log.error("rollout_dead_lettered", id=entry.id, error=str(e))
+                await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
+            except Exception as e:
+                log.warning("rollout_failed", id=entry.id, error=describe(e))
+                await self.consumer.release(entry, f"{type(e).__name__}: {e}")
         except Exception as e:
             raise_if_cancelled()
             log.error("rollout_unsettled", id=entry.id, error=describe(e))
             await self.consumer.give_back([entry.id], e)
-            return None
-
-    async def _decide(self, entry: Entry, newest: Mapping[str, int]) -> Collected | None:
-        try:
-            group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
-            if not UID.fullmatch(group.uid):
-                raise DecodeError(f"uid: {group.uid[:40]!r} is not 1-200 non-space characters")
-            unknown = set(column(group.trajectories, "model")) - set(self.store.models) - self.untrained
-            if unknown:
-                raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
-            owned = check_values(group, newest, self.vocab)  # no NaN or out-of-range value reaches a batch
-            if group.eval_version >= 0:
-                return self._eval(entry.id, group)
-            return self.judge(entry.id, group, entry.fields["data"], owned)
-        except DecodeError as e:  # (InvalidRollout too: its values are bad)
-            log.error("rollout_dead_lettered", id=entry.id, error=str(e))
-            await self.consumer.dead_letter(entry, f"{type(e).__name__}: {e}")
-        except Exception as e:  # a user filter raised: retried, dead after max_deliveries
-            log.warning("rollout_failed", id=entry.id, error=describe(e))
-            await self.consumer.release(entry, f"{type(e).__name__}: {e}")
         return None
+
+    def _decode(self, entry: Entry) -> RolloutGroup:
+        group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
+        if not UID.fullmatch(group.uid):
+            raise DecodeError(f"uid: {group.uid[:40]!r} is not 1-200 non-space characters")
+        unknown = set(column(group.trajectories, "model")) - set(self.store.models) - self.untrained
+        if unknown:
+            raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
+        return group
+
+    def _decide(self, entry: Entry, group: RolloutGroup, owned: Owned | Exception) -> Collected:
+        """The decision for `group`, whose values `check_groups` found to be `owned` (or raised)."""
+        if isinstance(owned, Exception):
+            raise owned
+        if group.eval_version >= 0:
+            return self._eval(entry.id, group)
+        return self.judge(entry.id, group, entry.fields["data"], owned)
 
 
 def _encoded(records: list[Record]) -> list[dict[str, str]]:

@@ -61,6 +61,8 @@ class Feeder:
         self.limits_used: tuple[int, int] | None = None
         """The limits of the last step (`limits`): a settle reads the room under them for the next step."""
         self._hint: tuple[tuple[int, int], Room] | None = None
+        self._left: tuple[tuple[int, int], Room] | None = None
+        """The room this feeder's last submit left, under its limits."""
         self._cursor = 0
         """The dataset cursor as this feeder's last submit left it."""
 
@@ -128,10 +130,13 @@ class Feeder:
         self._hint = (limits, room)
 
     async def _room(self, limits: tuple[int, int]) -> Room:
-        """The room under `limits`: the last hint, unless it was read under other limits or before this
-        feeder's last submit moved the cursor (it would count the slots that submit took)."""
+        """The room under `limits`: the last hint (taken once), else a read. A hint read before this
+        feeder's last submit moved the cursor (a settle that ran first, its reply late) counts the slots
+        that submit took: what the submit left is newer then."""
         hint, self._hint = self._hint, None
-        if hint is not None and hint[0] == limits and hint[1].cursor >= self._cursor:
+        if hint is not None and hint[1].cursor < self._cursor:
+            hint = self._left
+        if hint is not None and hint[0] == limits:
             return hint[1]
         return await self.store.room(*limits)
 
@@ -183,10 +188,15 @@ class Feeder:
             uid = self.uid_at(p)
             fields = encode(self._group(uid, row, version)) if submit else {}
             items.append(SubmitItem(submit, uid, row, version, fields))
-        status, self._cursor, submitted = await self.store.submit(cursor, items, backlog_limit, ready_limit)
+        status, submitted, left = await self.store.submit(cursor, items, backlog_limit, ready_limit)
+        self._cursor, self._left = left.cursor, ((backlog_limit, ready_limit), left)
+        if left.groups > 0:
+            self._hint = self._left  # (the next step, at once: no read)
         if submitted:
             log.debug("prompts_submitted", groups=submitted, cursor=cursor, version=version)
-        return ("full" if status == "ok" and wanted == room.groups else status), submitted
+        if status == "moved" or (status == "ok" and left.groups > 0):
+            return status, submitted  # ('ok': room left, or positions the curator skipped: again)
+        return ("ready" if left.ready_full else "full"), submitted
 
     def _group(self, uid: str, row: int, version: int) -> PromptGroup:
         return PromptGroup(

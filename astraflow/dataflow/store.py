@@ -134,8 +134,9 @@ class Store:
 
     async def submit(
         self, cursor: int, items: Sequence[SubmitItem], backlog_limit: int, ready_limit: int
-    ) -> tuple[str, int, int]:
-        """Submit/skip `items` from dataset position `cursor`; returns (status, new cursor, submitted)."""
+    ) -> tuple[str, int, Room]:
+        """Submit/skip `items` from dataset position `cursor`; returns (status, submitted, the room left
+        after it: its cursor the new one)."""
         k = self.keys
         keys = [k.prompts, k.state, k.in_flight, k.ledger, k.traces, *(k.ready(m) for m in self.models)]
         args: list = [cursor, GROUP_RAAS, backlog_limit, ready_limit, k.trace_prefix]
@@ -151,8 +152,8 @@ class Store:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
             for name, value in it.fields.items():
                 args += [name, value]
-        status, new_cursor, submitted = await self._run("submit", keys, args)
-        return status.decode(), int(new_cursor), int(submitted)
+        status, new_cursor, submitted, *left = await self._run("submit", keys, args)
+        return status.decode(), int(submitted), _room([left[0], left[1], new_cursor, left[2]])
 
     async def submit_eval(
         self, version: int, groups: Sequence[Mapping[str, bytes]], rows: Mapping[str, int]

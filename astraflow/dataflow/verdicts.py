@@ -4,17 +4,15 @@ trainer version at the instant of the write)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
+from astraflow.dataflow.checks import InvalidRollout, Owned
 from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.store import Collected, Part
-from astraflow.decoding import column, joined
-from astraflow.errors import DecodeError
+from astraflow.decoding import column
 from astraflow.messages import RolloutGroup, SampleGroup, Trajectory, pack
 from astraflow.streams.schema import Trace
 from astraflow.workflows.api import _resolve
@@ -25,106 +23,6 @@ FILTERS: dict[str, GroupFilter] = {}
 
 # Drop reasons counted in the ledger (plus `stale_ingest`/`stale_wait` from the scripts, `filter:<name>`).
 FAILED, ZERO_VARIANCE = "failed", "zero_variance"
-
-
-VERSIONS_AHEAD = 1000
-"""How far a trained token's weight version may be ahead of the newest version recorded for its policy.
-A RaaS loads only announced versions, so a token is ahead of the record only after a rollback (a restarted
-trainer announces its checkpoint's older version: fewer than `trainer.checkpoint_every` back) or while a
-read of the record races a newer one; this allows every such case and refuses what no run produces (a
-forged or corrupted version such as 2**31 - 1)."""
-LOGPROB_SLACK = 1e-3
-"""A sampled token's logprob is <= 0; an engine's log-softmax may round its top token a hair above."""
-
-
-class InvalidRollout(DecodeError):
-    """A rollout with values no trainer may take: not finite, or out of their range."""
-
-
-def vocab_size(model_path: str) -> int | None:
-    """`vocab_size` of the `config.json` in the local directory `model_path`; None when there is none (a
-    hub id, an `openai` engine's served name): nothing is downloaded."""
-    config = Path(model_path) / "config.json"
-    if not config.is_file():
-        return None
-    size = json.loads(config.read_text()).get("vocab_size")
-    return size if isinstance(size, int) and size > 0 else None
-
-
-Owned = Mapping[str, tuple[list[int], tuple[int, int] | None]]
-"""Per policy of a checked group, in the group's order: the indices of its trajectories that did not fail
-and the (oldest, newest) weight version of their trained tokens (None: they have none)."""
-
-
-def check_values(group: RolloutGroup, newest: Mapping[str, int], vocab: Mapping[str, int]) -> Owned:
-    """Raise InvalidRollout unless every trajectory that did not fail has a finite reward and metrics,
-    finite logprobs <= 0, token ids in its policy's vocabulary (`vocab`, where known), and versions of
-    its trained tokens >= 0 and at most VERSIONS_AHEAD past its policy's `newest` version (where known);
-    returns what the verdict reads of them (`Owned`).
-
-    The group is read a column at a time (a few reductions per policy, not per trajectory); only a
-    group that fails is looked at trajectory by trajectory, to say which one."""
-    trajs = group.trajectories
-    models, rewards, metrics = column(trajs, "model"), column(trajs, "reward"), column(trajs, "metrics")
-    ok = [i for i, error in enumerate(column(trajs, "error")) if error is None]
-    for i in ok:
-        if not math.isfinite(rewards[i]):
-            raise InvalidRollout(f"trajectory {i} ({models[i]}): reward {rewards[i]} is not finite")
-        bad = [k for k, v in metrics[i].items() if not math.isfinite(v)]
-        if bad:
-            raise InvalidRollout(f"trajectory {i} ({models[i]}): metric {bad[0]!r} is not finite")
-    owned = {}
-    for model in dict.fromkeys(models[i] for i in ok):  # in order: the first bad trajectory is named
-        mine = [i for i in ok if models[i] == model]
-        limits = (newest.get(model), vocab.get(model))
-        passed, versions = _arrays_ok(trajs, mine, *limits)
-        if not passed:
-            for i in mine:
-                if len(trajs[i].token_ids):
-                    _check_arrays(f"trajectory {i} ({model})", trajs[i], *limits)
-        owned[model] = (mine, versions)
-    return owned
-
-
-def _arrays_ok(
-    trajectories: Sequence[Trajectory], picked: list[int], top: int | None, n: int | None
-) -> tuple[bool, tuple[int, int] | None]:
-    """Whether the arrays of the `picked` trajectories (one policy's) pass `_check_arrays`, at once, and
-    the (oldest, newest) version of their trained tokens (None: none)."""
-    logprobs = joined(trajectories, "logprobs", picked)
-    if not len(logprobs):
-        return True, None
-    trained = _trained_versions(trajectories, picked)
-    versions = (int(trained.min()), int(trained.max())) if len(trained) else None
-    # (A NaN fails both comparisons: a reduction over an array holding one is NaN.)
-    if not (logprobs.min() > -math.inf and logprobs.max() <= LOGPROB_SLACK):
-        return False, versions
-    ids = joined(trajectories, "token_ids", picked)
-    if ids.min() < 0 or (n is not None and ids.max() >= n):
-        return False, versions
-    if versions and (versions[0] < 0 or (top is not None and versions[1] > top + VERSIONS_AHEAD)):
-        return False, versions
-    return True, versions
-
-
-def _check_arrays(where: str, t: Trajectory, top: int | None, n: int | None) -> None:
-    if not np.isfinite(t.logprobs).all():
-        raise InvalidRollout(f"{where}: logprobs are not finite")
-    if t.logprobs.max() > LOGPROB_SLACK:
-        raise InvalidRollout(f"{where}: logprob {float(t.logprobs.max())} > 0")
-    low, high = int(t.token_ids.min()), int(t.token_ids.max())
-    if low < 0 or (n is not None and high >= n):
-        token = low if low < 0 else high
-        raise InvalidRollout(f"{where}: token id {token} outside the vocabulary [0, {n or 'inf'})")
-    trained = t.versions[t.loss_mask != 0]
-    if len(trained) == 0:
-        return
-    if int(trained.min()) < 0:
-        raise InvalidRollout(f"{where}: token version {int(trained.min())} < 0 on a trained token")
-    if top is not None and int(trained.max()) > top + VERSIONS_AHEAD:
-        raise InvalidRollout(
-            f"{where}: token version {int(trained.max())} > newest version {top} + {VERSIONS_AHEAD}"
-        )
 
 
 def group_filter(name: str):
@@ -169,11 +67,6 @@ def advantages(rewards: Sequence[float], how: str, epsilon: float) -> np.ndarray
     else:
         raise ValueError(f"unknown normalisation: {how!r}")
     return np.array([a if abs(a) <= FLOAT32_MAX else math.nan for a in adv], dtype=np.float32)
-
-
-def _trained_versions(trajectories: Sequence[Trajectory], picked: list[int]) -> np.ndarray:
-    """The weight versions of the trained tokens (loss mask set) of the `picked` trajectories."""
-    return joined(trajectories, "versions", picked)[joined(trajectories, "loss_mask", picked) != 0]
 
 
 def _metric_sums(metrics: Iterable[Mapping[str, float]]) -> dict[str, tuple[float, int]]:

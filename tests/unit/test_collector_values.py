@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from astraflow.config import load_settings
+from astraflow.dataflow import checks
+from astraflow.dataflow.checks import VERSIONS_AHEAD, InvalidRollout, check_groups, check_values
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
-from astraflow.dataflow.verdicts import VERSIONS_AHEAD, InvalidRollout, check_values
 from astraflow.launch.build import dataflow_setup
-from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
+from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, encode
 from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS
 from tests.dataflow_helpers import publish_version, train, trajectory
@@ -157,3 +158,49 @@ def test_only_the_trajectories_that_did_not_fail_are_checked_and_the_bad_one_is_
         check_values(group(trajectory("policy", 0.0, 3), failed, past), {}, {"policy": VOCAB})
     with pytest.raises(InvalidRollout, match=r"trajectory 1 \(policy\): logprobs are not finite"):
         check_values(group(trajectory("policy", 0.0, 3), dataclasses.replace(failed, error=None)), {}, {})
+
+
+def _travelled(*trajs: Trajectory, uid: str = "u") -> RolloutGroup:
+    models = sorted({t.model for t in trajs})
+    built = RolloutGroup(uid=uid, raas="w", version=3, trajectories=list(trajs), models=models)
+    return decode(encode(built), RolloutGroup)
+
+
+def _outcome(check):
+    try:
+        return check()
+    except Exception as e:
+        return (type(e).__name__, str(e))
+
+
+def test_a_read_is_checked_together_with_what_each_group_alone_would_get(monkeypatch):
+    """`check_groups` checks the groups of one read together; per group it returns (or holds the error)
+    exactly what `check_values` gives that group alone: the versions of each, and the bad one named."""
+    good = [trajectory("policy", float(i % 2), 3 + i % 2) for i in range(4)]
+    untrained = dataclasses.replace(trajectory("policy", 1.0, 3), loss_mask=np.zeros(8, np.uint8))
+    failed = dataclasses.replace(trajectory("policy", 0.0, 3), error="timeout", reward=math.nan)
+    reads = [
+        [_travelled(*good), _travelled(*good[:2]), _travelled(untrained, untrained)],
+        [_travelled(*good), _travelled(good[0], failed), _travelled(good[0], trajectory("other", 1.0, 7))],
+        [_travelled(*good, trajectory("policy", 1.0, 900, metrics={"m": 2.0})), _travelled(untrained)],
+    ]
+    for spoil, _ in SPOILED.values():
+        reads.append([_travelled(*good), _travelled(good[0], spoil(good[1])), _travelled(*good[1:])])
+    newest, vocab = {"policy": 3, "other": 5}, {"policy": VOCAB}
+    for groups in reads:
+        together = [_outcome(lambda o=o: _raised(o)) for o in check_groups(groups, newest, vocab)]
+        alone = [_outcome(lambda g=g: check_values(g, newest, vocab)) for g in groups]
+        assert together == alone
+
+    calls = []
+    monkeypatch.setattr(checks, "check_values", lambda *a: calls.append(1) or check_values(*a))
+    check_groups(reads[0], newest, vocab)
+    assert calls == []  # one policy, none failed: all at once
+    check_groups(reads[3], newest, vocab)
+    assert len(calls) == 3  # one of them bad: each alone, to name it
+
+
+def _raised(outcome):
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome

@@ -40,11 +40,28 @@ async def test_a_settle_reads_the_room_and_the_next_step_submits_without_reading
     df.feeder.hint(limits, room)
     assert await df.feeder.step() == ("full", 4)
     assert reads == []
-    assert await df.feeder.step() == ("full", 0)  # no hint left: read
+    assert await df.feeder.step() == ("full", 0)  # nothing new: read (another replica may have made room)
     assert reads == [1]
 
 
-async def test_a_hint_older_than_the_feeders_own_submit_is_not_taken():
+async def test_a_submit_that_leaves_room_says_so_and_the_next_step_takes_it():
+    bus, df = make("dataflow.feeder.min_backlog=6")
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    limits = df.feeder.limits_used
+    await roll_out(bus, 2, lambda g, i: float(i % 2))
+    room = await settle(df, limits)  # 2 slots free...
+    await roll_out(bus, 2, lambda g, i: float(i % 2))  # ... and 2 more before the feeder steps
+
+    reads = count_room_reads(df)
+    df.feeder.hint(limits, room)
+    assert await df.feeder.step() == ("ok", 2)  # room left: its loop steps again at once
+    assert await df.feeder.step() == ("full", 2)
+    assert reads == []
+    assert await bus.redis.xlen(bus.keys.prompts) == 10
+
+
+async def test_a_settles_room_read_before_the_feeders_last_submit_is_not_taken():
     """A settle that ran before the feeder's last submit counts the slots that submit took: taking it
     would submit past the backlog limit (the script refuses it, but after the groups were encoded)."""
     bus, df = make("dataflow.feeder.min_backlog=6")
@@ -53,15 +70,17 @@ async def test_a_hint_older_than_the_feeders_own_submit_is_not_taken():
     limits = df.feeder.limits_used
     await roll_out(bus, 4, lambda g, i: float(i % 2))
     room = await settle(df, limits)
-    assert await df.feeder.step() == ("full", 4)  # (read the room itself: no hint given)
+    df.feeder.hint(limits, room)
+    assert await df.feeder.step() == ("full", 4)
 
     reads = count_room_reads(df)
-    df.feeder.hint(limits, room)  # arrives late: read before that submit
-    assert await df.feeder.step() == ("full", 0)
-    assert reads == [1]
+    df.feeder.hint(limits, room)  # the same read again, late: from before that submit
+    assert await df.feeder.step() == ("full", 0)  # what the submit left (none), not the late read
+    assert reads == []
     df.feeder.hint((limits[0] + 1, limits[1]), await df.store.room(*limits))  # other limits: not taken
     await df.feeder.step()
-    assert reads == [1, 1, 1]  # (one here, one by the step)
+    assert reads == [1, 1]  # (one here, one by the step)
+    assert await bus.redis.xlen(bus.keys.prompts) == 10
 
 
 async def test_a_settle_with_full_ready_sets_says_so():

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from astraflow.dataflow.checks import check_values
 from astraflow.dataflow.settings import CollectorSettings
-from astraflow.dataflow.verdicts import Judge, check_values
+from astraflow.dataflow.verdicts import Judge
 from astraflow.decoding import ColumnList, column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import (
