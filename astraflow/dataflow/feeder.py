@@ -34,8 +34,6 @@ STEP_POSITIONS = 32
 """Most dataset positions considered per submit call (up to the one that fills the room)."""
 START_SLOTS = 8
 """Slots a heartbeat counts for before its worker has shown it uses more (the RaaS default `slots`)."""
-STATE_READ_S = 5.0
-"""The feeder reads the whole state at least this often with evals on, a new notice or not."""
 
 
 class Feeder:
@@ -52,11 +50,6 @@ class Feeder:
         self._perm: tuple[int, list[int]] | None = None
         self._pool: tuple[float, int] = (0.0, 0)
         self._refused: set[bytes] = set()
-        self._notice_read: int | None = -1
-        """The notice of the last state this feeder read whole (-1: none read), and when: until the notice
-        moves on, no eval is due that was not then (but for a rollback's notice that repeats a version
-        whose eval its barrier did not submit: `STATE_READ_S`)."""
-        self._state_read_at = 0.0
         self.strays = Strays(self.bus)
         self.limits_used: tuple[int, int] | None = None
         """The limits of the last step (`limits`): a settle reads the room under them for the next step."""
@@ -158,13 +151,11 @@ class Feeder:
         backlog_limit, ready_limit = self.limits_used = await self.limits()
         room = await self._room(self.limits_used)
         state = None
-        seen = room.notice == self._notice_read and time.monotonic() < self._state_read_at + STATE_READ_S
-        if self.settings.sync or (self.evals is not None and not seen):
-            state = await self.store.state()  # (an eval is due only from a new notice on)
+        if self.settings.sync or (self.evals is not None and room.eval_due is not None):
+            state = await self.store.state()  # (the barrier submits an eval's groups when it announces)
             if self.evals is not None and (due := self.evals.due(state)) is not None:
-                await self.evals.submit(self.store, due)  # (the barrier submits them when it announces)
+                await self.evals.submit(self.store, due)
                 room = await self.store.room(backlog_limit, ready_limit)
-            self._notice_read, self._state_read_at = state.notice, time.monotonic()
         version = max((room.notice if state is None else state.notice) or 0, 0)
         if state is not None and self.settings.sync:
             if self._batch_formed(state, version):

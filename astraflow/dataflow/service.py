@@ -228,9 +228,11 @@ class Dataflow:
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
-    """Until `event` is set (True) or `timeout_s` passed (False)."""
+    """Until `event` is set (True) or `timeout_s` passed (False). (Not `asyncio.wait_for`: on Python 3.11
+    it makes a task of every wait, and the feeder and the former wait a few dozen times a second.)"""
     try:
-        await asyncio.wait_for(event.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
     except TimeoutError:
         return False
     return True

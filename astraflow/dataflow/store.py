@@ -43,6 +43,9 @@ class Room:
     cursor: int
     notice: int | None
     """The state's dataset cursor and last version announced (None: none yet)."""
+    eval_due: int | None = None
+    """The last notice when it is of an eval version whose groups no one submitted (its barrier's replica
+    died first): the feeder submits them."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,8 @@ class Store:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
             for name, value in it.fields.items():
                 args += [name, value]
-        status, new_cursor, submitted, *left = await self._run("submit", keys, args)
-        return status.decode(), int(submitted), _room([left[0], left[1], new_cursor, left[2]])
+        status, submitted, left = await self._run("submit", keys, args)
+        return status.decode(), int(submitted), _room(left)
 
     async def submit_eval(
         self, version: int, groups: Sequence[Mapping[str, bytes]], rows: Mapping[str, int]
@@ -273,5 +276,6 @@ class Store:
 
 def _room(reply: list) -> Room:
     """A `room` reply of the scripts (common.lua)."""
-    groups, ready_full, cursor, notice = reply
-    return Room(int(groups), bool(ready_full), int(cursor), None if notice < 0 else int(notice))
+    groups, ready_full, cursor, notice, eval_due = reply
+    notice, eval_due = (None if v < 0 else int(v) for v in (notice, eval_due))
+    return Room(int(groups), bool(ready_full), int(cursor), notice, eval_due)

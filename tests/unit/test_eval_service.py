@@ -9,7 +9,6 @@ import json
 import pytest
 
 from astraflow.config import ConfigError, load_settings
-from astraflow.dataflow import feeder
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import PromptGroup, VersionNotice, decode
@@ -241,9 +240,10 @@ async def test_eval_rows_a_killed_replica_did_not_submit_are_submitted_by_the_ne
     assert [g.uid for g in await prompt_groups(bus)] == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
 
 
-async def test_a_feeder_reads_the_whole_state_once_per_notice():
-    """Each feeder step is one script (room, cursor, notice); the whole state - fields per version, the
-    weights' manifests and eval marks - is read for a due eval only when the notice moved."""
+async def test_a_feeder_reads_the_whole_state_only_for_an_eval_no_one_submitted():
+    """Each feeder step is one script (room, cursor, notice, and whether the notice's eval went out);
+    the whole state - fields per version, the weights' manifests and eval marks - is read only for an
+    eval whose groups no barrier submitted."""
     bus, df = make(*EVAL)
     await bus.bootstrap(["policy"])
     df.barrier.evals = None  # the eval's groups are left to the feeder
@@ -254,23 +254,25 @@ async def test_a_feeder_reads_the_whole_state_once_per_notice():
         return await state()
 
     df.store.state = read
-    for _ in range(3):
-        await df.feeder.step()
-    assert len(reads) == 1
-    await publish_version(bus, "policy", 0, eval_=True)
+    await publish_version(bus, "policy", 0)
     await df.barrier.step(1)  # (it reads the state too)
     reads.clear()
     for _ in range(3):
         await df.feeder.step()
-    assert len(reads) == 1
+    assert reads == []  # no eval announced
+    await publish_version(bus, "policy", 1, eval_=True)
+    await df.barrier.step(1)
+    reads.clear()
+    for _ in range(3):
+        await df.feeder.step()
+    assert len(reads) == 1  # the eval, submitted: then no more
     evals = [g.uid for g in await prompt_groups(bus) if g.eval_version >= 0]
-    assert evals == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]
+    assert evals == ["eval:1:add:0", "eval:1:add:1", "eval:1:add:2"]
 
 
-async def test_an_eval_marked_under_a_notice_already_read_is_still_submitted(monkeypatch):
+async def test_an_eval_marked_under_a_notice_already_read_is_still_submitted():
     """A rollback announces a version again, and its restarted trainer may mark it an eval that no barrier
-    then submits (its replica died): the notice did not move, so only the feeder's periodic read of the
-    whole state (`STATE_READ_S`) finds it."""
+    then submits (its replica died): the notice did not move, and the feeder's next step finds it."""
     bus, df = make(*EVAL)
     await bus.bootstrap(["policy"])
     df.barrier.evals = None
@@ -278,9 +280,6 @@ async def test_an_eval_marked_under_a_notice_already_read_is_still_submitted(mon
     await df.barrier.step(1)
     await df.feeder.step()  # notice 0 read: no eval due
     await bus.redis.hset(bus.keys.state, State.eval(0), 1)  # (as version.lua marks one)
-    await df.feeder.step()
-    assert not [g for g in await prompt_groups(bus) if g.eval_version >= 0]
-    monkeypatch.setattr(feeder, "STATE_READ_S", 0.0)
     await df.feeder.step()
     evals = [g.uid for g in await prompt_groups(bus) if g.eval_version >= 0]
     assert evals == ["eval:0:add:0", "eval:0:add:1", "eval:0:add:2"]

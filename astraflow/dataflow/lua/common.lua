@@ -60,14 +60,24 @@ local function pressure(prompts, group, cap, readys, unit, ready_limit, batch)
   return pending(prompts, group) + undelivered(prompts, group, cap), ready >= ready_limit and not short
 end
 
+-- The last notice if it is of an eval version whose groups no one submitted (its barrier's replica died
+-- first, or a rollback's notice was marked an eval again), else -1. (An eval holds later notices back
+-- until its groups are submitted: one not submitted is always the last notice's.)
+local function eval_due(state, notice)
+  if notice < 0 then return -1 end
+  local at = redis.call('HMGET', state, State.eval(notice), State.eval_submitted(notice))
+  return (at[1] and not at[2]) and notice or -1
+end
+
 -- What the back-pressure admits now, and where: {prompt groups that may be submitted, 1 when the ready
--- sets are what is full (else 0), the dataset cursor, the last notice (-1: none yet)} (see `pressure`).
+-- sets are what is full (else 0), the dataset cursor, the last notice (-1: none yet), `eval_due`} (see
+-- `pressure`).
 local function room(prompts, state, group, backlog_limit, readys, unit, ready_limit, batch)
   local backlog, ready_full = pressure(prompts, group, backlog_limit, readys, unit, ready_limit, batch)
   local at = redis.call('HMGET', state, State.cursor, State.notice)
   local cursor, notice = tonumber(at[1] or '0'), tonumber(at[2] or '-1')
-  if ready_full then return {0, 1, cursor, notice} end
-  return {math.max(0, backlog_limit - backlog), 0, cursor, notice}
+  local left = ready_full and 0 or math.max(0, backlog_limit - backlog)
+  return {left, ready_full and 1 or 0, cursor, notice, eval_due(state, notice)}
 end
 
 -- Reference counts of stored groups: the ready set, the replay set and each batch not yet acknowledged

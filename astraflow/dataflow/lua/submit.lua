@@ -7,8 +7,9 @@
 -- the uids whose trace is kept), KEYS[6..] ready sets
 -- ARGV: expected_cursor, raas_group, backlog_limit, ready_limit, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, now, n_items,
 --   trace_max_groups, unit, batch_size, then per item: submit ('1'/'0'), uid, row, version, n_fields, f1, v1, ...
--- Returns {status ('ok', 'full' or 'moved'), cursor, submitted, then the room left as `room` (common.lua)
--- says it: groups, ready sets full (1/0), notice (-1: none yet)} - the feeder's next step starts from it.
+-- Returns {status ('ok', 'full' or 'moved'), submitted, then the room left as `room` (common.lua) says
+-- it: {groups, ready sets full (1/0), cursor, notice (-1: none yet), eval due}} - the feeder's next step
+-- starts from it.
 local prompts, state, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
@@ -19,7 +20,7 @@ local cursor, notice = tonumber(at[1] or '0'), tonumber(at[2] or '-1')
 local backlog, ready_full = pressure(prompts, group, backlog_limit, {unpack(KEYS, 6)}, unit, ready_limit, batch)
 local function reply(status, submitted)
   local left = ready_full and 0 or math.max(0, backlog_limit - backlog)
-  return {status, cursor, submitted, left, ready_full and 1 or 0, notice}
+  return {status, submitted, {left, ready_full and 1 or 0, cursor, notice, eval_due(state, notice)}}
 end
 if cursor ~= expected then return reply('moved', 0) end
 
