@@ -96,12 +96,12 @@ class Collector:
             await self.consumer.give_back(ids, e)
             raise
         self.consumer.settled(ids)
-        settled = []
+        settled, debug = [], log.debug  # (one look-up a settle: each binds a logger, structlog's proxy)
         for item, (status, *outcomes) in zip(items, done.replies, strict=True):
             if status in ("lost", "unknown"):
                 log.warning("rollout_not_settled", uid=item.uid, status=status)
                 continue
-            log.debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
+            debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
             if status == "ok":
                 settled.append(item)
                 for part, outcome in zip(item.parts, outcomes, strict=False):
