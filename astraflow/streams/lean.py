@@ -71,11 +71,12 @@ def _small(command) -> bool:
 
 class LeanRedis(aioredis.Redis):
     """A client whose commands take a connection of a plain pool straight from its list: no pool lock
-    (nothing else runs between the take and the send), no `can_read` check of a connection that was
-    read to its end, no retry wrapper (bus clients never retry: `reconnecting` does) and no
-    observability hooks - a third of a GET's CPU through redis-py. A connection that fails is dropped as
-    redis-py drops it. A single-connection client, a blocking or Sentinel pool, and a pool with no
-    connected connection at hand take redis-py's own path."""
+    (nothing else runs between the take and the send), no `can_read` read of a connection that was
+    read to its end (a look at its stream says whether the server closed it meanwhile), no retry wrapper
+    (bus clients never retry: `reconnecting` does) and no observability hooks - a third of a GET's CPU
+    through redis-py. A connection that fails is dropped as redis-py drops it. A single-connection
+    client, a blocking or Sentinel pool, and a pool with no open connection at hand take redis-py's own
+    path (which reconnects one the server closed, a restart, before sending)."""
 
     async def execute_command(self, *args, **options):
         pool = self.connection_pool
@@ -83,7 +84,7 @@ class LeanRedis(aioredis.Redis):
         if self.single_connection_client or type(pool) is not aioredis.ConnectionPool or not idle:
             return await super().execute_command(*args, **options)
         conn = idle.pop()
-        if not conn.is_connected:
+        if not _open(conn):
             idle.append(conn)
             return await super().execute_command(*args, **options)
         pool._in_use_connections.add(conn)
@@ -97,3 +98,10 @@ class LeanRedis(aioredis.Redis):
         finally:
             pool._in_use_connections.discard(conn)
             idle.append(conn)
+
+
+def _open(conn) -> bool:
+    """Whether `conn` is connected and its server has neither closed nor reset it since (the event loop
+    has fed its stream the end or the error: a restarted Redis's old connections)."""
+    reader = getattr(conn, "_reader", None)
+    return conn.is_connected and reader is not None and not reader.at_eof() and reader.exception() is None
