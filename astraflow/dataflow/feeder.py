@@ -55,9 +55,7 @@ class Feeder:
         """The limits of the last step (`limits`): a settle reads the room under them for the next step."""
         self._hint: tuple[tuple[int, int], Room] | None = None
         self._left: tuple[tuple[int, int], Room] | None = None
-        """The room this feeder's last submit left, under its limits."""
-        self._cursor = 0
-        """The dataset cursor as this feeder's last submit left it."""
+        """The room this feeder's last submit left (its cursor the new one), under its limits."""
 
     def row_at(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.rows))
@@ -127,7 +125,7 @@ class Feeder:
         feeder's last submit moved the cursor (a settle that ran first, its reply late) counts the slots
         that submit took: what the submit left is newer then."""
         hint, self._hint = self._hint, None
-        if hint is not None and hint[1].cursor < self._cursor:
+        if hint is not None and self._left is not None and hint[1].cursor < self._left[1].cursor:
             hint = self._left
         if hint is not None and hint[0] == limits:
             return hint[1]
@@ -180,7 +178,7 @@ class Feeder:
             fields = encode(self._group(uid, row, version)) if submit else {}
             items.append(SubmitItem(submit, uid, row, version, fields))
         status, submitted, left = await self.store.submit(cursor, items, backlog_limit, ready_limit)
-        self._cursor, self._left = left.cursor, ((backlog_limit, ready_limit), left)
+        self._left = ((backlog_limit, ready_limit), left)
         if left.groups > 0:
             self._hint = self._left  # (the next step, at once: no read)
         if submitted:

@@ -235,7 +235,9 @@ async def test_feeder_stops_while_the_ready_sets_are_full():
     await bus.bootstrap(["policy"])
     await df.feeder.step()
     await roll_out(bus, 8, lambda g, i: float(i % 2))
-    await df.collector.step(1)  # 8 groups ready (32 samples); a batch holds 8 samples
+    _, items = await df.collector.prepare(1)
+    room = await df.collector.commit(items, df.feeder.limits_used)  # 8 groups ready (32 samples)
+    assert (room.groups, room.ready_full) == (0, True)  # (the settle says so; a batch holds 8 samples)
     # No settle makes room now, only the former taking groups out: the feeder waits for it to say so.
     assert (await df.feeder.step()) == ("ready", 0)
     took = []

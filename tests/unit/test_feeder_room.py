@@ -35,6 +35,7 @@ async def test_a_settle_reads_the_room_and_the_next_step_submits_without_reading
     room = await settle(df, limits)
     assert room == await df.store.room(*limits)  # what a read would have said
     assert (room.groups, room.ready_full, room.cursor) == (4, False, 6)
+    assert await df.collector.commit([], limits) is None  # nothing settled, nothing read
 
     reads = count_room_reads(df)
     df.feeder.hint(limits, room)
@@ -81,16 +82,6 @@ async def test_a_settles_room_read_before_the_feeders_last_submit_is_not_taken()
     await df.feeder.step()
     assert reads == [1, 1]  # (one here, one by the step)
     assert await bus.redis.xlen(bus.keys.prompts) == 10
-
-
-async def test_a_settle_with_full_ready_sets_says_so():
-    bus, df = make("dataflow.feeder.min_backlog=8", "dataflow.feeder.max_ready_batches=1")
-    await bus.bootstrap(["policy"])
-    await df.feeder.step()
-    await roll_out(bus, 8, lambda g, i: float(i % 2))
-    room = await settle(df, df.feeder.limits_used)
-    assert (room.groups, room.ready_full) == (0, True)
-    assert await df.collector.commit([], df.feeder.limits_used) is None  # nothing settled, nothing read
 
 
 async def test_the_loops_hand_the_settles_room_to_the_feeder():

@@ -69,15 +69,24 @@ local function eval_due(state, notice)
   return (at[1] and not at[2]) and notice or -1
 end
 
--- What the back-pressure admits now, and where: {prompt groups that may be submitted, 1 when the ready
--- sets are what is full (else 0), the dataset cursor, the last notice (-1: none yet), `eval_due`} (see
--- `pressure`).
-local function room(prompts, state, group, backlog_limit, readys, unit, ready_limit, batch)
-  local backlog, ready_full = pressure(prompts, group, backlog_limit, readys, unit, ready_limit, batch)
+-- The state's dataset cursor and last notice (-1: none yet).
+local function cursor_and_notice(state)
   local at = redis.call('HMGET', state, State.cursor, State.notice)
-  local cursor, notice = tonumber(at[1] or '0'), tonumber(at[2] or '-1')
+  return tonumber(at[1] or '0'), tonumber(at[2] or '-1')
+end
+
+-- A room reply: {prompt groups that may be submitted, 1 when the ready sets are what is full (else 0),
+-- the dataset cursor, the last notice, `eval_due`}, from a `pressure` of `backlog`, `ready_full`.
+local function room_reply(state, backlog_limit, backlog, ready_full, cursor, notice)
   local left = ready_full and 0 or math.max(0, backlog_limit - backlog)
   return {left, ready_full and 1 or 0, cursor, notice, eval_due(state, notice)}
+end
+
+-- What the back-pressure admits now, and where (a `room_reply`).
+local function room(prompts, state, group, backlog_limit, readys, unit, ready_limit, batch)
+  local backlog, ready_full = pressure(prompts, group, backlog_limit, readys, unit, ready_limit, batch)
+  local cursor, notice = cursor_and_notice(state)
+  return room_reply(state, backlog_limit, backlog, ready_full, cursor, notice)
 end
 
 -- Reference counts of stored groups: the ready set, the replay set and each batch not yet acknowledged

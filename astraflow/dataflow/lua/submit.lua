@@ -15,12 +15,10 @@ local expected, group, backlog_limit, ready_limit = tonumber(ARGV[1]), ARGV[2], 
 local prefix, ttl, now, n_items = ARGV[5], ARGV[6], ARGV[7], tonumber(ARGV[8])
 local traces, trace_max, unit, batch = KEYS[5], tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
 
-local at = redis.call('HMGET', state, State.cursor, State.notice)
-local cursor, notice = tonumber(at[1] or '0'), tonumber(at[2] or '-1')
+local cursor, notice = cursor_and_notice(state)
 local backlog, ready_full = pressure(prompts, group, backlog_limit, {unpack(KEYS, 6)}, unit, ready_limit, batch)
 local function reply(status, submitted)
-  local left = ready_full and 0 or math.max(0, backlog_limit - backlog)
-  return {status, submitted, {left, ready_full and 1 or 0, cursor, notice, eval_due(state, notice)}}
+  return {status, submitted, room_reply(state, backlog_limit, backlog, ready_full, cursor, notice)}
 end
 if cursor ~= expected then return reply('moved', 0) end
 
