@@ -67,18 +67,22 @@ def test_region_b_reads_off_its_replica_and_one_copy_of_each_version_crosses_the
         start(name, [system_redis(), *args, *extra])
         wait_for(lambda: redis_up(port), 30, f"{name} up")
 
-    def link(port: int | str) -> LinkProxy:
-        links.append(LinkProxy(("127.0.0.1", int(port)), **LONG_LINK))
+    def link(port: int | str | None = None) -> LinkProxy:
+        links.append(LinkProxy(None if port is None else ("127.0.0.1", int(port)), **LONG_LINK))
         return links[-1]
 
     try:
-        primary_port, replica_port, weights_port = free_port(), free_port(), free_port()
+        primary_port = free_port()
         redis_server("redis-a", primary_port, "--repl-diskless-sync-delay", "0")
         primary = redis.Redis(port=int(primary_port))
-        replication, redis_link, weight_link = link(primary_port), link(primary_port), link(weights_port)
+        replication, redis_link, weight_link = link(primary_port), link(primary_port), link()
+        # Ports picked while the links hold theirs: a link bound after a pick could take the picked port
+        # (the replica's "port" then answered as the primary, through the link).
+        replica_port, weights_port = free_port(), free_port()
+        weight_link.target = ("127.0.0.1", int(weights_port))
         redis_server("redis-b", replica_port, "--replicaof", "127.0.0.1", str(replication.port))
         replica = redis.Redis(port=int(replica_port))
-        wait_for(lambda: replica.info("replication")["master_link_status"] == "up", 30, "replica in sync")
+        wait_for(lambda: replica.info("replication").get("master_link_status") == "up", 30, "replica in sync")
 
         # Lockstep (sync): every version is pulled by region b before it generates with it, so each
         # version's crossing can be checked. (Async, this trainer outruns the long link: region b skips
