@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from astraflow.config import load_settings
+from astraflow.dataflow import store
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.streams import Bus
@@ -23,9 +24,10 @@ async def commands(bus: Bus) -> int:
     return sum(int(v["calls"]) for v in stats.values())
 
 
-async def script_exists_calls(bus: Bus) -> int:
-    """`SCRIPT EXISTS` calls Redis ran so far."""
-    return int((await bus.redis.info("commandstats")).get("cmdstat_script|exists", {}).get("calls", 0))
+async def command_calls(bus: Bus) -> dict[str, int]:
+    """Calls Redis ran so far, per command (`script|exists`, `multi`, ...)."""
+    stats = await bus.redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
 async def test_forming_a_batch_costs_the_same_however_many_batches_the_trainer_holds(bus):
@@ -84,20 +86,37 @@ async def test_a_look_at_a_run_with_many_keys_takes_a_few_round_trips(bus):
     assert spent < 60, spent  # at Redis's default SCAN count: over 2,000
 
 
-async def test_settling_rollouts_asks_nothing_about_scripts_and_survives_losing_them(bus):
-    """The collector settles in one MULTI with its script: redis-py asked `SCRIPT EXISTS` before each such
-    pipeline, a round trip per settle; a Redis that lost its scripts (restarted) still settles."""
+@pytest.mark.parametrize("inline_bytes", [store.INLINE_BYTES, 0], ids=["bytes passed", "bytes in a MULTI"])
+async def test_settling_rollouts_asks_nothing_about_scripts_and_survives_losing_them(
+    bus, monkeypatch, inline_bytes
+):
+    """A settle is one script call, its groups' bytes passed to it, or (past `INLINE_BYTES`) written by
+    plain HSETs in one MULTI with it - where redis-py asked `SCRIPT EXISTS` before each such pipeline, a
+    round trip per settle. Either way, a Redis that lost its scripts (restarted) still settles, and the
+    samples hash holds the bytes of the groups made ready, and nothing else."""
+    monkeypatch.setattr(store, "INLINE_BYTES", inline_bytes)
+    first: dict[bool, str] = {}
+
+    def reward(group, i: int) -> float:  # each roll-out's first group: all equal, dropped (zero variance)
+        return 1.0 if first.setdefault(flush, group.uid) == group.uid else float(i % 2)
+
     settings = load_settings(None, ["run.name=it", "dataflow.feeder.n_samples=4"])
     df = Dataflow(dataflow_setup(settings), bus, "df")
     collected = 0
     for flush in (False, True):
         await df.feeder.step()
-        uids = await roll_out(bus, 4, lambda g, i: float(i % 2))
+        uids = await roll_out(bus, 4, reward)
         if flush:
             await bus.redis.script_flush()
-        before = await script_exists_calls(bus)
+        before = await command_calls(bus)
         while await df.collector.step(1):
             pass
-        assert await script_exists_calls(bus) == before
-        collected += len(uids)
-        assert await bus.redis.zcard(bus.keys.ready("policy")) == collected
+        calls = await command_calls(bus)
+        assert calls.get("script|exists", 0) == before.get("script|exists", 0)
+        in_multi = calls.get("multi", 0) - before.get("multi", 0)
+        assert in_multi == (0 if inline_bytes else 1 + flush)  # (again after the NOSCRIPT)
+        collected += len(uids) - 1
+        ready = await bus.redis.zrange(bus.keys.ready("policy"), 0, -1)
+        assert len(ready) == collected
+        held = {m.split()[-1] for m in ready}
+        assert set(await bus.redis.hkeys(bus.keys.samples("policy"))) == held

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from astraflow.config import load_settings
+from astraflow.dataflow import store
 from astraflow.dataflow.batches import fetch_batch
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
@@ -86,6 +87,7 @@ SETTINGS = st.fixed_dictionaries(
         "replay_selection": st.sampled_from(["latest", "uniform"]),
         "replay_ratio": st.sampled_from([0.0, 0.25, 0.5]),
         "max_staleness": st.integers(0, 2),
+        "bytes_in_multi": st.booleans(),  # a settle's bytes by HSETs in its MULTI, or passed to its script
     }
 )
 
@@ -264,4 +266,9 @@ async def scenario(opts: dict, actions: list) -> None:
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SETTINGS, ACTIONS)
 def test_dataflow_survives_crashes_between_any_two_redis_calls(opts, actions):
-    asyncio.run(scenario(opts, actions))
+    inline = store.INLINE_BYTES
+    store.INLINE_BYTES = 0 if opts["bytes_in_multi"] else inline
+    try:
+        asyncio.run(scenario(opts, actions))
+    finally:
+        store.INLINE_BYTES = inline

@@ -2,16 +2,18 @@
 -- the ready set or dropped with its reason, and counted in the ledger; the prompt's curator state
 -- (success EWMA, zero-variance streak) is updated when a curator reads it. The staleness check runs
 -- here, against the trainer version at this instant, so no version bump slips between check and store.
--- The caller runs it in one MULTI after writing each accepted part's bytes to the samples hash under the
--- rollout entry's id (large values are slow to pass into Lua); a part that ends up not held by the ready
--- set (dropped here, or the entry was not ours to settle) has its bytes removed again.
+-- An accepted part's bytes go to the samples hash under the rollout entry's id: passed in with the part
+-- and written when it is made ready, or (large values are slow to pass into Lua) written by the caller
+-- before, in one MULTI with this script ('written'), and removed again when the part ends up held by
+-- nothing (dropped here, or the entry was not ours to settle).
 -- KEYS[1] rollouts, KEYS[2] in-flight set, KEYS[3] ledger, KEYS[4] state, KEYS[5] curator ewma hash,
 -- KEYS[6] curator streak hash, KEYS[7] greso hash, KEYS[8] errors hash (an acknowledged entry's recorded
 -- error is removed), KEYS[9] metrics, KEYS[10] prompts, KEYS[11..] per model: ready set, samples hash, refs
 -- ARGV: group, consumer, max_staleness, trace_prefix (`Keys.trace_prefix`), trace_ttl_s, order ('edf'/'fifo'), ewma_alpha, now,
---   curator ('' = none reads the state, 'filter_solved', 'greso', 'skip_zero_variance'), n_items, then per item: entry_id, uid,
+--   curator ('' = none reads the state, 'filter_solved', 'greso', 'skip_zero_variance'), written ('1': the
+--   caller wrote the accepted parts' bytes), n_items, then per item: entry_id, uid,
 --   mean_reward ('' = none), zero_var ('1'/'0'), n_trace, trace pairs..., n_parts, then per part: model,
---   ready_index, reason ('' = accept), min_version, n_samples; then metrics_maxlen, n_records, per record:
+--   ready_index, reason ('' = accept), min_version, n_samples, bytes ('' = none passed); then metrics_maxlen, n_records, per record:
 --   n_fields, field pairs... (the collector's `metrics` entries for these items, written only when every
 --   item settles 'ok': after a lost reply the retry finds them settled, and must not count them again);
 --   then the feeder's room: raas_group, backlog_limit ('' = not wanted), ready_limit, batch unit, batch size
@@ -25,7 +27,7 @@ local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ewma_key, streak_key, greso, errors, metrics, prompts = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local group, consumer, max_staleness, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local ttl, order, alpha, now, curator = ARGV[5], ARGV[6], tonumber(ARGV[7]), ARGV[8], ARGV[9]
-local n_items = tonumber(ARGV[10])
+local written, n_items = ARGV[10] == '1', tonumber(ARGV[11])
 
 local count, flush = counter()
 local versions = {}  -- trainer version per model, read once
@@ -65,13 +67,13 @@ end
 -- acknowledgements and error removals go out in one command each at the end.
 local mine, lo, hi = {}, nil, nil
 do
-  local at = 11
+  local at = 12
   for _ = 1, n_items do
     local id = ARGV[at]
     if lo == nil or sortable(id) < sortable(lo) then lo = id end
     if hi == nil or sortable(id) > sortable(hi) then hi = id end
     at = at + 5 + 2 * tonumber(ARGV[at + 4])
-    at = at + 1 + 5 * tonumber(ARGV[at])
+    at = at + 1 + 6 * tonumber(ARGV[at])
   end
   if lo ~= nil then
     for _, p in ipairs(redis.call('XPENDING', rollouts, group, lo, hi, 2147483647, consumer)) do
@@ -81,7 +83,7 @@ do
 end
 local acks, cleared = {}, {}
 
-local replies, pos, all_ok = {}, 11, true
+local replies, pos, all_ok = {}, 12, true
 for i = 1, n_items do
   local id, uid, mean, zero_var = ARGV[pos], ARGV[pos + 1], ARGV[pos + 2], ARGV[pos + 3] == '1'
   local n_trace = tonumber(ARGV[pos + 4])
@@ -89,7 +91,7 @@ for i = 1, n_items do
   pos = pos + 5 + 2 * n_trace
   local n_parts = tonumber(ARGV[pos])
   local parts_at = pos + 1
-  pos = parts_at + 5 * n_parts
+  pos = parts_at + 6 * n_parts
   local status = 'ok'
   if not mine[id] then  -- another consumer's ('lost'), or settled already ('dup')
     status = #redis.call('XPENDING', rollouts, group, id, id, 1) > 0 and not acks[id] and 'lost' or 'dup'
@@ -107,7 +109,7 @@ for i = 1, n_items do
       trace_pairs[#trace_pairs + 1] = Trace.collected_at
       trace_pairs[#trace_pairs + 1] = now
       for j = 0, n_parts - 1 do
-        local p = parts_at + 5 * j
+        local p = parts_at + 6 * j
         local model, index, reason = ARGV[p], tonumber(ARGV[p + 1]), ARGV[p + 2]
         local minv, n = tonumber(ARGV[p + 3]), ARGV[p + 4]
         versions[model] = versions[model] or trainer_version(state, model)
@@ -118,6 +120,7 @@ for i = 1, n_items do
           local member = uid .. ' ' .. minv .. ' ' .. n .. ' ' .. id
           redis.call('ZADD', KEYS[index], order == 'edf' and minv + max_staleness or seq, member)
           hold(KEYS[index + 2], id)
+          if ARGV[p + 5] ~= '' then redis.call('HSET', KEYS[index + 1], id, ARGV[p + 5]) end
           count(Counters.model_ready(model), 1)
           for _, f in ipairs({Trace.outcome(model), 'ready', Trace.ready_seq(model), seq, Trace.min_version(model), minv}) do
             trace_pairs[#trace_pairs + 1] = f
@@ -143,10 +146,12 @@ for i = 1, n_items do
       trace(prefix, uid, ttl, trace_pairs)
     end
   end
-  for j = 0, n_parts - 1 do  -- bytes written for a part nothing holds (a part just made ready is held)
-    local index = tonumber(ARGV[parts_at + 5 * j + 1])
-    if reply[j + 2] ~= 'ready' and redis.call('HEXISTS', KEYS[index + 2], id) == 0 then
-      redis.call('HDEL', KEYS[index + 1], id)
+  if written then  -- bytes the caller wrote for a part nothing holds (a part just made ready is held)
+    for j = 0, n_parts - 1 do
+      local index = tonumber(ARGV[parts_at + 6 * j + 1])
+      if reply[j + 2] ~= 'ready' and redis.call('HEXISTS', KEYS[index + 2], id) == 0 then
+        redis.call('HDEL', KEYS[index + 1], id)
+      end
     end
   end
   replies[i] = reply
