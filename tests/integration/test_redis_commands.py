@@ -93,7 +93,8 @@ async def test_settling_rollouts_asks_nothing_about_scripts_and_survives_losing_
     """A settle is one script call, its groups' bytes passed to it, or (past `INLINE_BYTES`) written by
     plain HSETs in one MULTI with it - where redis-py asked `SCRIPT EXISTS` before each such pipeline, a
     round trip per settle. Either way, a Redis that lost its scripts (restarted) still settles, and the
-    samples hash holds the bytes of the groups made ready, and nothing else."""
+    samples hash holds the bytes of the groups made ready, and nothing else. The script's commands do not
+    grow with the groups it makes ready."""
     monkeypatch.setattr(store, "INLINE_BYTES", inline_bytes)
     first: dict[bool, str] = {}
 
@@ -115,6 +116,7 @@ async def test_settling_rollouts_asks_nothing_about_scripts_and_survives_losing_
         assert calls.get("script|exists", 0) == before.get("script|exists", 0)
         in_multi = calls.get("multi", 0) - before.get("multi", 0)
         assert in_multi == (0 if inline_bytes else 1 + flush)  # (again after the NOSCRIPT)
+        assert calls["zadd"] - before.get("zadd", 0) == 1  # one settle: one ZADD for its 3 groups
         collected += len(uids) - 1
         ready = await bus.redis.zrange(bus.keys.ready("policy"), 0, -1)
         assert len(ready) == collected

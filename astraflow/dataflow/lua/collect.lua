@@ -82,6 +82,11 @@ do
   end
 end
 local acks, cleared = {}, {}
+local added, passed = {}, {}  -- per ready index: its ZADD's score-member pairs, the bytes passed for them
+local function push(list, a, b)
+  list[#list + 1] = a
+  list[#list + 1] = b
+end
 
 local replies, pos, all_ok = {}, 12, true
 for i = 1, n_items do
@@ -118,9 +123,13 @@ for i = 1, n_items do
         if reason == '' then
           seq = seq + 1
           local member = uid .. ' ' .. minv .. ' ' .. n .. ' ' .. id
-          redis.call('ZADD', KEYS[index], order == 'edf' and minv + max_staleness or seq, member)
+          added[index] = added[index] or {}
+          push(added[index], order == 'edf' and minv + max_staleness or seq, member)
           hold(KEYS[index + 2], id)
-          if ARGV[p + 5] ~= '' then redis.call('HSET', KEYS[index + 1], id, ARGV[p + 5]) end
+          if ARGV[p + 5] ~= '' then
+            passed[index] = passed[index] or {}
+            push(passed[index], id, ARGV[p + 5])
+          end
           count(Counters.model_ready(model), 1)
           for _, f in ipairs({Trace.outcome(model), 'ready', Trace.ready_seq(model), seq, Trace.min_version(model), minv}) do
             trace_pairs[#trace_pairs + 1] = f
@@ -157,6 +166,8 @@ for i = 1, n_items do
   replies[i] = reply
   all_ok = all_ok and reply[1] == 'ok'
 end
+for index, pairs_ in pairs(added) do redis.call('ZADD', KEYS[index], unpack(pairs_)) end
+for index, pairs_ in pairs(passed) do redis.call('HSET', KEYS[index + 1], unpack(pairs_)) end
 if #acks > 0 then
   redis.call('XACK', rollouts, group, unpack(acks))
   redis.call('HDEL', errors, unpack(cleared))
