@@ -197,7 +197,8 @@ class Dataflow:
         if limits is not None and not task.cancelled() and task.exception() is None:
             if (room := task.result()) is not None:
                 self.feeder.hint(limits, room)
-        self._collected.set()
+        if any(map(self.former.due, self.settings.trained)):  # (a wake-up for nothing costs a turn)
+            self._collected.set()
         self._freed.set()
 
     async def _form(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import fakeredis
 import numpy as np
@@ -300,6 +301,24 @@ async def test_the_feeder_waits_for_the_former_not_for_settles_while_the_ready_s
         assert len(steps) == 3
     finally:
         feeding.cancel()
+
+
+async def test_a_settle_wakes_the_former_only_once_a_batch_may_form():
+    """The former's last step found 2 groups missing: settles that made fewer ready leave it asleep."""
+    _, df = make("dataflow.batch.unit=groups")
+    settle = asyncio.get_running_loop().create_future()
+    settle.set_result(None)
+    df.former.short["policy"] = 2
+    df.former.made_ready("policy", 8)
+    df._settled(None, settle)
+    assert not df._collected.is_set()
+    df.former.made_ready("policy", 8)
+    df._settled(None, settle)
+    assert df._collected.is_set()
+    df._collected.clear()
+    df.former.full_until["policy"] = time.monotonic() + 60  # (its prefetch was full)
+    df._settled(None, settle)
+    assert not df._collected.is_set()
 
 
 async def test_replicas_share_one_cursor_and_each_epoch_covers_every_row_once():
