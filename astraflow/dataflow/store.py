@@ -21,8 +21,9 @@ from astraflow.streams.schema import Entry
 SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
 INLINE_BYTES = 32 << 10
 """Accepted parts' bytes a settle passes to its script as arguments (one command); more go in by plain
-HSETs in a MULTI with it, as Lua copies its arguments into its own heap (at this size the two cost Redis
-about the same, and the one command costs the dataflow half as much)."""
+HSETs in a MULTI with it, as Lua copies its arguments into its own heap (`tests/bench/settle_bytes.py`:
+up to this size Redis spends 1.0-1.3x as much on the arguments, the dataflow half as much on one command;
+at 256 KiB Redis spends twice as much)."""
 
 
 @dataclass(frozen=True)
