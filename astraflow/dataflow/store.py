@@ -22,7 +22,7 @@ SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "annou
 INLINE_BYTES = 32 << 10
 """Accepted parts' bytes a settle passes to its script as arguments (one command); more go in by plain
 HSETs in a MULTI with it, as Lua copies its arguments into its own heap (`tests/bench/settle_bytes.py`:
-up to this size Redis spends 1.0-1.3x as much on the arguments, the dataflow half as much on one command;
+up to this size Redis spends 1.0-1.4x as much on the arguments, the dataflow half as much on one command;
 at 256 KiB Redis spends twice as much)."""
 
 
@@ -224,20 +224,21 @@ class Store:
                 args += [name, value]
         args += [GROUP_RAAS, *(limits or ("", "")), s.batch.unit, s.batch.size]
         script = self._scripts["collect"]
-        call = (lambda: script(keys=keys, args=args)) if inline else (lambda: self._multi(items, keys, args))
-        written, replies, room = await self.bus.call(call)
+        if inline:
+            written, replies, room = await self.bus.call(lambda: script(keys=keys, args=args))
+        else:
+            written, replies, room = await self.bus.call(lambda: self._multi(script, items, keys, args))
         decoded = [[x.decode() for x in r] for r in replies]
         return Settled(bool(written), decoded, _room(room) if room else None)
 
-    async def _multi(self, items: Sequence[Collected], keys: list, args: list):
-        """The collect script's reply, run in one MULTI after plain HSETs of the accepted parts' bytes
-        under their entries' ids (the script removes those of parts that end up held by nothing)."""
+    async def _multi(self, script, items: Sequence[Collected], keys: list, args: list):
+        """The reply of `script` (collect.lua) run in one MULTI after plain HSETs of the accepted parts'
+        bytes under their entries' ids (the script removes those of parts that end up held by nothing)."""
         by_model: dict[str, dict[str, bytes]] = {}
         for it in items:
             for p in it.parts:
                 if not p.reason:
                     by_model.setdefault(p.model, {})[it.entry_id] = p.payload
-        script = self._scripts["collect"]
 
         def fill(pipe) -> None:
             for model, payloads in by_model.items():  # one HSET per model, not per group
