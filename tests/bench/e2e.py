@@ -32,6 +32,7 @@ of median times to target; the last line, exactly:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import statistics
@@ -140,13 +141,30 @@ def figures(contender: str, seed: int, root: Path, cell: str = "") -> dict:
     }
 
 
+def checkpoint(recipe: str) -> dict:
+    """What every contender starts from: the digest of the recipe's warm-started weights (built here if
+    not cached) and the versions of the packages that built them. Steps to target depend on these bytes:
+    the same code and seeds on a rebuilt checkpoint took a quarter more steps for both kinds of contender
+    (docs/benchmarks.md), so only figures of one checkpoint compare."""
+    from importlib.metadata import version
+
+    from astraflow.config import load_settings
+    from astraflow.launch.tiny_cache import build_tiny
+
+    path = build_tiny(load_settings(recipe))
+    weights = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12] if path else "-"
+    return {"weights": weights, **{p: version(p) for p in ("torch", "transformers")}}
+
+
 def median(runs: list[dict], key: str) -> float | None:
     values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
 
 
-def report(results: dict[str, list[dict]]) -> None:
+def report(results: dict[str, list[dict]], start: dict | None) -> None:
     print(f"\n{args.recipe}: to reward {args.target} (ma{args.window}), medians over seeds {args.seeds}")
+    if start is not None:
+        print("from weights {weights} (torch {torch}, transformers {transformers})".format(**start))
     head = ("to target", "steps", "ms/step", "gen", "train", "wait", "own", "cpu/wall", "gen/trained")
     print(f"{'':9}" + "".join(f"{h:>12}" for h in head) + "   runs (time to target)")
     medians = {}
@@ -186,13 +204,15 @@ def report(results: dict[str, list[dict]]) -> None:
 def main() -> None:
     contenders, seeds = args.contenders.split(","), [int(s) for s in args.seeds.split(",")]
     root = Path(args.report or tempfile.mkdtemp(prefix="astraflow-bench-e2e-"))
+    start_file = root / "checkpoint.json"
     if not args.report:
+        start_file.write_text(json.dumps(checkpoint(args.recipe)))
         for seed in seeds:
             for c in contenders:
                 run(c, seed, root)
     results = {c: [figures(c, s, root) for s in seeds] for c in contenders}
     (root / "results.json").write_text(json.dumps(results, indent=1))
-    report(results)
+    report(results, json.loads(start_file.read_text()) if start_file.exists() else None)
     print(f"runs kept in {root}")
 
 

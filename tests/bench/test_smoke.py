@@ -48,6 +48,9 @@ FIGURES = {
 """Script -> a regular expression (per line) of its figure line at the smoke size, in the format its full
 size prints."""
 
+ALSO = {"e2e": r"^from weights [0-9a-f]{12} \(torch \S+, transformers \S+\)$"}
+"""Script -> another line it must print: e2e's figures hold only for the weights it names."""
+
 SLOW = {
     "e2e",
     "eval_overhead",
@@ -81,6 +84,7 @@ def test_bench_completes_at_its_smoke_size_and_prints_its_figures(script, tmp_pa
     out, err, code = run(BENCH / f"{script}.py", tmp_path, timeout_s=360 if script in SLOW else 80)
     assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
     assert re.search(FIGURES[script], out, re.MULTILINE), f"no figure line in:\n{out[-3000:]}"
+    assert re.search(ALSO.get(script, ""), out, re.MULTILINE), f"no {ALSO[script]!r} line in:\n{out[-3000:]}"
 
 
 def run(script: Path, tmp: Path, timeout_s: float) -> tuple[str, str, int]:
