@@ -22,7 +22,9 @@ of median times to target; the last line, exactly:
 
     e2e: astraflow/TRL <r>, astraflow/plain <r>, astraflow/plain+ds <r>, sync/plain+ds <r> (<n> seeds)
 
-(astraflow is `async`; `-` where a contender was not run or did not reach the target).
+(astraflow is `async`; `-` where a contender was not run or did not reach the target). Above the table,
+`from weights <digest> (torch <version>, transformers <version>)`: the starting checkpoint, which steps to
+target depend on; compare figures of one checkpoint only.
 
     python tests/bench/e2e.py [--seeds 0,1,2] [--contenders plain,plain+ds,trl,async,sync] [--max-time 900]
                               [--max-steps N]
