@@ -18,6 +18,7 @@ import tempfile
 from _smoke import parse
 
 from astraflow import redis_server
+from astraflow.launch.supervisor import cpu_seconds
 from astraflow.streams import Bus
 from astraflow.streams.connection import queue_script, with_script
 from astraflow.streams.settings import RedisSettings, StreamsSettings
@@ -25,12 +26,6 @@ from astraflow.streams.settings import RedisSettings, StreamsSettings
 PASSED = """redis.call('HSET', KEYS[1], unpack(ARGV))
 for i = 1, #ARGV, 2 do redis.call('HDEL', KEYS[1], ARGV[i]) end"""
 WRITTEN = "redis.call('HDEL', KEYS[1], unpack(ARGV))"
-
-
-def redis_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def client_cpu_s() -> float:
@@ -57,10 +52,10 @@ async def per_settle(server, size: int, groups: int, calls: int) -> dict[str, tu
     try:
         for name, settle in ways.items():
             await settle()
-            redis0, client0 = redis_cpu_s(server.pid), client_cpu_s()
+            redis0, client0 = cpu_seconds(server.pid), client_cpu_s()
             for _ in range(calls):
                 await settle()
-            out[name] = ((redis_cpu_s(server.pid) - redis0) / calls, (client_cpu_s() - client0) / calls)
+            out[name] = ((cpu_seconds(server.pid) - redis0) / calls, (client_cpu_s() - client0) / calls)
     finally:
         await bus.close()
     return out
