@@ -179,7 +179,8 @@ class Bus:
         was done finds its items 'dup'). Every output's size is checked (`check_size`) before anything
         is written. Per item the reply is (status, output ids): OK; DUP when every output already
         existed (a retry of a call whose reply was lost); LOST when the input is no longer owned by
-        `consumer` (it was reclaimed) - then nothing of that item was written.
+        `consumer` (it was reclaimed, or its read was lost in a failover) - then nothing of that item was
+        written.
         """
         whole = [Item(*item) for item in items]
         for item in whole:

@@ -237,7 +237,7 @@ class Runner:
             for (entry, _), status in zip(batch, statuses, strict=True):
                 self.stats[status] += 1
                 if status == LOST:
-                    self.log.warning("entry_lost", id=entry.id, reason="reclaimed by another consumer")
+                    self.log.warning("entry_lost", id=entry.id, reason="reclaimed, or its read failed over")
 
     async def _lease_loop(self) -> None:
         interval = self.consumer.bus.settings.lease_ms / 3000

@@ -71,6 +71,24 @@ async def test_handoff_of_a_reclaimed_entry_is_lost_and_writes_nothing(bus):
     assert await bus.redis.xlen(bus.keys.rollouts) == 1
 
 
+async def test_handoff_of_an_entry_never_delivered_is_lost_not_dup(bus):
+    """After a failover the promoted replica may lack a read: its entry is neither pending nor acknowledged
+    there, and a hand-off of it is LOST (nothing written, the entry is read anew), not DUP ("done")."""
+    await fill(bus, 3)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    first, _ = await c.read(2, block_ms=10)
+    assert await c.complete([(first, [Out(bus.keys.rollouts, {"data": b"r"})])]) == [OK]
+    ids = [entry_id.decode() for entry_id, _ in await bus.redis.xrange(bus.keys.prompts)]
+    unread = ids[2]  # (the group's last-delivered id is ids[1])
+    replies = await bus.handoff(
+        bus.keys.prompts, GROUP_RAAS, "c", [(unread, [Out(bus.keys.rollouts, {"d": b"x"})])]
+    )
+    assert [status for status, _ in replies] == [LOST]
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
+    assert [e.id for e in await c.read(5, block_ms=10)] == [unread]
+    assert await c.complete([(first, [Out(bus.keys.rollouts, {"data": b"r"})])]) == [DUP]  # acknowledged
+
+
 async def test_handoff_of_a_batch_tells_owned_entries_from_held_elsewhere_and_repeated(bus):
     """Owners are checked for the whole call at once: between a call's lowest and highest input other
     consumers' entries and this consumer's entries outside the call change nothing, and an input given

@@ -24,7 +24,8 @@
 -- An acknowledged input's recorded error (errors hash, written by release and claim) is removed with it.
 -- Returns {replies, ignored}: one reply per item, {status, id of each output ('' when unknown)}, status
 -- 'ok', 'dup' (already done: every output existed, or the input was already acknowledged) or 'lost'
--- (another consumer has it); and the dedup keys whose markers were ignored (not this hand-off's).
+-- (another consumer has it, or this server never delivered it: the read was lost in a failover); and the
+-- dedup keys whose markers were ignored (not this hand-off's).
 
 local input, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, ttl, n_items = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -75,6 +76,24 @@ if lo then
   end
 end
 
+-- Whether the group was ever delivered entry `id` (its last-delivered id is not before it), looked up once:
+-- an input that is neither pending nor delivered was read on a primary that failed over before the read
+-- reached this server; nothing of its hand-off is here, so it is 'lost', not 'dup'.
+local last_delivered
+local function delivered(id)
+  if not last_delivered then
+    last_delivered = {'0', '0'}
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', input)) do
+      local info = {}
+      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
+      if info['name'] == group then
+        last_delivered = {string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')}
+      end
+    end
+  end
+  return not id_before(last_delivered, {string.match(id, '^(%d+)-(%d+)$')})
+end
+
 -- Pass 2: per item, decide and write.
 local replies, ignored, acked, done = {}, {}, {}, {}
 pos = 5
@@ -99,7 +118,8 @@ for i = 1, n_items do
     all_done = all_done and existing ~= false
     pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
   end
-  if all_done or done[id] or (not owned and #redis.call('XPENDING', input, group, id, id, 1) == 0) then
+  local acknowledged = not owned and #redis.call('XPENDING', input, group, id, id, 1) == 0 and delivered(id)
+  if all_done or done[id] or acknowledged then
     reply[1] = 'dup'
   elseif not owned then
     reply[1] = 'lost'
