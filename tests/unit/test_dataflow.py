@@ -18,7 +18,7 @@ from astraflow.launch.build import dataflow_setup
 from astraflow.messages import SCHEMA, RolloutGroup, VersionNotice, decode, encode
 from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
-from astraflow.streams.keys import GROUP_RAAS
+from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.records import RolloutStats, decode_record, encode_record
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
 
@@ -487,6 +487,22 @@ async def test_the_rollout_metrics_go_out_with_the_settle_and_a_settle_retried_a
         pass
     stats = [decode_record(e) for _, e in await bus.redis.xrange(bus.keys.metrics)]
     assert [(r.groups, r.samples, r.reward_sum) for r in stats] == [(2, 8, 4.0), (2, 8, 8.0)]
+
+
+async def test_a_settle_of_rollouts_this_server_never_delivered_is_lost_and_they_are_read_anew():
+    """A promoted replica may lack the collector's read (the group as created, nothing pending): the settle
+    answers 'lost' (not 'dup', "settled"), and the rollouts are collected when read again."""
+    bus, df = make()
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await roll_out(bus, 2, lambda g, i: float(i % 2))
+    _, items = await df.collector.prepare(1)
+    await bus.redis.xgroup_destroy(bus.keys.rollouts, GROUP_DATAFLOW)
+    await bus.redis.xgroup_create(bus.keys.rollouts, GROUP_DATAFLOW, "0")
+    assert [r[0] for r in (await df.store.collect("df", items)).replies] == ["lost", "lost"]
+    while await df.collector.step(1):
+        pass
+    assert (await ledger_of(bus, df)).collected == 2
 
 
 @pytest.mark.parametrize("bad", [{"model": "other"}, {"uid": "has space"}])

@@ -98,8 +98,11 @@ for i = 1, n_items do
   local parts_at = pos + 1
   pos = parts_at + 6 * n_parts
   local status = 'ok'
-  if not mine[id] then  -- another consumer's ('lost'), or settled already ('dup')
-    status = #redis.call('XPENDING', rollouts, group, id, id, 1) > 0 and not acks[id] and 'lost' or 'dup'
+  if acks[id] then  -- the same entry twice in one call
+    status = 'dup'
+  elseif not mine[id] then  -- another consumer's ('lost'), settled already ('dup') or never read here
+    local held = #redis.call('XPENDING', rollouts, group, id, id, 1) > 0
+    status = held and 'lost' or settled_or_unread(rollouts, group, id)
   end
   local reply = {status}
   if status == 'ok' then

@@ -125,11 +125,18 @@ local function trainer_version(state, model)
   return tonumber(redis.call('HGET', state, State.version(model)) or '0')
 end
 
+-- What became of entry `id`, pending for no consumer of `group`: 'dup' when it was delivered and
+-- acknowledged, 'lost' when this server never delivered it (its read was lost with a primary that failed
+-- over; it is read anew).
+local function settled_or_unread(stream, group, id)
+  return sortable(id) <= sortable(last_delivered(stream, group)) and 'dup' or 'lost'
+end
+
 -- Whether `consumer` owns entry `id` of `stream` in `group`; 'lost' or 'dup' when it does not.
 local function ownership(stream, group, consumer, id)
   if #redis.call('XPENDING', stream, group, id, id, 1, consumer) > 0 then return 'ok' end
   if #redis.call('XPENDING', stream, group, id, id, 1) > 0 then return 'lost' end
-  return 'dup'
+  return settled_or_unread(stream, group, id)
 end
 
 -- Add to the lineage of prompt group `uid` (its hash is `traces .. uid`; `traces` comes from the caller):
