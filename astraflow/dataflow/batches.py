@@ -94,8 +94,8 @@ class BatchReader:
 
     async def ack(self, batches: Sequence[Received]) -> list[str]:
         """Acknowledge `batches` (their samples may be dropped from then on); returns the ids refused
-        because another consumer owns them now. Acknowledged entries are trimmed from the stream every
-        `streams.trim_interval_ms`."""
+        because another consumer owns them now (or a failover lost their read: they are delivered again).
+        Acknowledged entries are trimmed from the stream every `streams.trim_interval_ms`."""
         done = [(Entry(self.stream, r.id, {}), ()) for r in batches]
         statuses = await self._consumer.complete(done) if done else []
         refused = [r.id for r, status in zip(batches, statuses, strict=True) if status == LOST]

@@ -285,7 +285,8 @@ class TrainerService:
 
     async def _ack(self, received: list[Received]) -> None:
         """Acknowledge batches a durable checkpoint holds (they are not read again)."""
-        for batch_id in await self.batches.ack(received):  # another trainer took it over: it trains it too
+        # Refused: another trainer took it over, or a failover lost its read; either way it is trained again.
+        for batch_id in await self.batches.ack(received):
             log.error("batch_ack_refused", model=self.model_name, id=batch_id)
 
     async def _metrics(self, batch_uid: str, stats: dict[str, float]) -> None:
