@@ -8,7 +8,6 @@ entry whole in one of them.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import uuid
 from collections.abc import Sequence
@@ -18,9 +17,10 @@ import structlog
 from redis.exceptions import ResponseError
 
 from astraflow.errors import BusError, MessageTooLarge
-from astraflow.streams.chunks import ARG_OVERHEAD_BYTES, arg_bytes, chunked
+from astraflow.streams.chunks import arg_bytes, chunked
 from astraflow.streams.connection import queue_script, reconnecting, register_scripts, with_script
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
+from astraflow.streams.handoff import handoff_call, handoff_cost
 from astraflow.streams.identity import RunIdentity, new_identity_args
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
 from astraflow.streams.records import DeadLetter, encode_record
@@ -30,20 +30,6 @@ from astraflow.streams.schema import Errors
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 log = structlog.get_logger(__name__)
-BINDING_CHARS = 32
-"""Hex digits of a dedup marker's binding (`binding_of`)."""
-
-
-def binding_of(stream: str, input_id: str, out: Out) -> str:
-    """What binds an output's dedup marker to the hand-off that writes it: a digest of the input (stream,
-    id) and the output (stream, fields). Nobody without the output's bytes can write a marker that passes
-    for it, so a guessed dedup key cannot make a hand-off drop its output."""
-    h = hashlib.blake2b(digest_size=BINDING_CHARS // 2)
-    for part in (stream, input_id, out.stream, *(x for kv in out.fields.items() for x in kv)):
-        data = bytes(part) if isinstance(part, bytes | bytearray | memoryview) else str(part).encode()
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
 
 
 class Bus:
@@ -187,46 +173,16 @@ class Bus:
             for out in item.outs:
                 self.check_size(out)
         replies: list[tuple[str, list[str]]] = []
-        for chunk in self._chunks(whole, self._handoff_cost):
+        for chunk in self._chunks(whole, lambda item: handoff_cost(self.keys, item)):
             replies += await self._handoff(stream, group, consumer, chunk)
         return replies
 
     def _chunks(self, items, cost):
         return chunked(items, cost, self.settings.max_call_args, self.settings.max_call_bytes)
 
-    def _handoff_cost(self, item: Item) -> tuple[int, int]:
-        """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones (counted,
-        not built: this runs for every entry handed off)."""
-        input_id = item.input.id if isinstance(item.input, Entry) else item.input
-        n_args, n_bytes = 3, len(input_id) + len(item.dead_uid) + 1
-        for out in item.outs:
-            n_args += 5 + 2 * len(out.fields)
-            n_bytes += len(out.stream) + 3 + BINDING_CHARS + len(str(len(out.fields)))
-            n_bytes += len(self.keys.dedup(out.dedup)) if out.dedup else 0
-            n_bytes += sum(len(name) + len(value) for name, value in out.fields.items())
-        return n_args, n_bytes + n_args * ARG_OVERHEAD_BYTES
-
     async def _handoff(self, stream: str, group: str, consumer: str, items: list[Item]):
         """One hand-off script call of `items` (see handoff.lua)."""
-        keys = [stream, self.keys.errors, self.keys.in_flight, self.keys.ledger]
-        index: dict[str, int] = {}
-
-        def key_index(key: str) -> int:
-            if key not in index:
-                keys.append(key)
-                index[key] = len(keys)
-            return index[key]
-
-        args: list[bytes | str | int] = [group, consumer, self.dedup_ttl_ms, len(items)]
-        for entry, outs, dead_uid in items:
-            input_id = entry.id if isinstance(entry, Entry) else entry
-            args += [input_id, dead_uid, len(outs)]
-            for out in outs:
-                dedup = key_index(self.keys.dedup(out.dedup)) if out.dedup else 0
-                binding = binding_of(stream, input_id, out) if out.dedup and input_id else ""
-                args += [key_index(out.stream), dedup, binding, len(out.fields)]
-                for name, value in out.fields.items():
-                    args += [name, value]
+        keys, args = handoff_call(self.keys, stream, group, consumer, self.dedup_ttl_ms, items)
         try:
             replies, ignored = await self.hand_off_script(self._scripts["handoff"], keys, args)
         except ResponseError as e:

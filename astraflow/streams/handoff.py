@@ -1,0 +1,65 @@
+"""What one hand-off call sends to handoff.lua: its keys and arguments, what an item costs against
+`streams.max_call_args` / `max_call_bytes`, and the binding of each output's dedup marker to its input."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from astraflow.streams.chunks import ARG_OVERHEAD_BYTES
+from astraflow.streams.entries import Entry, Item, Out
+from astraflow.streams.keys import Keys
+
+BINDING_CHARS = 32
+"""Hex digits of a dedup marker's binding (`binding_of`)."""
+
+
+def binding_of(stream: str, input_id: str, out: Out) -> str:
+    """What binds an output's dedup marker to the hand-off that writes it: a digest of the input (stream,
+    id) and the output (stream, fields). Nobody without the output's bytes can write a marker that passes
+    for it, so a guessed dedup key cannot make a hand-off drop its output."""
+    h = hashlib.blake2b(digest_size=BINDING_CHARS // 2)
+    for part in (stream, input_id, out.stream, *(x for kv in out.fields.items() for x in kv)):
+        data = bytes(part) if isinstance(part, bytes | bytearray | memoryview) else str(part).encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def handoff_cost(keys: Keys, item: Item) -> tuple[int, int]:
+    """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones (counted, not
+    built: this runs for every entry handed off)."""
+    input_id = item.input.id if isinstance(item.input, Entry) else item.input
+    n_args, n_bytes = 3, len(input_id) + len(item.dead_uid) + 1
+    for out in item.outs:
+        n_args += 5 + 2 * len(out.fields)
+        n_bytes += len(out.stream) + 3 + BINDING_CHARS + len(str(len(out.fields)))
+        n_bytes += len(keys.dedup(out.dedup)) if out.dedup else 0
+        n_bytes += sum(len(name) + len(value) for name, value in out.fields.items())
+    return n_args, n_bytes + n_args * ARG_OVERHEAD_BYTES
+
+
+def handoff_call(
+    keys: Keys, stream: str, group: str, consumer: str, ttl_ms: int, items: Sequence[Item]
+) -> tuple[list[str], list[bytes | str | int]]:
+    """The KEYS and ARGV of one handoff.lua call of `items` from `stream` (see the script's header)."""
+    call_keys = [stream, keys.errors, keys.in_flight, keys.ledger]
+    index: dict[str, int] = {}
+
+    def key_index(key: str) -> int:
+        if key not in index:
+            call_keys.append(key)
+            index[key] = len(call_keys)
+        return index[key]
+
+    args: list[bytes | str | int] = [group, consumer, ttl_ms, len(items)]
+    for entry, outs, dead_uid in items:
+        input_id = entry.id if isinstance(entry, Entry) else entry
+        args += [input_id, dead_uid, len(outs)]
+        for out in outs:
+            dedup = key_index(keys.dedup(out.dedup)) if out.dedup else 0
+            binding = binding_of(stream, input_id, out) if out.dedup and input_id else ""
+            args += [key_index(out.stream), dedup, binding, len(out.fields)]
+            for name, value in out.fields.items():
+                args += [name, value]
+    return call_keys, args
