@@ -58,7 +58,7 @@ class Bus:
         self.settings = settings
         self.redis = client
         self.blocking = blocking
-        self._scripts = register_scripts(client, prelude="common.lua")
+        self._scripts = register_scripts(client)
         self.failures = 0
         self.reader = reader or ReplicaReads(None, None)
         """Read-only traffic off a replica (`read_only`); `reader.stats` counts where reads went."""

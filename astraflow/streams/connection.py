@@ -74,10 +74,12 @@ def register_scripts(
     names: tuple[str, ...] = SCRIPT_NAMES,
     prelude: str | None = None,
 ) -> dict[str, object]:
-    """Load `<package>/lua/<name>.lua` once each, with the schema's names (`schema.lua_prelude`) and the
-    `prelude` file's helpers prepended; a script lost to a Redis restart is reloaded on NOSCRIPT."""
+    """Load `<package>/lua/<name>.lua` once each, with the schema's names (`schema.lua_prelude`), the
+    helpers every script shares (`astraflow/streams/lua/common.lua`) and the package's `prelude` file's
+    prepended; a script lost to a Redis restart is reloaded on NOSCRIPT."""
     lua = resources.files(package) / "lua"
-    head = (lua / prelude).read_text() + "\n" if prelude else ""
+    head = (resources.files("astraflow.streams") / "lua" / "common.lua").read_text() + "\n"
+    head += (lua / prelude).read_text() + "\n" if prelude else ""
     scripts = {name: head + (lua / f"{name}.lua").read_text() for name in names}
     return {name: client.register_script(lua_prelude(text) + text) for name, text in scripts.items()}
 

@@ -89,6 +89,23 @@ async def test_handoff_of_an_entry_never_delivered_is_lost_not_dup(bus):
     assert await c.complete([(first, [Out(bus.keys.rollouts, {"data": b"r"})])]) == [DUP]  # acknowledged
 
 
+async def test_handoff_of_an_entry_this_server_never_had_is_lost_even_after_later_reads(bus):
+    """A failover may lose an entry's XADD too: later entries are delivered past its id, yet a hand-off of
+    it is LOST; one trimmed away after its acknowledgement is still DUP."""
+    for entry_id in ("5-0", "7-0"):
+        await bus.redis.xadd(bus.keys.prompts, {"data": b"x"}, id=entry_id)
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    first, _ = await c.read(2, block_ms=10)
+    assert await c.complete([(first, [Out(bus.keys.rollouts, {"data": b"r"})])]) == [OK]
+    never = await bus.handoff(
+        bus.keys.prompts, GROUP_RAAS, "c", [("6-0", [Out(bus.keys.rollouts, {"d": b"x"})])]
+    )
+    assert [status for status, _ in never] == [LOST]
+    await bus.redis.xtrim(bus.keys.prompts, minid="7-0")
+    assert await c.complete([(first, [Out(bus.keys.rollouts, {"data": b"r"})])]) == [DUP]
+    assert await bus.redis.xlen(bus.keys.rollouts) == 1
+
+
 async def test_handoff_of_a_batch_tells_owned_entries_from_held_elsewhere_and_repeated(bus):
     """Owners are checked for the whole call at once: between a call's lowest and highest input other
     consumers' entries and this consumer's entries outside the call change nothing, and an input given

@@ -21,8 +21,8 @@
 -- its trace says `eval` = `dropped: <reason>`) and lowers `eval_pending:<v>` in the state.
 -- Returns {records written (1/0), per item: {status, outcome per part...}, the feeder's `room` after the
 -- settle (common.lua; {} when not wanted): a round trip less for it}; status 'ok', 'dup' (already
--- settled), 'lost' (another consumer owns the entry) or 'unknown' (its uid was not in flight: a duplicate
--- rollout, only acked).
+-- settled), 'lost' (another consumer owns the entry, or a failover lost it) or 'unknown' (its uid was not
+-- in flight: a duplicate rollout, only acked).
 local rollouts, in_flight, ledger, state = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ewma_key, streak_key, greso, errors, metrics, prompts = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local group, consumer, max_staleness, prefix = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]

@@ -1,15 +1,5 @@
--- Helpers shared by the dataflow's scripts (prepended to each one when it is registered).
-
--- The id of the last entry of `stream` delivered to `group` ('0-0' when none).
-local function last_delivered(stream, group)
-  if redis.call('EXISTS', stream) == 0 then return '0-0' end
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local info = {}
-    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-    if info['name'] == group then return info['last-delivered-id'] end
-  end
-  return '0-0'
-end
+-- Helpers shared by the dataflow's scripts (prepended to each one when it is registered, after
+-- streams/lua/common.lua's).
 
 -- Entries of `stream` that `group` has not been delivered yet, counted up to `cap` (small entries only:
 -- XRANGE returns them whole).
@@ -123,13 +113,6 @@ end
 -- The trainer version of `model` (0 before its trainer published anything).
 local function trainer_version(state, model)
   return tonumber(redis.call('HGET', state, State.version(model)) or '0')
-end
-
--- What became of entry `id`, pending for no consumer of `group`: 'dup' when it was delivered and
--- acknowledged, 'lost' when this server never delivered it (its read was lost with a primary that failed
--- over; it is read anew).
-local function settled_or_unread(stream, group, id)
-  return sortable(id) <= sortable(last_delivered(stream, group)) and 'dup' or 'lost'
 end
 
 -- Whether `consumer` owns entry `id` of `stream` in `group`; 'lost' or 'dup' when it does not.

@@ -5,7 +5,8 @@
 -- KEYS[1] batches stream, KEYS[2] dead stream, KEYS[3] errors hash (the entry's fields are removed: its
 -- recorded error and its step attempts), KEYS[4] ledger
 -- ARGV: group, consumer, entry_id, model, reason, dead_maxlen, max_field_bytes, attempts_field, error_field
--- Returns 'ok', 'dup' (already settled: a retry) or 'lost' (another consumer owns it now).
+-- Returns 'ok', 'dup' (already settled: a retry) or 'lost' (another consumer owns it now, or a
+-- failover lost it).
 local batches, dead, errors, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, id, model, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local dead_maxlen, max_field_bytes = ARGV[6], tonumber(ARGV[7])

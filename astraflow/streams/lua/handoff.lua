@@ -30,13 +30,6 @@
 local input, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer, ttl, n_items = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 
--- Whether stream id a (as {ms, seq}, decimal digits) is before b: numbers of any size compare by length,
--- then digit by digit.
-local function digits_before(x, y) return #x < #y or (#x == #y and x < y) end
-local function id_before(a, b)
-  return digits_before(a[1], b[1]) or (a[1] == b[1] and digits_before(a[2], b[2]))
-end
-
 -- Pass 1, read-only: every output stream must be a stream (or not exist yet); the lowest and highest
 -- input ids.
 local checked, pos, lo, hi = {}, 5, nil, nil
@@ -76,24 +69,6 @@ if lo then
   end
 end
 
--- Whether the group was ever delivered entry `id` (its last-delivered id is not before it), looked up once:
--- an input that is neither pending nor delivered was read on a primary that failed over before the read
--- reached this server; nothing of its hand-off is here, so it is 'lost', not 'dup'.
-local last_delivered
-local function delivered(id)
-  if not last_delivered then
-    last_delivered = {'0', '0'}
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', input)) do
-      local info = {}
-      for k = 1, #g, 2 do info[g[k]] = g[k + 1] end
-      if info['name'] == group then
-        last_delivered = {string.match(info['last-delivered-id'], '^(%d+)-(%d+)$')}
-      end
-    end
-  end
-  return not id_before(last_delivered, {string.match(id, '^(%d+)-(%d+)$')})
-end
-
 -- Pass 2: per item, decide and write.
 local replies, ignored, acked, done = {}, {}, {}, {}
 pos = 5
@@ -118,8 +93,8 @@ for i = 1, n_items do
     all_done = all_done and existing ~= false
     pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
   end
-  local acknowledged = not owned and #redis.call('XPENDING', input, group, id, id, 1) == 0 and delivered(id)
-  if all_done or done[id] or acknowledged then
+  local settled = not owned and not done[id] and #redis.call('XPENDING', input, group, id, id, 1) == 0
+  if all_done or done[id] or (settled and settled_or_unread(input, group, id) == 'dup') then
     reply[1] = 'dup'
   elseif not owned then
     reply[1] = 'lost'
