@@ -101,8 +101,7 @@ for i = 1, n_items do
   if acks[id] then  -- the same entry twice in one call
     status = 'dup'
   elseif not mine[id] then  -- another consumer's ('lost'), settled already ('dup') or never read here
-    local held = #redis.call('XPENDING', rollouts, group, id, id, 1) > 0
-    status = held and 'lost' or settled_or_unread(rollouts, group, id)
+    status = not_owned(rollouts, group, id)
   end
   local reply = {status}
   if status == 'ok' then

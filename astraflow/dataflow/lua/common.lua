@@ -118,8 +118,7 @@ end
 -- Whether `consumer` owns entry `id` of `stream` in `group`; 'lost' or 'dup' when it does not.
 local function ownership(stream, group, consumer, id)
   if #redis.call('XPENDING', stream, group, id, id, 1, consumer) > 0 then return 'ok' end
-  if #redis.call('XPENDING', stream, group, id, id, 1) > 0 then return 'lost' end
-  return settled_or_unread(stream, group, id)
+  return not_owned(stream, group, id)
 end
 
 -- Add to the lineage of prompt group `uid` (its hash is `traces .. uid`; `traces` comes from the caller):

@@ -23,12 +23,14 @@ local function last_delivered(stream, group)
   return '0-0'
 end
 
--- What became of entry `id` of `stream`, pending for no consumer of `group` (ask only then): 'dup' when it
--- was handed off here - delivered to the group, and still in the stream or before its first entry
--- (trimmed: trimming drops acknowledged entries from the front, nothing deletes one alone); else 'lost':
--- this server never delivered it, or never had it (the read, or the XADD itself, was lost with a primary
--- that failed over). Nothing of a 'lost' entry's hand-off is here; it is read anew if it is here at all.
-local function settled_or_unread(stream, group, id)
+-- What a caller that does not own entry `id` of `stream` (in `group`) is told of it: 'lost' when another
+-- consumer holds it; 'dup' when it was handed off here - delivered to the group, and still in the stream
+-- or before its first entry (trimmed: trimming drops acknowledged entries from the front, nothing deletes
+-- one alone); else 'lost': this server never delivered it, or never had it (the read, or the XADD itself,
+-- was lost with a primary that failed over). Nothing of a 'lost' entry's hand-off is here; it is read
+-- anew if it is here at all.
+local function not_owned(stream, group, id)
+  if #redis.call('XPENDING', stream, group, id, id, 1) > 0 then return 'lost' end
   local at = id_parts(id)
   if id_before(id_parts(last_delivered(stream, group)), at) then return 'lost' end
   if #redis.call('XRANGE', stream, id, id) > 0 then return 'dup' end

@@ -93,8 +93,7 @@ for i = 1, n_items do
     all_done = all_done and existing ~= false
     pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
   end
-  local settled = not owned and not done[id] and #redis.call('XPENDING', input, group, id, id, 1) == 0
-  if all_done or done[id] or (settled and settled_or_unread(input, group, id) == 'dup') then
+  if all_done or done[id] or (not owned and not_owned(input, group, id) == 'dup') then
     reply[1] = 'dup'
   elseif not owned then
     reply[1] = 'lost'
