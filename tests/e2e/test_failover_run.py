@@ -4,8 +4,8 @@ a RaaS as separate `astraflow` processes that know Redis only through the Sentin
 for a while (what it takes then reaches no replica) and the primary is killed (-9); Sentinel promotes a
 replica, the workers follow it and the trainer reaches `trainer.max_steps` and exits. `astraflow ledger`
 (through the Sentinel, so on the promoted primary) balances and says a failover happened, and nothing
-acknowledged was lost: the RaaS's acknowledged hand-offs are exactly the groups the promoted primary holds
-(a hand-off acknowledged, lost and redone would count twice on the RaaS, once there). With
+acknowledged was lost: the RaaS's written hand-offs ('ok') are no more than the groups the promoted primary
+holds (a hand-off acknowledged, lost and redone would count twice on the RaaS, once there). With
 `min_replicas_ack: 0` that last check fails (measured: 69 acknowledged, 65 held).
 
 Lockstep (`trainer.mode: sync`): the RaaS must load every version before the next rollouts, so the run
@@ -139,12 +139,17 @@ def test_a_run_follows_a_sentinel_failover_and_loses_nothing_acknowledged(tmp_pa
         )
         assert loaded[-1] == STEPS - 1 > killed_at  # weights followed too (the trainer exits after the last)
         assert ledger["failover_offset"] is not None and ledger["unknown"] == 0 and ledger["dead"] == 0
-        # Every hand-off acknowledged to the RaaS ('ok', or 'dup': a retry of one that wrote, e.g. its WAIT
-        # timed out while the other replica was following the new primary) is a group the promoted primary
-        # holds, collected or still waiting for the dataflow: one lost and redone would be acknowledged
-        # twice. ('lost': one that wrote nothing, e.g. of a read or a submission the failover took back.)
-        acknowledged = stopped.get("ok", 0) + stopped.get("dup", 0)
-        assert acknowledged == ledger["collected"] + waiting > 0, (stopped, ledger, waiting)
+        # Every hand-off the RaaS wrote ('ok') is a group the promoted primary holds, collected or still
+        # waiting for the dataflow: one lost and redone would count twice on the RaaS, once there. What it
+        # holds was each acknowledged somehow: 'ok', or 'dup' - a retry of one that wrote (its WAIT timed
+        # out while the other replica followed the new primary), or of an entry the RaaS had read again
+        # meanwhile. ('lost': one that wrote nothing, of a read or a submission the failover took back.)
+        held = ledger["collected"] + waiting
+        assert 0 < stopped.get("ok", 0) <= held <= stopped.get("ok", 0) + stopped.get("dup", 0), (
+            stopped,
+            ledger,
+            waiting,
+        )
     finally:
         for proc in procs.values():
             if proc.poll() is None:
