@@ -64,7 +64,7 @@ async def test_the_trainers_proximal_logprobs_equal_the_engines_on_policy(
     assert {(t.temperature, t.top_p, t.top_k) for t in group.trajectories} == {(temperature, top_p, top_k)}
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    settings = TrainerSettings(share_prefix=share_prefix, loss=LossSettings(decoupled=True))
+    settings = TrainerSettings(share_prefix=share_prefix, loss=LossSettings(correction="decoupled"))
     trainer = PolicyTrainer(model, settings)
     seen: list[tuple] = []
     policy_loss = step_module.policy_loss
