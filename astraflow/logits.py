@@ -2,7 +2,7 @@
 scores: divide by the temperature, then cut to the top-k, then to the top-p nucleus, each cut renormalised
 (vLLM's order, and what its `processed_logprobs` report). A token's logprob is only comparable between the
 two when both process alike: the hf engine's sampler and the trainer's logprobs both use `kept` (torch is
-imported by the caller; nothing here imports it).
+imported where it is used).
 """
 
 from __future__ import annotations
