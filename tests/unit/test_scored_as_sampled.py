@@ -17,17 +17,9 @@ from astraflow.workflows.rlvr import trajectory
 torch = pytest.importorskip("torch")
 
 
-async def sampled_group(tiny_model, params: list[SamplingParams], prompt: list[int]) -> SampleGroup:
-    """A group as the dataflow accepts it: the rlvr workflow's trajectories of the hf engine's samples."""
-    from astraflow.engines.hf import HFEngine
-    from astraflow.engines.settings import EngineSettings
-
-    engine = HFEngine(EngineSettings(type="hf", model=tiny_model))
-    await engine.start()
-    try:
-        responses = await asyncio.gather(*(engine.generate(GenerateRequest(prompt, p)) for p in params))
-    finally:
-        await engine.close()
+async def sampled_group(engine, params: list[SamplingParams], prompt: list[int]) -> SampleGroup:
+    """A group as the dataflow accepts it: the rlvr workflow's trajectories of `engine`'s samples."""
+    responses = await asyncio.gather(*(engine.generate(GenerateRequest(prompt, p)) for p in params))
     rewards = np.arange(len(params), dtype=np.float32) % 2
     trajs = [trajectory("policy", prompt, r, float(w), None) for r, w in zip(responses, rewards, strict=True)]
     return SampleGroup(
@@ -41,27 +33,13 @@ async def sampled_group(tiny_model, params: list[SamplingParams], prompt: list[i
     )
 
 
-@pytest.mark.parametrize(
-    ("temperature", "top_p", "top_k", "share_prefix"),
-    [(1.0, 0.9, 0, True), (0.7, 0.9, 0, True), (0.7, 0.9, 0, False), (0.7, 1.0, 8, True)],
-)
-async def test_the_trainers_proximal_logprobs_equal_the_engines_on_policy(
-    tiny_model, monkeypatch, temperature, top_p, top_k, share_prefix
-):
-    """The hf engine samples at `temperature` with a top-p (or top-k) cut; the trainer, at the same weights,
-    computes its proximal logprobs through its own code path (`PolicyTrainer.step`, the values handed to
-    the loss): they match the engine's to 1e-5 nats on average over the trained tokens."""
+def proximal_gaps(tiny_model, group: SampleGroup, share_prefix: bool, monkeypatch) -> torch.Tensor:
+    """|prox - behav| of every trained token of `group`, prox as the trainer computes it for the loss
+    (`PolicyTrainer.step` with decoupled PPO, at the weights that sampled the group)."""
     from transformers import AutoModelForCausalLM
 
     from astraflow.trainer import step as step_module
     from astraflow.trainer.step import PolicyTrainer
-
-    params = [
-        SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=12, seed=40 + i)
-        for i in range(6)
-    ]
-    group = await sampled_group(tiny_model, params, [5, 17, 42])
-    assert {(t.temperature, t.top_p, t.top_k) for t in group.trajectories} == {(temperature, top_p, top_k)}
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     settings = TrainerSettings(share_prefix=share_prefix, loss=LossSettings(correction="decoupled"))
@@ -77,6 +55,34 @@ async def test_the_trainers_proximal_logprobs_equal_the_engines_on_policy(
     trainer.step(Batch(uid="b", model="policy", version=0, groups=[group]))
     gaps = torch.cat([(prox - behav)[mask > 0].abs() for behav, prox, mask in seen])
     assert len(gaps) == sum(int(t.loss_mask.sum()) for t in group.trajectories)
+    return gaps
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_p", "top_k", "share_prefix"),
+    [(1.0, 0.9, 0, True), (0.7, 0.9, 0, True), (0.7, 0.9, 0, False), (0.7, 1.0, 8, True)],
+)
+async def test_the_trainers_proximal_logprobs_equal_the_engines_on_policy(
+    tiny_model, monkeypatch, temperature, top_p, top_k, share_prefix
+):
+    """The hf engine samples at `temperature` with a top-p (or top-k) cut; the trainer, at the same weights,
+    computes its proximal logprobs through its own code path (the values handed to the loss): they match
+    the engine's to 1e-5 nats on average over the trained tokens."""
+    from astraflow.engines.hf import HFEngine
+    from astraflow.engines.settings import EngineSettings
+
+    params = [
+        SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=12, seed=40 + i)
+        for i in range(6)
+    ]
+    engine = HFEngine(EngineSettings(type="hf", model=tiny_model))
+    await engine.start()
+    try:
+        group = await sampled_group(engine, params, [5, 17, 42])
+    finally:
+        await engine.close()
+    assert {(t.temperature, t.top_p, t.top_k) for t in group.trajectories} == {(temperature, top_p, top_k)}
+    gaps = proximal_gaps(tiny_model, group, share_prefix, monkeypatch)
     assert float(gaps.mean()) < 1e-5, f"mean |prox - behav| = {float(gaps.mean()):.3g} nats"
 
 
