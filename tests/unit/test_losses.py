@@ -141,6 +141,8 @@ def test_m2po_drops_the_largest_second_moments_first():
 def test_every_correction_is_registered_under_its_settings_name():
     names = set(LossSettings.model_fields["correction"].annotation.__args__)
     assert set(CORRECTIONS) == names
+    with pytest.raises(ValueError, match="icepop_low"):
+        LossSettings(icepop_low=2.0, icepop_high=1.0)
 
 
 def test_kl_estimators_by_hand():
