@@ -157,3 +157,22 @@ def test_processed_logprobs_have_the_value_and_gradient_of_a_masked_log_softmax(
     assert torch.isfinite(logp).all()
     assert torch.allclose(logp.detach(), expected.detach(), atol=1e-5)
     assert torch.allclose(got, logits.grad, atol=1e-5)
+
+
+def test_a_multi_turn_trajectory_carries_its_turns_sampling_and_refuses_a_mix():
+    """A transcript's trajectory says how its sampled turns were sampled; turns sampled differently cannot
+    share one trajectory (the trainer scores a trajectory through one processing)."""
+    from astraflow.engines.base import GenerateResponse
+    from astraflow.workflows.transcript import Transcript
+
+    def turn(params):
+        return GenerateResponse([7, 8], [-0.1, -0.2], [0, 0], "stop", sampling=params)
+
+    record = Transcript([1, 2])
+    record.sampled(turn(SamplingParams(temperature=0.6, top_p=0.95)), 2)
+    record.observed([3])
+    record.sampled(turn(SamplingParams(temperature=0.6, top_p=0.95, max_new_tokens=8)), 1)
+    traj = record.trajectory("policy", 1.0, "stop", None)
+    assert (traj.temperature, traj.top_k, traj.top_p) == (0.6, 0, 0.95)
+    with pytest.raises(ValueError, match="sampled alike"):
+        record.sampled(turn(SamplingParams(temperature=1.0)), 2)
