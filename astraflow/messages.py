@@ -81,6 +81,14 @@ class Trajectory(Message):
     metrics: dict[str, float] = field(default_factory=dict)
     """What the workflow measured in the episode (`tool_call`: 1.0 or 0.0, ...); the dataflow reports the
     mean of each per model and step, as it does the reward."""
+    temperature: float = 1.0
+    """The sampling `logprobs` are of (`astraflow.logits`): the temperature (0 = greedy, scored at 1), ..."""
+    top_k: int = 0
+    """... the top-k cut (0 = none) ..."""
+    top_p: float = 1.0
+    """... and the top-p cut (1 = none). The trainer scores the tokens through the same processing, so its
+    logprobs and these agree at the same weights. Entries written before these fields decode as plain
+    sampling (temperature 1, no cut)."""
 
 
 def _check_dtypes(arrays: Mapping[str, np.ndarray]) -> None:

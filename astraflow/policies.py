@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from astraflow.engines.settings import EngineSettings
+from astraflow.engines.settings import EngineSettings, unreproducible
 from astraflow.local_files import dataset_problem, model_problem
 from astraflow.trainer.settings import TrainerSettings
 
@@ -95,6 +95,11 @@ def effective(
     )
 
 
+def engine_field(name: str, spec: PolicySpec) -> str:
+    """Where policy `name`'s engine settings come from: its own section where it has one, else `engine`."""
+    return f"run.models.{name}.engine" if spec.engine else "engine"
+
+
 def model_field(name: str, spec: PolicySpec, section: str) -> str:
     """The setting a policy's `section` (engine or trainer) took its starting weights from."""
     if getattr(spec, section).get("model"):
@@ -120,6 +125,13 @@ def check_policies(settings: Settings, policies: list[PolicySettings]) -> None:
             problem = model_problem(path) if used and path != tiny else None
             if problem is not None:
                 raise RuleError(model_field(p.name, models[p.name], section), problem)
+    for p in policies:
+        problem = unreproducible(p.engine) if p.train else None
+        if problem is not None:
+            raise RuleError(
+                engine_field(p.name, models[p.name]),
+                f"a trained policy's tokens must be scored as sampled, and the trainer cannot: {problem}",
+            )
     for option, value in settings.raas.workflow_options.items():
         if option.endswith("_model") and value not in models:
             raise RuleError(f"raas.workflow_options.{option}", f"names no policy of run.models: {value!r}")

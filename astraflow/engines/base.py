@@ -38,6 +38,9 @@ class GenerateResponse:
     finish_reason: str
     """`stop` (a stop or eos token) or `length`."""
     timings: dict[str, float] = field(default_factory=dict)
+    sampling: SamplingParams | None = None
+    """The parameters the tokens were sampled with (the request's; every engine sets them): trajectories
+    carry their processing to the trainer. None: not known, scored as plain sampling."""
 
 
 class Engine(ABC):

@@ -70,7 +70,9 @@ class HFEngine(Engine):
         assert self._queue is not None, "engine not started"
         done = asyncio.get_running_loop().create_future()
         await self._queue.put((request, done, time.perf_counter()))
-        return await done
+        resp = await done
+        resp.sampling = request.params
+        return resp
 
     async def _schedule(self) -> None:
         assert self._queue is not None

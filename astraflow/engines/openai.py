@@ -75,6 +75,7 @@ class OpenAIEngine(Engine):
             [FIXED_VERSION] * len(tokens),
             "stop" if choice["finish_reason"] == "stop" else "length",
             {"generate_s": time.perf_counter() - started},
+            p,
         )
 
     async def pause(self) -> None:

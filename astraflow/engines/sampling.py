@@ -8,11 +8,11 @@ request gives the same tokens alone or in any batch, on any device (the hash is 
 from __future__ import annotations
 
 import random
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from astraflow.engines.base import SamplingParams
+from astraflow.logits import cut_width, kept
 
 if TYPE_CHECKING:
     import torch
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Sampler:
     """How each row of a batch is sampled: by inverse CDF (one uniform number per row and step) over
     the distribution after the temperature, then the top-k and then the top-p cut, each renormalised
-    (vLLM's order)."""
+    (vLLM's order; `astraflow.logits`, which the trainer scores with too)."""
 
     temperature: torch.Tensor
     """[n] float; 1 for greedy rows (their logprobs are at temperature 1)."""
@@ -43,7 +43,6 @@ class Sampler:
         import torch
 
         seeds = [(p.seed if p.seed is not None else random.getrandbits(63)) & (2**63 - 1) for p in params]
-        cut = [p.top_k if p.top_k > 0 else sys.maxsize for p in params if p.top_k > 0 or p.top_p < 1.0]
         return cls(
             temperature=torch.tensor(
                 [p.temperature if p.temperature > 0 else 1.0 for p in params], device=device
@@ -52,7 +51,7 @@ class Sampler:
             top_k=torch.tensor([p.top_k for p in params], device=device),
             top_p=torch.tensor([p.top_p for p in params], device=device),
             seed=torch.tensor(seeds, dtype=torch.int64, device=device),
-            cut_width=max(cut) if cut else None,
+            cut_width=cut_width([p.top_k for p in params], [p.top_p for p in params]),
         )
 
     def __call__(self, logits, step: int):
@@ -69,22 +68,11 @@ class Sampler:
         return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
     def _cut(self, logp, width: int):
-        """`logp` with the top-k, then top-p cuts of each row that has them, renormalised. Every cut row
-        keeps at most `width` tokens, so only the `width` most likely of each row are sorted."""
+        """`logp` with the top-k, then top-p cuts of each row that has them (`logits.kept`), renormalised."""
         import torch
 
-        vocab = logp.shape[1]
-        k_cut = (self.top_k > 0) & (self.top_k < vocab)
-        p_cut = self.top_p < 1.0
-        top, order = logp.topk(width, dim=-1)  # sorted, most likely first
-        k = torch.where(k_cut, self.top_k, vocab).clamp(max=width)
-        top = top.masked_fill(top < top.gather(1, k[:, None] - 1), -float("inf"))  # ties with the k-th stay
-        probs = top.softmax(-1)
-        before = probs.cumsum(-1) - probs  # the mass of the more likely tokens
-        outside = (before >= self.top_p[:, None]) & p_cut[:, None]
-        outside[:, 0] = False  # the most likely token always stays (also with top_p 0)
-        cut = torch.full_like(logp, -float("inf")).scatter_(1, order, top.masked_fill(outside, -float("inf")))
-        return torch.where((k_cut | p_cut)[:, None], torch.log_softmax(cut, dim=-1), logp)
+        keep = kept(logp, self.top_k, self.top_p, width)
+        return torch.log_softmax(logp.masked_fill(~keep, -float("inf")), dim=-1)
 
 
 def _uniform(seed, step: int):

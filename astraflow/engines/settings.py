@@ -85,6 +85,31 @@ class EngineSettings(BaseModel):
     """openai: bearer token; never printed."""
 
 
+PROCESSING_FLAGS = (
+    "--logits-processors",
+    "--logprobs-mode",
+    "--generation-config",
+    "--override-generation-config",
+)
+"""vLLM server flags that change how logits become the sampled distribution or its reported logprobs
+beyond temperature, top-k and top-p (a logits processor, the model's default penalties, raw logprobs):
+the trainer cannot score tokens the same way."""
+
+
+def unreproducible(settings: EngineSettings) -> str | None:
+    """Why a trainer cannot score this engine's samples as they were sampled (None: it can): every loss
+    takes a ratio or weight against the engine's logprobs, which must be of the distribution the trainer
+    recomputes (temperature, top-k, top-p: `astraflow.logits`)."""
+    if settings.type == "openai":
+        return "the openai engine's logprobs are whatever its endpoint reports, and it loads no weights"
+    flags = [a.partition("=")[0] for a in settings.vllm.extra_args]
+    bad = [f for f in PROCESSING_FLAGS if f in flags or f.replace("-", "_") in flags]
+    if bad:
+        flags = ", ".join(bad)
+        return f"vllm.extra_args {flags} changes the sampled distribution beyond temperature/top-k/top-p"
+    return None
+
+
 def resolve_device(settings: EngineSettings) -> str:
     """`cpu` or `cuda`; `auto` asks torch whether it sees a GPU (torch is imported only then)."""
     if settings.device != "auto":

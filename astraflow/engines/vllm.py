@@ -209,6 +209,7 @@ class VLLMEngine(Engine):
         else:
             resp = await self._generate_chunks(request)
         resp.timings["generate_s"] = time.perf_counter() - started
+        resp.sampling = request.params
         return resp
 
     async def _wait_open(self) -> int:

@@ -85,8 +85,13 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         "--max-num-seqs",
         str(v.max_num_seqs),
         "--enable-prefix-caching" if v.enable_prefix_caching else "--no-enable-prefix-caching",
+        # Logprobs of the distribution sampled from (after temperature, top-k, top-p), which the trainer
+        # recomputes; and vLLM's neutral sampling defaults, not the model's generation_config.json (its
+        # repetition_penalty or min_p would change the distribution in ways the trainer cannot score).
         "--logprobs-mode",
         "processed_logprobs",
+        "--generation-config",
+        "vllm",
     ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     if device == "cuda":

@@ -1,25 +1,118 @@
-"""The PPO/GRPO policy-loss family on [batch, tokens] tensors.
+"""The policy losses on [batch, tokens] tensors: PPO-clip and the off-policy corrections, each as its paper
+defines it, one function per correction registered by name (`CORRECTIONS`, `loss.correction`).
 
     logp   log pi_theta(token), with grad            behav  logprob the engine sampled with
     prox   logprob of the weights before this update, recomputed by the trainer (no grad; optional)
     ref    logprob of the frozen reference (no grad; optional)
     adv    advantage per token (its sequence's)      mask   1 where the token is trained on
 
-Per token: ratio r = exp(logp - base), base = prox for decoupled PPO else behav (or one ratio per
-sequence, the geometric mean of its tokens'); surrogate max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)),
-capped at c |A| for A < 0 with dual clip. Off-policy corrections use w = exp(prox - behav): decoupled PPO
-and TIS weight the token by min(w, is_cap); IcePop drops tokens with w outside [icepop_low, icepop_high];
-M2PO drops the tokens with the largest (prox - behav)^2 until the mean over the rest is under the
-threshold. KL to the reference: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = e^(ref-logp) - (ref-logp) - 1.
-Aggregation: mean over trained tokens, or mean over sequences of each sequence's token mean; dropped
-tokens count in the denominator (they contribute zero), so dropping never inflates the others.
+All are scored through the sampling the engine used (temperature, top-k, top-p: `trainer.batching`), so
+at the same weights logp = behav up to the engines' numerics. w = exp(prox - behav) is the trainer's
+probability at the weights before this update over the engine's at sampling: engine/trainer mismatch
+alone on a fresh sample, mismatch and policy drift on a stale one.
+
+A correction says, per token, what the ratio r = exp(logp - base) is taken against, a detached weight,
+which tokens it keeps and whether r is clipped. Then, per token: surrogate max(-A r, -A clip(r, 1 -
+clip_low, 1 + clip_high)) (capped at c |A| for A < 0 with dual clip), or -A r unclipped; times the weight;
+plus the KL penalty to the reference (k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = e^(ref-logp) -
+(ref-logp) - 1). Aggregation: mean over trained tokens, or mean over sequences of each sequence's token
+mean; dropped tokens count in the denominator (they contribute zero), so dropping never inflates the
+others. Ratio per token, or one per sequence (the geometric mean of its tokens').
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from astraflow.trainer.settings import LossSettings
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What a correction makes of one micro-batch's tokens."""
+
+    base: torch.Tensor
+    """The logprobs the ratio is taken against."""
+    weight: torch.Tensor | None = None
+    """Per-token factor of the surrogate (detached); None = 1."""
+    keep: torch.Tensor | None = None
+    """1 where the token is kept, 0 where dropped; None = all kept."""
+    clip: bool = True
+    """PPO's clip of the ratio (M2PO replaces it by its mask)."""
+
+
+Correction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LossSettings], Terms]
+CORRECTIONS: dict[str, Correction] = {}
+"""name -> fn(behav, prox, mask, settings); `prox` is None for `none` only."""
+
+
+def correction(name: str) -> Callable[[Correction], Correction]:
+    """Register a correction under `name` (a value of `loss.correction`)."""
+
+    def register(fn: Correction) -> Correction:
+        CORRECTIONS[name] = fn
+        return fn
+
+    return register
+
+
+@correction("none")
+def ppo(behav, prox, mask, cfg: LossSettings) -> Terms:
+    """PPO-clip (Schulman et al. 2017, arXiv 1707.06347) on the ratio to the behaviour logprobs, no
+    correction: the engine's probabilities stand in for pi_old. Gradient -A r grad log pi inside the clip."""
+    return Terms(base=behav)
+
+
+@correction("decoupled")
+def decoupled(behav, prox, mask, cfg: LossSettings) -> Terms:
+    """Decoupled PPO (Fu et al., "AReaL", arXiv 2505.24298, eq. 5): the ratio to the proximal policy (the
+    weights before this update), clipped; each token weighted by the behaviour importance weight w =
+    pi_prox / pi_behav. With `decoupled_cap`: `drop` gives tokens with w above it weight 0 (AReaL's
+    `behav_imp_weight_cap`), `clamp` weights them min(w, cap). Gradient -A w r_prox grad log pi inside the
+    clip (on a step's first minibatch r_prox = 1)."""
+    w = torch.exp(prox - behav).detach()
+    cap = cfg.decoupled_cap
+    if cap is None:
+        return Terms(base=prox, weight=w)
+    if cfg.decoupled_cap_mode == "clamp":
+        return Terms(base=prox, weight=w.clamp(max=cap))
+    return Terms(base=prox, weight=w, keep=(w <= cap).to(w.dtype))
+
+
+@correction("tis")
+def tis(behav, prox, mask, cfg: LossSettings) -> Terms:
+    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training"): PPO-clip on the trainer's own ratio pi_theta / pi_prox, weighted once by the
+    truncated engine/trainer weight min(pi_prox / pi_behav, tis_cap) (the paper's C = 2). On a fresh sample
+    w is the mismatch between the engines at the same weights, as in the paper; on a stale one it also
+    carries the drift since sampling, and TIS is then decoupled PPO with a clamped cap."""
+    w = torch.exp(prox - behav).detach()
+    return Terms(base=prox, weight=w.clamp(max=cfg.tis_cap))
+
+
+@correction("icepop")
+def icepop(behav, prox, mask, cfg: LossSettings) -> Terms:
+    """IcePop (Ling team, "Small Leak Can Sink a Great Ship - Boost RL Training on MoE with IcePop!", 2025;
+    the Ring-1T report): PPO-clip on the trainer's ratio pi_theta / pi_prox, weighted by
+    M(w) = w where alpha <= w <= beta, else 0 (the token is masked), w = pi_prox / pi_behav the
+    training/inference ratio; alpha = `icepop_low` (0.5), beta = `icepop_high` (5)."""
+    w = torch.exp(prox - behav).detach()
+    keep = ((w >= cfg.icepop_low) & (w <= cfg.icepop_high)).to(w.dtype)
+    return Terms(base=prox, weight=w, keep=keep)
+
+
+@correction("m2po")
+def m2po(behav, prox, mask, cfg: LossSettings) -> Terms:
+    """M2PO (Zheng et al. 2025, "Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale Data
+    on LLMs?"; AReaL's `m2_threshold`): no clip; the ratio to the behaviour policy, and the tokens of largest
+    second moment (log pi_theta / pi_behav)^2 masked until the mean over the rest is at most tau_M2
+    (`m2po_threshold`, 0.04). The moment is taken at the weights before this update (prox), once per step.
+    Gradient -A r grad log pi on the kept tokens."""
+    keep = m2po_keep((prox - behav).detach() ** 2, mask, cfg.m2po_threshold)
+    return Terms(base=behav, keep=keep, clip=False)
 
 
 def policy_loss(
@@ -35,45 +128,39 @@ def policy_loss(
     """The loss of one micro-batch and its statistics. `denominator`: trained tokens (token_mean) or
     sequences (sequence_mean) of the whole minibatch, so micro-batch losses add up to its mean."""
     mask = mask.to(logp.dtype)
-    needs_prox = cfg.decoupled or cfg.correction != "none" or cfg.m2po_threshold is not None
-    if needs_prox and prox is None:
-        raise ValueError("decoupled PPO, TIS, IcePop and M2PO need the proximal (trainer) logprobs")
-    base = prox if cfg.decoupled else behav
-    log_ratio = logp - base
+    if cfg.needs_prox and prox is None:
+        raise ValueError(f"correction {cfg.correction!r} needs the proximal (trainer) logprobs")
+    terms = CORRECTIONS[cfg.correction](behav, prox, mask, cfg)
+    log_ratio = logp - terms.base
     if cfg.ratio_level == "sequence":
         per_seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         log_ratio = per_seq.unsqueeze(-1).expand_as(logp)
     ratio = torch.exp(log_ratio)
     surr = -adv * ratio
-    surr_clipped = -adv * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
-    loss = torch.maximum(surr, surr_clipped)
-    if cfg.dual_clip is not None:
-        loss = torch.where(adv < 0, torch.minimum(loss, -adv * cfg.dual_clip), loss)
-
-    keep = mask.clone()
-    weight = torch.ones_like(logp)
-    if prox is not None:
-        w = torch.exp(prox - behav).detach()
-        if cfg.decoupled or cfg.correction == "tis":
-            weight = w.clamp(max=cfg.is_cap)
-        if cfg.correction == "icepop":
-            keep = keep * ((w >= cfg.icepop_low) & (w <= cfg.icepop_high)).to(keep.dtype)
-        if cfg.m2po_threshold is not None:
-            keep = keep * m2po_keep((prox - behav).detach() ** 2, keep, cfg.m2po_threshold)
+    loss, clipped = surr, torch.zeros_like(mask)
+    if terms.clip:
+        surr_clipped = -adv * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+        loss, clipped = torch.maximum(surr, surr_clipped), (surr_clipped > surr).to(mask.dtype)
+        if cfg.dual_clip is not None:
+            loss = torch.where(adv < 0, torch.minimum(loss, -adv * cfg.dual_clip), loss)
+    weight = terms.weight if terms.weight is not None else torch.ones_like(logp)
+    keep = mask if terms.keep is None else mask * terms.keep
     loss = loss * weight
     kl = None
     if ref is not None and cfg.kl_coef > 0:
         kl = kl_estimate(logp, ref, cfg.kl_estimator)
         loss = loss + cfg.kl_coef * kl
 
-    total = aggregate(loss * keep, mask, cfg.aggregation, denominator)
+    # where, not a product: a dropped token's unclipped ratio may overflow, and inf x 0 is nan
+    total = aggregate(torch.where(keep > 0, loss, 0.0), mask, cfg.aggregation, denominator)
     n = mask.sum().clamp(min=1)
+    kept_weight = weight * keep
     stats = {
-        "clip_frac": float(((surr_clipped > surr) * mask).sum() / n),
+        "clip_frac": float((clipped * mask).sum() / n),
         "ratio_mean": float((ratio.detach() * mask).sum() / n),
-        "is_weight_mean": float((weight * mask).sum() / n),
-        "is_weight_max": float((weight * mask).max()) if mask.any() else 0.0,
-        "dropped_frac": float(((mask - keep) * mask).sum() / n),
+        "is_weight_mean": float(kept_weight.sum() / n),
+        "is_weight_max": float(kept_weight.max()) if mask.any() else 0.0,
+        "dropped_frac": float((mask - keep).sum() / n),
     }
     if kl is not None:
         stats["kl"] = float((kl.detach() * mask).sum() / n)

@@ -17,9 +17,13 @@ import torch
 
 
 class Counted:
-    """What a micro-batch trains: `mask` [B, T] marks the trained tokens."""
+    """What a micro-batch trains: `mask` [B, T] marks the trained tokens; each row is scored through its
+    sample's sampling (`temperature`, `top_k`, `top_p`, [B] each: `astraflow.logits`)."""
 
     mask: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
 
     @property
     def n_sequences(self) -> int:
@@ -46,6 +50,19 @@ class SharedMicroBatch(Counted):
     behav: torch.Tensor
     mask: torch.Tensor
     adv: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+
+def sampling_rows(items: list) -> dict[str, torch.Tensor]:
+    """The per-row sampling fields of a micro-batch of `items` (greedy rows are scored at temperature 1,
+    as the engine reports them)."""
+    return {
+        "temperature": torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in items]),
+        "top_k": torch.tensor([s.top_k for s in items], dtype=torch.int64),
+        "top_p": torch.tensor([s.top_p for s in items], dtype=torch.float32),
+    }
 
 
 def prefix_length(tokens: np.ndarray, mask: np.ndarray) -> int:
@@ -116,6 +133,7 @@ def _collate(groups: list[list], pad_id: int) -> SharedMicroBatch:
         behav=t(behav),
         mask=t(mask),
         adv=t(adv),
+        **sampling_rows([s for _, _, s in samples]),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class LossSettings(BaseModel):
@@ -17,24 +17,41 @@ class LossSettings(BaseModel):
     """PPO clip above 1 (clip-higher: a larger value lets rare tokens grow)."""
     dual_clip: float | None = Field(None, gt=1)
     """Dual clip c: for negative advantages the loss is capped at c x |advantage|."""
-    decoupled: bool = False
-    """Decoupled PPO: clip around proximal logprobs the trainer recomputes before the update, and weight
-    each token by the behaviour->proximal importance weight truncated at `is_cap`."""
-    correction: Literal["none", "tis", "icepop"] = "none"
-    """Engine/trainer mismatch: truncated importance sampling (weight min(w, is_cap)) or IcePop (drop
-    tokens whose w = p_trainer / p_engine is outside [icepop_low, icepop_high])."""
-    is_cap: float = Field(2.0, gt=0)
+    correction: Literal["none", "decoupled", "tis", "icepop", "m2po"] = "none"
+    """Off-policy correction (`trainer.losses`, each as its paper defines it): `none` = PPO-clip on the
+    ratio to the behaviour (engine) logprobs; `decoupled` = AReaL's decoupled PPO; `tis` = truncated
+    importance sampling (Yao et al.); `icepop` = IcePop's masked weight; `m2po` = M2PO's second-moment
+    mask. All but `none` recompute the proximal logprobs (the trainer's, before the batch's update)."""
+    decoupled_cap: float | None = Field(None, gt=0)
+    """decoupled: cap on the behaviour weight w = pi_prox / pi_behav; None = no cap (AReaL's default)."""
+    decoupled_cap_mode: Literal["clamp", "drop"] = "drop"
+    """decoupled: `drop` = tokens with w above the cap get weight 0 (AReaL); `clamp` = weight min(w, cap)."""
+    tis_cap: float = Field(2.0, gt=0)
+    """tis: the truncation C of the engine/trainer weight, min(w, C) (the paper's C = 2)."""
     icepop_low: float = Field(0.5, gt=0)
-    icepop_high: float = Field(2.0, gt=0)
-    m2po_threshold: float | None = Field(None, gt=0)
-    """M2PO: drop the tokens with the largest squared log(p_trainer / p_engine) until their mean is
-    below this; None = off."""
+    """icepop: tokens with w below this are masked (the report's alpha)."""
+    icepop_high: float = Field(5.0, gt=0)
+    """icepop: tokens with w above this are masked (the report's beta)."""
+    m2po_threshold: float = Field(0.04, gt=0)
+    """m2po: the tokens with the largest (log w)^2 are masked until the mean over the rest is at most this
+    (the paper's tau_M2)."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of a KL penalty to the frozen reference (the starting weights)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     ratio_level: Literal["token", "sequence"] = "token"
     """Importance ratio per token, or one per sequence (geometric mean of its tokens' ratios)."""
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+
+    @property
+    def needs_prox(self) -> bool:
+        """Whether the loss reads the proximal logprobs (recomputed by the trainer before the update)."""
+        return self.correction != "none"
+
+    @model_validator(mode="after")
+    def _icepop_bounds(self) -> LossSettings:
+        if self.icepop_low >= self.icepop_high:
+            raise ValueError(f"icepop_low {self.icepop_low} must be below icepop_high {self.icepop_high}")
+        return self
 
 
 class TrainerSettings(BaseModel):

@@ -37,8 +37,7 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
-        cfg = settings.loss
-        self.needs_prox = cfg.decoupled or cfg.correction != "none" or cfg.m2po_threshold is not None
+        self.needs_prox = settings.loss.needs_prox
         self.vocab = model.get_input_embeddings().num_embeddings
         self.skipped: str | None = None
         """Why the last `step` applied nothing (None: it was applied)."""

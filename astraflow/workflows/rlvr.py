@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams
 from astraflow.messages import Trajectory
 from astraflow.workflows.api import EpisodeResult, RolloutWorkflow, reward_name, workflow
 
@@ -22,10 +22,17 @@ def encode_prompt(tokenizer: Any, sample: dict[str, Any], chat: bool) -> tuple[s
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
+def processing(params: SamplingParams | None) -> dict[str, float]:
+    """The fields of a Trajectory that say how its logprobs were sampled (plain sampling when unknown)."""
+    p = params or SamplingParams()
+    return {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p}
+
+
 def trajectory(
     model: str, prompt_ids: list[int], resp: GenerateResponse, reward: float, error: str | None
 ) -> Trajectory:
-    """Prompt tokens (not trained on, no version) followed by the sampled completion."""
+    """Prompt tokens (not trained on, no version) followed by the sampled completion, with the sampling its
+    logprobs are of."""
     p, c = len(prompt_ids), len(resp.token_ids)
     return Trajectory(
         model=model,
@@ -36,6 +43,7 @@ def trajectory(
         reward=reward,
         finish_reason=resp.finish_reason,
         error=error,
+        **processing(resp.sampling),
     )
 
 

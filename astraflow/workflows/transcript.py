@@ -10,6 +10,7 @@ import numpy as np
 
 from astraflow.engines.base import GenerateResponse
 from astraflow.messages import Trajectory
+from astraflow.workflows.rlvr import processing
 
 
 def cut_after_calls(
@@ -45,9 +46,16 @@ class Transcript:
     def __init__(self, prompt_ids: list[int]) -> None:
         n = len(prompt_ids)
         self.ids, self.logprobs, self.mask, self.versions = list(prompt_ids), [0.0] * n, [0] * n, [-1] * n
+        self.processing: dict[str, float] | None = None
+        """How the sampled turns were sampled (one trajectory, one processing: the trainer scores it so)."""
 
     def sampled(self, resp: GenerateResponse, k: int) -> list[int]:
-        """Append the first `k` tokens of `resp` (trained, each with the version that sampled it)."""
+        """Append the first `k` tokens of `resp` (trained, each with the version that sampled it). Raises
+        ValueError for a turn sampled with another temperature, top-k or top-p than the earlier ones."""
+        turn = processing(resp.sampling)
+        if self.processing not in (None, turn):
+            raise ValueError(f"a trajectory's turns are sampled alike: {turn} after {self.processing}")
+        self.processing = turn
         self.ids += resp.token_ids[:k]
         self.logprobs += resp.logprobs[:k]
         self.mask += [1] * k
@@ -80,4 +88,5 @@ class Transcript:
             finish_reason=finish,
             error=error,
             metrics=metrics or {},
+            **(self.processing or processing(None)),
         )

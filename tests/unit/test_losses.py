@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from astraflow.trainer.losses import kl_estimate, m2po_keep, policy_loss
+from astraflow.trainer.losses import CORRECTIONS, kl_estimate, m2po_keep, policy_loss
 from astraflow.trainer.settings import LossSettings
 
 L = math.log
@@ -44,31 +44,89 @@ def test_dual_clip_caps_negative_advantage_losses():
     assert loss.item() == pytest.approx((3.0 - 1.2) / 2)
 
 
-def test_decoupled_ppo_clips_around_proximal_and_truncates_the_behaviour_weight():
-    logp = t([L(1.5), L(1.1)])
-    prox = t([0.0, 0.0])
-    behav = t([L(0.25), L(1.0)])  # w = prox / behav = 4 (truncated to 2), 1
-    adv, mask = t([1.0, 1.0]), torch.ones(1, 2)
-    loss, stats = loss_of(logp, behav, adv, mask, prox=prox, decoupled=True, is_cap=2.0)
-    # ratios vs prox 1.5 (clipped to 1.2) and 1.1 ; weights 2 and 1
-    assert loss.item() == pytest.approx((-1.2 * 2 - 1.1 * 1) / 2)
+def grad_of(logp, behav, adv, mask, **kw):
+    """The loss and its gradient with respect to `logp` (d loss / d log pi of each token)."""
+    logp = logp.clone().requires_grad_()
+    loss, stats = loss_of(logp, behav, adv, mask, **kw)
+    loss.backward()
+    return loss, logp.grad, stats
+
+
+# A hand-built batch of four trained tokens, advantage +1: the trainer's proximal logprobs are 0 (p = 1),
+# the engine's give w = prox / behav = 4, 1, 0.25 and 8; the policy moved to r_prox = 1.1, 1, 1, 0.9.
+PROX = t([0.0, 0.0, 0.0, 0.0])
+BEHAV = t([L(0.25), 0.0, L(4.0), L(0.125)])
+W = [4.0, 1.0, 0.25, 8.0]
+LOGP = t([L(1.1), 0.0, 0.0, L(0.9)])
+R_PROX = [1.1, 1.0, 1.0, 0.9]
+ADV, MASK = t([1.0, 1.0, 1.0, 1.0]), torch.ones(1, 4)
+
+
+def test_ppo_without_a_correction_takes_the_ratio_to_the_engines_logprobs():
+    """-A r grad log pi with r = pi / pi_behav, and 0 where the clip binds (r = 4.4 and 7.2 above 1.2)."""
+    _, grad, stats = grad_of(LOGP, BEHAV, ADV, MASK)
+    r = [rp * w for rp, w in zip(R_PROX, W, strict=True)]  # 4.4, 1, 0.25, 7.2
+    expected = [0.0 if x > 1.2 else -x / 4 for x in r]
+    assert grad[0].tolist() == pytest.approx(expected)
+    assert stats["clip_frac"] == pytest.approx(2 / 4)
+
+
+@pytest.mark.parametrize(
+    ("cap", "mode", "weights"),
+    [
+        (None, "drop", W),  # AReaL's default: no cap
+        (2.0, "clamp", [2.0, 1.0, 0.25, 2.0]),  # min(w, cap)
+        (2.0, "drop", [0.0, 1.0, 0.25, 0.0]),  # 0 above the cap
+    ],
+)
+def test_decoupled_ppo_weights_the_proximal_ratio_by_the_behaviour_weight(cap, mode, weights):
+    """-A w' r_prox grad log pi, w' the (capped) behaviour weight, while r_prox is inside the clip."""
+    loss, grad, stats = grad_of(
+        LOGP, BEHAV, ADV, MASK, prox=PROX, correction="decoupled", decoupled_cap=cap, decoupled_cap_mode=mode
+    )
+    assert grad[0].tolist() == pytest.approx([-w * r / 4 for w, r in zip(weights, R_PROX, strict=True)])
+    assert loss.item() == pytest.approx(sum(-w * r for w, r in zip(weights, R_PROX, strict=True)) / 4)
+    assert stats["dropped_frac"] == pytest.approx(weights.count(0.0) / 4)
+
+
+def test_decoupled_ppo_clips_around_the_proximal_policy():
+    logp = t([L(1.5), L(1.1)])  # r_prox 1.5 (clipped at 1.2: no gradient) and 1.1
+    loss, grad, _ = grad_of(
+        logp, t([L(0.25), 0.0]), t([1.0, 1.0]), torch.ones(1, 2), prox=t([0.0, 0.0]), correction="decoupled"
+    )
+    assert loss.item() == pytest.approx((-1.2 * 4 - 1.1 * 1) / 2)
+    assert grad[0].tolist() == pytest.approx([0.0, -1.1 / 2])
+
+
+def test_tis_weights_the_trainers_ratio_once_by_the_truncated_engine_weight():
+    """-A min(w, 2) r_prox grad log pi. On policy (pi = pi_prox) that is -A min(w, 2): the weight counted
+    once, not w x min(w, 2) as a ratio to the engine's logprobs times the weight would give."""
+    _, grad, stats = grad_of(LOGP, BEHAV, ADV, MASK, prox=PROX, correction="tis", tis_cap=2.0)
+    capped = [min(w, 2.0) for w in W]
+    assert grad[0].tolist() == pytest.approx([-c * r / 4 for c, r in zip(capped, R_PROX, strict=True)])
+    _, on_policy, _ = grad_of(PROX, BEHAV, ADV, MASK, prox=PROX, correction="tis", tis_cap=2.0)
+    assert on_policy[0].tolist() == pytest.approx([-c / 4 for c in capped])
     assert stats["is_weight_max"] == pytest.approx(2.0)
 
 
-def test_tis_weights_and_icepop_drops_mismatched_tokens():
-    logp = t([0.0, 0.0, 0.0])
-    behav = t([L(0.25), 0.0, L(4.0)])  # engine probs; trainer (prox) probs all 1 -> w = 4, 1, 0.25
-    prox = t([0.0, 0.0, 0.0])
-    adv, mask = t([1.0, 1.0, 1.0]), torch.ones(1, 3)
-    # ratio vs behav: 4 (clipped 1.2), 1, 0.25 -> per-token -A*clip... for A=+1: max(-r, -clip(r))
-    base = [-1.2, -1.0, -0.25]
-    tis, _ = loss_of(logp, behav, adv, mask, prox=prox, correction="tis", is_cap=2.0)
-    assert tis.item() == pytest.approx((base[0] * 2 + base[1] * 1 + base[2] * 0.25) / 3)
-    ice, stats = loss_of(
-        logp, behav, adv, mask, prox=prox, correction="icepop", icepop_low=0.5, icepop_high=2
-    )
-    assert ice.item() == pytest.approx(base[1] / 3)  # only the middle token is kept; denominator stays 3
-    assert stats["dropped_frac"] == pytest.approx(2 / 3)
+def test_icepop_weights_by_the_mismatch_and_masks_it_outside_its_bounds():
+    """-A w r_prox grad log pi where 0.5 <= w <= 5 (IcePop's alpha and beta), 0 elsewhere (w = 0.25, 8)."""
+    loss, grad, stats = grad_of(LOGP, BEHAV, ADV, MASK, prox=PROX, correction="icepop")
+    weights = [4.0, 1.0, 0.0, 0.0]
+    assert grad[0].tolist() == pytest.approx([-w * r / 4 for w, r in zip(weights, R_PROX, strict=True)])
+    assert loss.item() == pytest.approx((-4.0 * 1.1 - 1.0) / 4)  # the denominator keeps the masked tokens
+    assert stats["dropped_frac"] == pytest.approx(2 / 4)
+
+
+def test_m2po_masks_the_largest_second_moments_and_does_not_clip():
+    """-A r grad log pi with r = pi / pi_behav unclipped (4.4 stays 4.4) on the tokens M2PO keeps: (log w)^2
+    = 1.92, 0, 1.92, 4.32; dropping the largest leaves a mean of 1.28 <= 2."""
+    loss, grad, stats = grad_of(LOGP, BEHAV, ADV, MASK, prox=PROX, correction="m2po", m2po_threshold=2.0)
+    keep = [1.0, 1.0, 1.0, 0.0]
+    r = [rp * w for rp, w in zip(R_PROX, W, strict=True)]
+    assert grad[0].tolist() == pytest.approx([-k * x / 4 for k, x in zip(keep, r, strict=True)])
+    assert loss.item() == pytest.approx(-(4.4 + 1.0 + 0.25) / 4)
+    assert stats["clip_frac"] == 0.0 and stats["dropped_frac"] == pytest.approx(1 / 4)
 
 
 def test_m2po_drops_the_largest_second_moments_first():
@@ -78,6 +136,13 @@ def test_m2po_drops_the_largest_second_moments_first():
     keep = m2po_keep(sq, torch.ones(1, 4, dtype=torch.float64), threshold=0.02)
     assert keep.tolist() == [[0.0, 1.0, 1.0, 0.0]]
     assert m2po_keep(sq, torch.ones(1, 4, dtype=torch.float64), threshold=1.0).tolist() == [[1.0] * 4]
+
+
+def test_every_correction_is_registered_under_its_settings_name():
+    names = set(LossSettings.model_fields["correction"].annotation.__args__)
+    assert set(CORRECTIONS) == names
+    with pytest.raises(ValueError, match="icepop_low"):
+        LossSettings(icepop_low=2.0, icepop_high=1.0)
 
 
 def test_kl_estimators_by_hand():
@@ -122,6 +187,7 @@ def test_masked_tokens_get_no_gradient():
     assert logp.grad[0, 1] == 0 and logp.grad[0, 0] != 0
 
 
-def test_corrections_need_the_proximal_logprobs():
+@pytest.mark.parametrize("name", ["decoupled", "tis", "icepop", "m2po"])
+def test_corrections_need_the_proximal_logprobs(name):
     with pytest.raises(ValueError, match="proximal"):
-        loss_of(t([0.0]), t([0.0]), t([1.0]), t([1.0]), decoupled=True)
+        loss_of(t([0.0]), t([0.0]), t([1.0]), t([1.0]), correction=name)

@@ -103,6 +103,20 @@ def test_a_workflow_model_must_be_a_policy(tmp_path):
         load_settings(path, ["run.models=[solver]", "dataflow.feeder.workflow=route"])
 
 
+def test_a_trained_policy_whose_sampling_the_trainer_cannot_reproduce_is_refused_in_one_line():
+    """Every loss weighs the trainer's logprobs against the engine's: a vLLM logits processor, the model's
+    generation defaults or raw logprobs would make them of another distribution (say with a correction,
+    a weight of 1 at the same weights would no longer be 1). A frozen judge may use them."""
+    flags = '["--logits-processors", "my.module:Proc"]'
+    with pytest.raises(ConfigError, match=r"--set: engine: a trained policy's tokens must be scored as") as e:
+        load_settings(overrides=[f"engine.vllm.extra_args={flags}"])
+    assert "--logits-processors" in str(e.value) and str(e.value).count("\n") == 1  # one problem line
+    with pytest.raises(ConfigError, match=r"run\.models\.p\.engine: .*--generation-config"):
+        load_settings(overrides=['run.models={p: {engine: {vllm: {extra_args: ["--generation-config=x"]}}}}'])
+    judge = '{p: {}, j: {train: false, engine: {vllm: {extra_args: ["--logprobs-mode", "raw_logprobs"]}}}}'
+    assert load_settings(overrides=[f"run.models={judge}"]).policy("j").train is False
+
+
 def test_starting_weights_must_exist(tmp_path, monkeypatch):
     missing = tmp_path / "nowhere"
     with pytest.raises(

@@ -113,7 +113,7 @@ async def test_the_loss_sees_behaviour_logprobs_of_their_version_and_proximal_on
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     v0 = {k: v.clone() for k, v in model.state_dict().items()}  # the engine starts from the same files
-    loss = LossSettings(decoupled=True)
+    loss = LossSettings(correction="decoupled")
     settings = TrainerSettings(lr=2e-2, grad_clip=None, minibatches=minibatches, share_prefix=share_prefix)
     trainer = PolicyTrainer(model, settings.model_copy(update={"loss": loss}))
     rewards = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]

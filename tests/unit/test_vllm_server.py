@@ -72,6 +72,8 @@ def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings(tmp_path, monkeyp
     assert flag(cmd, "--stream-interval") == "64"  # one event per 64 tokens, not one per token
     assert "--enforce-eager" not in cmd  # CUDA graphs on
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_SERVER_DEV_MODE"] == "1"
+    # logprobs of the distribution sampled from, with vLLM's neutral defaults (not the model's penalties)
+    assert flag(cmd, "--logprobs-mode") == "processed_logprobs" and flag(cmd, "--generation-config") == "vllm"
 
 
 def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
@@ -114,6 +116,7 @@ def test_the_installed_vllm_server_accepts_the_command_line(device):
     assert args.max_num_seqs == 128 and args.tensor_parallel_size == 2 and args.max_model_len == 4096
     assert args.enable_prefix_caching is False and args.max_num_batched_tokens == 8192
     assert args.enable_scale_out is True and args.stream_interval == 64
+    assert args.logprobs_mode == "processed_logprobs" and args.generation_config == "vllm"
     if device == "cuda":
         assert args.gpu_memory_utilization == 0.85
     else:
