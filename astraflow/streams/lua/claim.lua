@@ -15,8 +15,9 @@
 -- count before the claim (both go into a dead letter), never counts an in-flight entry as redelivered,
 -- and behaves the same on Redis 6.2 and 7.x for entries deleted from the stream (acknowledged here,
 -- since nothing is left to process).
--- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group: the
--- uid leaves the in-flight set and the ledger counts it dead.
+-- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group (the
+-- uid its `data` starts with, `entry_uid`; never the plain `uid` field): the uid leaves the in-flight set
+-- and the ledger counts it dead.
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash, KEYS[4] in-flight set, KEYS[5] ledger
 -- ARGV: mode, group, consumer, min_idle_ms ('others') or since (ms, 'own'), start, count, max_deliveries,
 --       dead_maxlen, tracked ('1'/'0'),
@@ -68,12 +69,9 @@ local function dead_letter(id, entry, owner, deliveries, last)
     fields[#fields + 1] = tostring(#entry[2] / 2)
   end
   redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
-  if tracked then
-    for i = 1, #entry[2], 2 do
-      if entry[2][i] == Entry.uid and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
-        redis.call('HINCRBY', ledger, Counters.dead, 1)
-      end
-    end
+  local uid = tracked and entry_uid(entry[2])
+  if uid and redis.call('SREM', in_flight, uid) == 1 then
+    redis.call('HINCRBY', ledger, Counters.dead, 1)
   end
 end
 

@@ -13,10 +13,9 @@ local in_flight, dead, ledger = KEYS[1], KEYS[2], KEYS[3]
 local dead_maxlen, reason, n_streams = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local backed = {}
-local function back(fields)
-  for i = 1, #fields, 2 do
-    if fields[i] == Entry.uid then backed[fields[i + 1]] = true end
-  end
+local function back(fields)  -- (by the uid its `data` starts with: the plain `uid` field is for people)
+  local uid = entry_uid(fields)
+  if uid then backed[uid] = true end
 end
 
 for s = 1, n_streams do
