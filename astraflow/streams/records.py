@@ -11,6 +11,7 @@ scale`, tracking, the Prometheus endpoint, `astraflow trace` and `peek`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -19,6 +20,13 @@ from astraflow.errors import DecodeError
 from astraflow.streams.schema import DeadLetter as D
 from astraflow.streams.schema import Entry as E
 from astraflow.streams.schema import MetricEntry as M
+
+METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,63}")
+"""What a workflow metric's name must be: printable, short, the same in TensorBoard, metrics.jsonl and
+the status line. The collector refuses a rollout with another (`dataflow.checks`), and the readers of
+the `metrics` stream skip one (`tracking.feed`)."""
+MAX_METRIC_NAMES = 32
+"""Most workflow metrics a trajectory may report, and a step of one policy logs (the first seen)."""
 
 
 @dataclass(frozen=True)

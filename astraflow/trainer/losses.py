@@ -5,12 +5,13 @@
     ref    logprob of the frozen reference (no grad; optional)
     adv    advantage per token (its sequence's)      mask   1 where the token is trained on
 
-Per token: ratio r = exp(logp - base), base = prox for decoupled PPO else behav (or one ratio per
-sequence, the geometric mean of its tokens'); surrogate max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)),
-capped at c |A| for A < 0 with dual clip. Off-policy corrections use w = exp(prox - behav): decoupled PPO
-and TIS weight the token by min(w, is_cap); IcePop drops tokens with w outside [icepop_low, icepop_high];
-M2PO drops the tokens with the largest (prox - behav)^2 until the mean over the rest is under the
-threshold. KL to the reference: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = e^(ref-logp) - (ref-logp) - 1.
+Per token: ratio r = exp(min(logp - base, LOG_RATIO_MAX)), base = prox for decoupled PPO else behav (or
+one ratio per sequence, the geometric mean of its tokens'); surrogate max(-A r, -A clip(r, 1 - clip_low,
+1 + clip_high)), capped at c |A| for A < 0 with dual clip. Off-policy corrections use w = exp(prox -
+behav): decoupled PPO and TIS weight the token by min(w, is_cap); IcePop drops tokens with w outside
+[icepop_low, icepop_high]; M2PO drops the tokens with the largest (prox - behav)^2 until the mean over
+the rest is under the threshold. KL to the reference: k1 = logp - ref, k2 = (logp - ref)^2 / 2,
+k3 = e^(ref-logp) - (ref-logp) - 1.
 Aggregation: mean over trained tokens, or mean over sequences of each sequence's token mean; dropped
 tokens count in the denominator (they contribute zero), so dropping never inflates the others.
 """
@@ -20,6 +21,12 @@ from __future__ import annotations
 import torch
 
 from astraflow.trainer.settings import LossSettings
+
+LOG_RATIO_MAX = 20.0
+"""The log of the largest importance ratio taken (verl clamps at the same place). The collector lets a
+sampled logprob down to -1e4 (`dataflow.checks.LOGPROB_FLOOR`); exp of that far a log-ratio overflows to
+inf, which made the loss or its gradient non-finite and the trainer set the whole batch aside. A ratio of
+e^20 is clipped by the surrogate anyway, and the token gets no gradient past it."""
 
 
 def policy_loss(
@@ -43,7 +50,7 @@ def policy_loss(
     if cfg.ratio_level == "sequence":
         per_seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         log_ratio = per_seq.unsqueeze(-1).expand_as(logp)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(log_ratio.clamp(max=LOG_RATIO_MAX))
     surr = -adv * ratio
     surr_clipped = -adv * ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     loss = torch.maximum(surr, surr_clipped)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from astraflow.dataflow.checks import LOGPROB_FLOOR
 from astraflow.trainer.losses import kl_estimate, m2po_keep, policy_loss
 from astraflow.trainer.settings import LossSettings
 
@@ -125,3 +126,16 @@ def test_masked_tokens_get_no_gradient():
 def test_corrections_need_the_proximal_logprobs():
     with pytest.raises(ValueError, match="proximal"):
         loss_of(t([0.0]), t([0.0]), t([1.0]), t([1.0]), decoupled=True)
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_a_logprob_at_the_collectors_floor_keeps_the_loss_and_its_gradient_finite(ratio_level):
+    """A token whose sampling logprob is as low as the collector lets through (-1e4) beside ordinary ones:
+    every advantage sign gives a finite loss and finite gradients, so no batch is set aside for it."""
+    behav = torch.full((3, 4), -0.5)
+    behav[:, 1] = LOGPROB_FLOOR
+    logp = torch.full((3, 4), -0.7, requires_grad=True)
+    adv = t([1.0] * 4, [-1.0] * 4, [0.0] * 4).float()
+    loss, _ = loss_of(logp, behav, adv, torch.ones(3, 4), ratio_level=ratio_level)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
