@@ -168,3 +168,15 @@ def _text(value: Any) -> str:
         return value.decode()
     except UnicodeDecodeError:
         raise DecodeError("not UTF-8") from None
+
+
+def add_metrics(into: dict[str, list[float]], metrics: dict[str, list[float]]) -> None:
+    """Add a collect step's workflow metrics (name -> [sum, trajectories]) to a step's: only names of
+    METRIC_NAME, and at most MAX_METRIC_NAMES a step (the first seen). The collector refuses a rollout
+    with others; the readers of `metrics` (the tracking feed, the launcher's progress) add through this,
+    which keeps an entry someone else wrote out of the status line, TensorBoard and metrics.jsonl too."""
+    for name, (total, n) in metrics.items():
+        if name not in into and (len(into) >= MAX_METRIC_NAMES or not METRIC_NAME.fullmatch(name)):
+            continue
+        acc = into.setdefault(name, [0.0, 0])
+        acc[0], acc[1] = acc[0] + total, acc[1] + n

@@ -16,12 +16,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from astraflow.streams.records import (
-    MAX_METRIC_NAMES,
-    METRIC_NAME,
     EvalResult,
     EvalSubmitted,
     RolloutStats,
     TrainerStep,
+    add_metrics,
     decode_record,
 )
 
@@ -74,14 +73,7 @@ class Feed:
             elif isinstance(r, RolloutStats):
                 acc = self.pending.setdefault(r.model, [0.0, 0])
                 acc[0], acc[1] = acc[0] + r.reward_sum, acc[1] + r.samples
-                mine = self.pending_metrics.setdefault(r.model, {})
-                for name, (total, n) in r.metrics.items():
-                    if name not in mine and (
-                        len(mine) >= MAX_METRIC_NAMES or not METRIC_NAME.fullmatch(name)
-                    ):
-                        continue  # (the collector refuses such names: an entry written by someone else)
-                    m = mine.setdefault(name, [0.0, 0])
-                    m[0], m[1] = m[0] + total, m[1] + n
+                add_metrics(self.pending_metrics.setdefault(r.model, {}), r.metrics)
             else:
                 self._step(r, out)
         return out
@@ -119,15 +111,3 @@ class Feed:
         self.done = [*self.done, key][-DONE_KEPT:]
         model, dataset, version = json.loads(key)
         return model, version, {f"eval/{dataset}/{name}": total / rows for name, total in sums.items()}
-
-
-def _add_metrics(into: dict[str, list[float]], metrics: dict[str, list[float]]) -> None:
-    """Add a collect step's workflow metrics (name -> [sum, trajectories]) to a step's: only names of
-    METRIC_NAME, and at most MAX_METRIC_NAMES a step (the first seen). The collector refuses a rollout
-    with others; this keeps an entry someone else wrote out of the status line, TensorBoard and
-    metrics.jsonl too."""
-    for name, (total, n) in metrics.items():
-        if name not in into and (len(into) >= MAX_METRIC_NAMES or not METRIC_NAME.fullmatch(name)):
-            continue
-        acc = into.setdefault(name, [0.0, 0])
-        acc[0], acc[1] = acc[0] + total, acc[1] + n
