@@ -26,12 +26,12 @@ from astraflow.launch.local_run import LocalRun
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.run_dir import RUN_MARK, claim
 from astraflow.launch.start_checks import check_start
-from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_reason
+from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_elsewhere
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny_cache import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
 from astraflow.streams import Bus
-from astraflow.streams.identity import existing, mark_stopped
+from astraflow.streams.identity import mark_stopped
 from astraflow.tracking.tracker import follow
 
 
@@ -191,9 +191,9 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             elif time.monotonic() - last_line >= 5:
                 print(line(snap, r.reward_window), flush=True)
                 last_line = time.monotonic()
-            reason, status = stop_reason(r, progress) or (None, 0)
-            if reason is None:  # a worker started on its own joined, and stopped the run
-                reason = await _stopped_elsewhere(bus)
+            reason, status = (
+                stop_reason(r, progress) or await stopped_elsewhere(bus, r, progress) or (None, 0)
+            )
     finally:
         if live is not None:
             live.stop()
@@ -216,7 +216,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         "ledger": (await progress.poll()).ledger.as_dict(),
     }
     data = report.write(r.path, progress, r.reward_window, extra)
-    await mark_stopped(bus, reason)  # a worker started later does not join it unless resuming
+    await mark_stopped(bus, reason, by="launcher")  # a worker started later does not join it unless resuming
     await bus.close()
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
@@ -228,13 +228,6 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             f"astraflow: reward target {r.target_reward} not reached ({reason})", file=sys.stderr, flush=True
         )
     return status
-
-
-async def _stopped_elsewhere(bus: Bus) -> str | None:
-    identity = await existing(bus)
-    if identity is None or identity.stopped is None:
-        return None
-    return f"stopped elsewhere: {await stopped_reason(bus) or 'the run was marked stopped'}"
 
 
 def _live():

@@ -28,6 +28,12 @@ FOLLOW_EVERY_S = 1.0
 EXIT_TARGET_MISSED = 3
 """The run reached `run.max_steps` or `run.max_time_s` before its `run.target_reward`: it ran as asked,
 its report is whole, but it did not get where it was sent (a limit alone, without a target, is a 0)."""
+EXIT_STOPPED_ELSEWHERE = 4
+"""Someone else wrote the run's stop notice, and the launcher's own reading of the metrics does not bear
+out a stop condition: the run did not end as its recipe asked, whatever reason the notice gives."""
+TARGET_JUDGES = frozenset({"launcher", "trainer"})
+"""Who may end a run as "reward target reached": the processes that read the trainers' own steps. The
+dataflow judges only the limits (its user may write the notice, and it stands nearer the rollouts)."""
 
 
 def has_conditions(r: RunSettings) -> bool:
@@ -42,13 +48,18 @@ def reached(steps: list, window: int, target: float, recent: int = 200) -> bool:
     return any(sum(rewards[i - window : i]) / window >= target for i in range(first, len(rewards) + 1))
 
 
-def stop_reason(r: RunSettings, progress: Progress) -> tuple[str, int] | None:
-    """The stop condition met, if any, and the exit status it gives (`astraflow run`'s)."""
+def stop_reason(r: RunSettings, progress: Progress, target: bool = True) -> tuple[str, int] | None:
+    """The stop condition met, if any, and the exit status it gives (`astraflow run`'s); the reward target
+    only with `target`."""
     models = progress.models.values()
-    target, window = r.target_reward, r.reward_window
-    if target is not None and all(reached(m.steps, window, target) for m in models):
+    window = r.reward_window
+    if (
+        target
+        and r.target_reward is not None
+        and all(reached(m.steps, window, r.target_reward) for m in models)
+    ):
         return f"reward target {r.target_reward} reached", 0
-    limit = 0 if target is None else EXIT_TARGET_MISSED
+    limit = 0 if r.target_reward is None else EXIT_TARGET_MISSED
     if r.max_steps is not None and all(m.steps and m.steps[-1][0] >= r.max_steps for m in models):
         return f"{r.max_steps} steps", limit
     if r.max_time_s is not None and time.time() - progress.started >= r.max_time_s:
@@ -56,9 +67,10 @@ def stop_reason(r: RunSettings, progress: Progress) -> tuple[str, int] | None:
     return None
 
 
-async def follow_run(bus: Bus, settings: Settings, stop: asyncio.Event, judge: bool) -> None:
+async def follow_run(bus: Bus, settings: Settings, stop: asyncio.Event, judge: bool, by: str = "") -> None:
     """Until `stop`: set it when the run is stopped by anyone; with `judge` (and a stop condition in the
-    settings), stop the run for everyone once a condition is met. A process `astraflow run` started
+    settings), stop the run for everyone once a condition is met, recording `by` (the role) in the
+    notice; the reward target only when `by` is one of TARGET_JUDGES. A process `astraflow run` started
     (`run.supervised`) does neither: the launcher stops it."""
     r = settings.run
     if r.supervised:
@@ -74,9 +86,9 @@ async def follow_run(bus: Bus, settings: Settings, stop: asyncio.Event, judge: b
             if progress is None:
                 progress = Progress(bus, settings.trained, r.reward_window, started=identity.created)
             await progress.read_metrics()
-            met = stop_reason(r, progress)
+            met = stop_reason(r, progress, target=by in TARGET_JUDGES)
             if met is not None:
-                await mark_stopped(bus, met[0])
+                await mark_stopped(bus, met[0], by)
                 log.info("stop_condition_met", reason=met[0])
                 stop.set()
                 return
@@ -87,5 +99,38 @@ async def follow_run(bus: Bus, settings: Settings, stop: asyncio.Event, judge: b
 async def stopped_reason(bus: Bus) -> str | None:
     """Why the run was stopped, as whoever stopped it said (None when it did not say, or is not
     stopped)."""
-    reason = await bus.call(lambda: bus.redis.hget(stop_key(bus), "stop_reason"))
-    return reason.decode() if reason else None
+    return (await stop_notice(bus))[0]
+
+
+async def stop_notice(bus: Bus) -> tuple[str | None, str | None]:
+    """(reason, by whom) as the stop notice says (None where it does not): what its writer claims, for
+    display; `stopped_elsewhere` is the verdict a launcher gives it."""
+    key = stop_key(bus)  # (HGET each: the one command on it every role's user may send)
+    reason = await bus.call(lambda: bus.redis.hget(key, "stop_reason"))
+    by = await bus.call(lambda: bus.redis.hget(key, "stopped_by"))
+    return _text(reason), _text(by)
+
+
+def _text(value: bytes | None, limit: int = 200) -> str | None:
+    """A notice's field as it is shown: printable characters only (anyone who may write the notice
+    writes it), at most `limit` of them."""
+    text = value.decode(errors="replace")[:limit] if value else None
+    return "".join(c if c.isprintable() else "?" for c in text) if text else None
+
+
+async def stopped_elsewhere(bus: Bus, r: RunSettings, progress: Progress) -> tuple[str, int] | None:
+    """When someone else stopped the run: the launcher's verdict and exit status. A stop condition its
+    own reading of the metrics finds met (read again now: the judge may have seen a step first) gives
+    that condition's; else the notice's reason is reported as a claim, with EXIT_STOPPED_ELSEWHERE."""
+    identity = await existing(bus)
+    if identity is None or identity.stopped is None:
+        return None
+    await progress.read_metrics()
+    met = stop_reason(r, progress)
+    if met is not None:
+        return met
+    reason, by = await stop_notice(bus)
+    return (
+        f"stopped elsewhere by {by or 'an unnamed writer'}: {reason or 'no reason given'}",
+        EXIT_STOPPED_ELSEWHERE,
+    )
