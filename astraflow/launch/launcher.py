@@ -26,7 +26,7 @@ from astraflow.launch.local_run import LocalRun
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.run_dir import RUN_MARK, claim
 from astraflow.launch.start_checks import check_start
-from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_elsewhere
+from astraflow.launch.stops import EXIT_TARGET_MISSED, AllDead, stop_reason, stopped_elsewhere
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny_cache import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
@@ -167,6 +167,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")
     reason, status, failed, last_line = None, 0, None, 0.0
+    all_dead = AllDead(r.stop_after_dead_groups)
     try:
         while reason is None:
             await asyncio.sleep(1.0)
@@ -191,9 +192,8 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             elif time.monotonic() - last_line >= 5:
                 print(line(snap, r.reward_window), flush=True)
                 last_line = time.monotonic()
-            reason, status = (
-                stop_reason(r, progress) or await stopped_elsewhere(bus, r, progress) or (None, 0)
-            )
+            verdict = stop_reason(r, progress) or await stopped_elsewhere(bus, r, progress)
+            reason, status = verdict or await all_dead.check(bus, snap.ledger) or (None, 0)
     finally:
         if live is not None:
             live.stop()

@@ -18,9 +18,12 @@ import time
 import structlog
 
 from astraflow.config import RunSettings, Settings
+from astraflow.dataflow.ledger import Ledger
+from astraflow.errors import DecodeError
 from astraflow.launch.progress import Progress
 from astraflow.streams import Bus
 from astraflow.streams.identity import existing, mark_stopped, stop_key
+from astraflow.streams.records import DeadLetter, decode_record
 
 log = structlog.get_logger(__name__)
 FOLLOW_EVERY_S = 1.0
@@ -31,6 +34,9 @@ its report is whole, but it did not get where it was sent (a limit alone, withou
 EXIT_STOPPED_ELSEWHERE = 4
 """Someone else wrote the run's stop notice, and the launcher's own reading of the metrics does not bear
 out a stop condition: the run did not end as its recipe asked, whatever reason the notice gives."""
+EXIT_ALL_DEAD = 5
+"""`run.stop_after_dead_groups` prompt groups in a row were dead-lettered, none collected: the run could
+never reach a target or a step limit, and without a time limit it would never end."""
 TARGET_JUDGES = frozenset({"launcher", "trainer"})
 """Who may end a run as "reward target reached": the processes that read the trainers' own steps. The
 dataflow judges only the limits (its user may write the notice, and it stands nearer the rollouts)."""
@@ -134,3 +140,30 @@ async def stopped_elsewhere(bus: Bus, r: RunSettings, progress: Progress) -> tup
         f"stopped elsewhere by {by or 'an unnamed writer'}: {reason or 'no reason given'}",
         EXIT_STOPPED_ELSEWHERE,
     )
+
+
+class AllDead:
+    """The launcher's watch for a run whose every prompt group is dead-lettered: `limit` groups dead in a
+    row (counted from the ledger: dead-lettered since the count of collected groups last moved)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._since: tuple[int, int] | None = None
+        """(collected, dead) when collected groups last moved (or at the first look)."""
+
+    async def check(self, bus: Bus, ledger: Ledger | None) -> tuple[str, int] | None:
+        """The verdict, with the last dead letter's reason, once `limit` groups died in a row."""
+        if ledger is None or self.limit is None:
+            return None
+        if self._since is None or ledger.collected != self._since[0]:
+            self._since = (ledger.collected, ledger.dead)
+        dead = ledger.dead - self._since[1]
+        if dead < self.limit:
+            return None
+        last = await bus.call(lambda: bus.redis.xrevrange(bus.keys.dead, count=1))
+        why = None
+        with contextlib.suppress(DecodeError):
+            letter = decode_record(last[0][1]) if last else None
+            why = _text(letter.reason.encode()) if isinstance(letter, DeadLetter) else None
+        reason = f"every prompt group dead-lettered ({dead} in a row, none collected); the last: {why}"
+        return reason, EXIT_ALL_DEAD

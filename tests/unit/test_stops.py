@@ -10,9 +10,12 @@ import time
 import pytest
 
 from astraflow.config import load_settings
+from astraflow.dataflow.ledger import read_ledger
 from astraflow.launch.progress import Progress
 from astraflow.launch.stops import (
+    EXIT_ALL_DEAD,
     EXIT_STOPPED_ELSEWHERE,
+    AllDead,
     follow_run,
     stop_notice,
     stopped_elsewhere,
@@ -20,7 +23,7 @@ from astraflow.launch.stops import (
 )
 from astraflow.ops.record import record
 from astraflow.streams.identity import existing, mark_stopped
-from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
+from astraflow.streams.records import DeadLetter, RolloutStats, TrainerStep, encode_record
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
@@ -123,3 +126,30 @@ async def test_only_the_trainer_ends_a_run_at_its_target_and_the_notice_says_who
     await asyncio.wait_for(follow_run(bus, s, stop, judge=True, by="trainer"), 5)
     await asyncio.wait_for(dataflow, 5)
     assert await stop_notice(bus) == ("reward target 0.8 reached", "trainer")
+
+
+async def test_a_run_whose_every_group_is_dead_lettered_ends_with_the_last_reason(bus):
+    """No limit set, every group dead-lettered (issue 41): the launcher's watch ends the run after
+    `run.stop_after_dead_groups` in a row, with the last dead letter's reason and EXIT_ALL_DEAD; a group
+    collected between starts the count again."""
+    watch = AllDead(settings().run.stop_after_dead_groups)
+    limit = watch.limit
+
+    async def ledger(collected: int, dead: int):
+        await bus.redis.hset(bus.keys.ledger, mapping={"submitted": collected + dead, "collected": collected})
+        await bus.redis.hset(bus.keys.ledger, mapping={"dead": dead})
+        return await read_ledger(bus, ["policy"])
+
+    assert await watch.check(bus, await ledger(0, 0)) is None
+    letter = DeadLetter("prompts", "UnknownName: workflow 'nope' is not registered", "1-0")
+    await bus.redis.xadd(bus.keys.dead, encode_record(letter))
+    assert await watch.check(bus, await ledger(0, limit - 1)) is None
+    assert await watch.check(bus, await ledger(1, limit)) is None  # one collected: counted again from here
+    assert await watch.check(bus, await ledger(1, 2 * limit - 1)) is None
+    reason, status = await watch.check(bus, await ledger(1, 2 * limit))
+    assert status == EXIT_ALL_DEAD
+    assert reason == (
+        f"every prompt group dead-lettered ({limit} in a row, none collected);"
+        " the last: UnknownName: workflow 'nope' is not registered"
+    )
+    assert await AllDead(None).check(bus, await ledger(1, 10 * limit)) is None
