@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.retry import Retry  # (the asyncio one: a sync Retry warns on every client)
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
@@ -21,7 +22,6 @@ from redis.exceptions import (
     ResponseError,
     TimeoutError,
 )
-from redis.retry import Retry
 
 from astraflow.errors import BusConnectionError, BusError, describe
 from astraflow.streams.lean import LeanRedis, lean_connections
