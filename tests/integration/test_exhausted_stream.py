@@ -10,6 +10,8 @@ import pytest
 from astraflow.errors import BusConnectionError
 from astraflow.streams import Consumer, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
+from astraflow.streams.strays import Strays
+from astraflow.streams.views import inspect_run
 
 pytestmark = pytest.mark.integration
 LAST = "18446744073709551615-18446744073709551615"
@@ -34,3 +36,23 @@ async def test_an_exhausted_stream_is_waited_out_and_the_group_survives_its_repa
         await bus.redis.execute_command("XGROUP", "SETID", key, GROUP_DATAFLOW, "0-1")
     assert await raas.complete([(entry, [out])]) == ["ok"]
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def test_inspect_shows_a_stream_whose_group_delivered_the_last_possible_id(bus):
+    """`astraflow inspect` failed on such a stream: counting a group's lag on Redis 6.2 (or where 7.x does
+    not tell it) reads after its last delivered id, and after the largest id there is no 'after'."""
+    await bus.redis.xadd(bus.keys.rollouts, {"uid": "forged"}, id=LAST)
+    await bus.read(bus.keys.rollouts, GROUP_DATAFLOW, "df", 10, None)
+    [view] = [v for v in await inspect_run(bus) if v.key == "rollouts"]
+    assert [(g.name, g.pending, g.lag) for g in view.groups] == [(GROUP_DATAFLOW, 1, 0)]
+
+
+async def test_the_stray_sweep_goes_on_past_a_group_that_delivered_the_last_possible_id(bus):
+    """The sweep read after each tracked stream's last delivered id and failed on this one, every time:
+    a stranded group was never settled."""
+    await bus.redis.xadd(bus.keys.rollouts, {"uid": "forged"}, id=LAST)
+    await bus.read(bus.keys.rollouts, GROUP_DATAFLOW, "df", 10, None)
+    await bus.redis.sadd(bus.keys.in_flight, "u0")  # in flight, no entry behind it
+    strays = Strays(bus, grace_ms=0)
+    await strays.sweep(now=0.0)
+    assert await strays.sweep(now=1e6) == ["u0"]

@@ -76,7 +76,7 @@ local function dead_letter(id, entry, owner, deliveries, last)
 end
 
 local claimed = {''}
-if #pending == count then
+if #pending == count and pending[#pending][1] ~= LAST_ID then
   claimed[1] = '(' .. pending[#pending][1]
 end
 for _, p in ipairs(pending) do

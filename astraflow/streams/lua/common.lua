@@ -4,6 +4,10 @@
 -- its idle time to this; claim.lua and renew.lua recognise the mark.
 local RELEASED_IDLE = 2147483647
 
+-- The largest stream id. Nothing lies after it, and XRANGE and XPENDING refuse an exclusive start of it
+-- ('(' .. LAST_ID): an entry of it exhausts its stream (written by someone: docs/security.md).
+local LAST_ID = '18446744073709551615-18446744073709551615'
+
 -- Whether stream id a (as {ms, seq}, decimal digits) is before b: numbers of any size compare by length,
 -- then digit by digit.
 local function digits_before(x, y) return #x < #y or (#x == #y and x < y) end

@@ -28,7 +28,9 @@ for s = 1, n_streams do
       if info['name'] == group then last = info['last-delivered-id'] end
     end
     -- Undelivered: after the group's last delivered id (everything, while the group does not exist).
-    for _, e in ipairs(redis.call('XRANGE', stream, last and '(' .. last or '-', '+')) do back(e[2]) end
+    if last ~= LAST_ID then
+      for _, e in ipairs(redis.call('XRANGE', stream, last and '(' .. last or '-', '+')) do back(e[2]) end
+    end
     if last then
       local n = tonumber(redis.call('XPENDING', stream, group)[1])
       if n > 0 then
