@@ -1,12 +1,15 @@
 """When a run ends: its stop conditions (`run.target_reward`, `run.max_steps`, `run.max_time_s`), judged
 from the metrics stream, and the stop notice every process of the run follows.
 
-`astraflow run` judges the conditions for the workers it starts and stops them itself. Workers started on
-their own (`astraflow dataflow|trainer|raas` against a shared Redis) do it between them: the dataflow and
-the trainer judge the conditions their settings carry, and the first to find one met records it in the
-run's stop notice (`streams.identity.mark_stopped`: `stopped` and `stop_reason`); every worker, the RaaS too,
-follows that notice and stops as it would on SIGTERM. The RaaS's ACL user may not read the metrics
-stream, so it only follows. `max_time_s` counts from the run's creation, whoever created it.
+`astraflow run` judges the conditions for the workers it starts and stops them itself, and a stop notice
+it did not write is a claim it checks against its own reading of the metrics (`stopped_elsewhere`); it
+also ends a run whose every group is dead-lettered (`AllDead`). Workers started on their own (`astraflow
+dataflow|trainer|raas` against a shared Redis) do it between them: the dataflow and the trainer judge the
+conditions their settings carry (the reward target only the trainer: TARGET_JUDGES), and the first to find
+one met records it in the run's stop notice (`streams.identity.mark_stopped`: `stopped`, `stop_reason`,
+`stopped_by`); every worker, the RaaS too, follows that notice and stops as it would on SIGTERM. The
+RaaS's ACL user may not read the metrics stream, so it only follows. `max_time_s` counts from the run's
+creation, whoever created it.
 """
 
 from __future__ import annotations
