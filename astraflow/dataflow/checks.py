@@ -33,8 +33,9 @@ LOGPROB_SLACK = 1e-3
 """A sampled token's logprob is <= 0; an engine's log-softmax may round its top token a hair above."""
 LOGPROB_FLOOR = -1e4
 """The lowest logprob a token may carry. A sampled token's is far above it (one of probability e^-100 is
-never drawn), so only a forged or corrupted value is below, such as -1e30, which made a step's loss
-infinite and its whole batch set aside."""
+never drawn; vLLM's server reports -9999.0 where a logprob is -inf, still above), so only a forged or
+corrupted value is below, such as -1e30, which made a step's loss infinite and its whole batch set
+aside."""
 DEFAULT_REWARD_RANGE = (-1.0, 1.0)
 """What `check_values` allows when not told (the shipped rewards all give 0 to 1)."""
 
