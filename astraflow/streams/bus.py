@@ -326,11 +326,12 @@ class Bus:
         """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it;
         an entry of a tracked stream also settles its prompt group as dead in the ledger: the group its
         `data` names (`entry_uid`), never one its plain `uid` field names, which is for people."""
-        copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
-        letter = DeadLetter(entry.stream, reason, entry.id, group, consumer, entry.deliveries, copied)
-        out = Out(self.keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
         tracked = entry.stream in self.keys.tracked_streams()
         dead_uid = entry_uid(entry.fields) if tracked else ""
+        copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
+        where = (entry.stream, reason, entry.id, group, consumer, entry.deliveries)
+        letter = DeadLetter(*where, copied, settled=dead_uid)
+        out = Out(self.keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
         [(status, _)] = await self.handoff(entry.stream, group, consumer, [Item(entry, [out], dead_uid)])
         return status
 

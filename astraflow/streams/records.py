@@ -92,10 +92,13 @@ class DeadLetter:
     deliveries: int | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     """The original entry's fields (larger values replaced by their size and digest)."""
+    settled: str = ""
+    """The prompt group it settled as dead: the uid the entry's `data` names ('' when none). What a
+    group's trace goes by; the copied plain `uid` field is for people."""
 
     @property
     def uid(self) -> str | None:
-        """The uid of the original entry (None: it had none)."""
+        """The plain `uid` field of the original entry, as its writer put it (None: it had none)."""
         value = self.fields.get(E.uid)
         return value.decode(errors="replace") if isinstance(value, bytes) else value
 
@@ -120,6 +123,7 @@ def encode_record(r: Record) -> dict[str, Any]:
         out = {D.source: r.source, D.source_id: r.source_id, D.group: r.group, D.consumer: r.consumer}
         out |= {D.deliveries: str(r.deliveries)} if r.deliveries is not None else {}
         out[D.reason] = r.reason
+        out |= {D.settled: r.settled} if r.settled else {}
         return {E.kind: r.KIND, **out, **{D.copied(k): v for k, v in r.fields.items()}}
     return {E.kind: r.KIND, **out, M.time: f"{r.time:.3f}"}
 
@@ -140,6 +144,7 @@ def decode_record(raw: Mapping[Any, Any]) -> Record | None:
                 consumer=_text(f.get(D.consumer, b"")),
                 deliveries=None if deliveries is None else int(deliveries),
                 fields=copied,
+                settled=_text(f.get(D.settled, b"")),
             )
         t = {k: _text(v) for k, v in f.items()}
         if kind == TrainerStep.KIND:

@@ -1,10 +1,11 @@
 """Plain fields are for people: an entry whose plain `uid` names a live group, but whose `data` does not,
 neither settles nor backs that group - in the collector's dead-lettering, in claim.lua's, nor in the
-stray sweep (issue 41, item 3)."""
+stray sweep - nor shows in its trace (issue 41, item 3)."""
 
 from __future__ import annotations
 
 from astraflow.messages import SCHEMA
+from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams.keys import GROUP_DATAFLOW
 from astraflow.streams.strays import Strays
 from tests.dataflow_helpers import roll_out
@@ -36,6 +37,9 @@ async def test_an_undecodable_entry_naming_a_live_group_leaves_it_alone():
     # Both real rollouts were collected; nothing counted dead or unknown.
     assert (ledger.collected, ledger.dead, ledger.unknown, ledger.in_flight) == (2, 0, 0, 0)
     assert ledger.models["policy"].ready == 2
+    # ... and the victim's lineage says what happened to it, not what the forged entry claimed.
+    trace = render_trace(victim.decode(), await read_trace(bus, victim.decode()), ["policy"])
+    assert "ready" in trace and "dead-lettered" not in trace
 
 
 async def test_claim_dead_letters_a_forged_entry_without_settling_the_group_it_names():

@@ -56,9 +56,14 @@ local function dead_letter(id, entry, owner, deliveries, last)
   else
     reason = reason .. 'never acknowledged: its owners crashed or hung past the lease'
   end
+  local uid = tracked and entry_uid(entry[2])
   local fields = {Entry.kind, DeadLetter.kind, DeadLetter.source, stream, DeadLetter.source_id, id,
                   DeadLetter.group, group, DeadLetter.consumer, owner,
                   DeadLetter.deliveries, tostring(deliveries), DeadLetter.reason, reason}
+  if uid then
+    fields[#fields + 1] = DeadLetter.settled
+    fields[#fields + 1] = uid
+  end
   local n_copied = math.min(#entry[2], 2 * MAX_COPIED_FIELDS)
   for i = 1, n_copied, 2 do
     fields[#fields + 1] = DeadLetter.copied(entry[2][i])
@@ -69,7 +74,6 @@ local function dead_letter(id, entry, owner, deliveries, last)
     fields[#fields + 1] = tostring(#entry[2] / 2)
   end
   redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
-  local uid = tracked and entry_uid(entry[2])
   if uid and redis.call('SREM', in_flight, uid) == 1 then
     redis.call('HINCRBY', ledger, Counters.dead, 1)
   end

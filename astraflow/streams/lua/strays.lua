@@ -49,7 +49,8 @@ for i = 4 + n_streams, #ARGV do
   if not backed[uid] and redis.call('SREM', in_flight, uid) == 1 then
     redis.call('HINCRBY', ledger, Counters.dead, 1)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', Entry.kind, DeadLetter.kind,
-      DeadLetter.source, in_flight, DeadLetter.copied(Entry.uid), uid, DeadLetter.reason, reason)
+      DeadLetter.source, in_flight, DeadLetter.copied(Entry.uid), uid, DeadLetter.reason, reason,
+      DeadLetter.settled, uid)
     settled[#settled + 1] = uid
   end
 end
