@@ -95,6 +95,10 @@ class RunSettings(BaseModel):
     """The run stops after this many versions of every model."""
     max_time_s: float | None = Field(None, gt=0)
     """The run stops this long after it was created."""
+    stop_after_dead_groups: int | None = Field(64, ge=1)
+    """`astraflow run` stops the run (exit 5) once this many prompt groups in a row were dead-lettered
+    with none collected between: nothing it could train on is coming (a broken reward, workflow or
+    engine). None: it waits for them."""
     supervised: bool = False
     """Set by `astraflow run` on the workers it starts: it judges the stop conditions and stops them
     itself. A worker started on its own (False) judges them and follows the run's stop notice."""

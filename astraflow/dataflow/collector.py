@@ -20,7 +20,7 @@ from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
-from astraflow.streams.records import EvalResult, Record, RolloutStats, encode_record
+from astraflow.streams.records import MAX_METRIC_NAMES, EvalResult, Record, RolloutStats, encode_record
 from astraflow.streams.runstate import recorded_versions
 from astraflow.streams.schema import Trace
 
@@ -74,7 +74,8 @@ class Collector:
             if group is not None:
                 read.append((entry, group))
         # The values of the whole read at once (no NaN or out-of-range value reaches a batch).
-        checks = check_groups([group for _, group in read], newest, self.vocab)
+        rewards_in = self.settings.reward_range
+        checks = check_groups([group for _, group in read], newest, self.vocab, rewards_in)
         items: list[Collected] = []
         for (entry, group), owned in zip(read, checks, strict=True):
             item = await self._handled(entry, functools.partial(self._decide, entry, group, owned))
@@ -208,8 +209,11 @@ def _records(items: list[Collected]) -> list[Record]:
             reward_sum, samples, groups = totals.get(model, (0.0, 0, 0))
             totals[model] = (reward_sum + mean * n, samples + n, groups + 1)
         for model, sums in it.metrics.items():
+            mine = metrics.setdefault(model, {})
             for name, (total, n) in sums.items():
-                acc = metrics.setdefault(model, {}).setdefault(name, [0.0, 0])
+                if name not in mine and len(mine) >= MAX_METRIC_NAMES:
+                    continue  # (each group's are checked; their union is capped too)
+                acc = mine.setdefault(name, [0.0, 0])
                 acc[0], acc[1] = acc[0] + total, acc[1] + n
         if it.eval is None or it.eval.reason:
             continue

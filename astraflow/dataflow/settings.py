@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from astraflow.workflows.datasets import DatasetSettings
 
@@ -81,6 +82,10 @@ class CollectorSettings(BaseModel):
     epsilon: float = Field(1e-6, gt=0)
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (no learning signal)."""
+    reward_range: tuple[float, float] = (-1.0, 1.0)
+    """Least and greatest reward a trajectory may carry: a rollout with one outside is dead-lettered
+    (a finite but huge reward from one worker would otherwise decide the run's reward target). Every
+    shipped reward gives 0 to 1; widen it for a reward of your own that scales otherwise."""
     filters: list[str] = Field(default_factory=list)
     """Group filters by name (`drop_truncated`, or `module:function`), applied in order."""
     order: Literal["edf", "fifo"] = "edf"
@@ -91,6 +96,13 @@ class CollectorSettings(BaseModel):
     """Least time between two reads of `rollouts`. Groups arrive one by one as a RaaS finishes them; each
     read and commit costs round trips, so taking the few that arrived in this time together costs less
     (the default recipe collects ~150 groups a second). 0: read again as soon as the last read is judged."""
+
+    @model_validator(mode="after")
+    def _range(self) -> CollectorSettings:
+        low, high = self.reward_range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"collector.reward_range: [{low}, {high}] is not a finite range, low < high")
+        return self
 
 
 class BatchSettings(BaseModel):

@@ -26,12 +26,12 @@ from astraflow.launch.local_run import LocalRun
 from astraflow.launch.progress import Progress, line, render
 from astraflow.launch.run_dir import RUN_MARK, claim
 from astraflow.launch.start_checks import check_start
-from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason, stopped_reason
+from astraflow.launch.stops import EXIT_TARGET_MISSED, AllDead, stop_reason, stopped_elsewhere
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny_cache import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
 from astraflow.streams import Bus
-from astraflow.streams.identity import existing, mark_stopped
+from astraflow.streams.identity import mark_stopped
 from astraflow.tracking.tracker import follow
 
 
@@ -167,6 +167,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
         last = await bus.redis.xrevrange(bus.keys.metrics, count=1)
         progress.skip_to(last[0][0].decode() if last else "0-0")
     reason, status, failed, last_line = None, 0, None, 0.0
+    all_dead = AllDead(r.stop_after_dead_groups)
     try:
         while reason is None:
             await asyncio.sleep(1.0)
@@ -181,43 +182,47 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
                 break
             for name in restarted:
                 print(f"restarted {name}", flush=True)
-            try:
-                snap = await progress.poll()
-            except Exception as e:  # a view that failed this second must not end the run
-                print(f"progress unavailable: {e!r}", flush=True)
-                continue
-            if live is not None:
-                live.update(render(snap, r.reward_window, r.target_reward))
-            elif time.monotonic() - last_line >= 5:
-                print(line(snap, r.reward_window), flush=True)
-                last_line = time.monotonic()
+            snap = await _unless_failing("progress", progress.poll)  # (a view that failed this second
+            if snap is not None:  # must not end the run, nor keep it past its time limit)
+                if live is not None:
+                    live.update(render(snap, r.reward_window, r.target_reward))
+                elif time.monotonic() - last_line >= 5:
+                    print(line(snap, r.reward_window), flush=True)
+                    last_line = time.monotonic()
             reason, status = stop_reason(r, progress) or (None, 0)
-            if reason is None:  # a worker started on its own joined, and stopped the run
-                reason = await _stopped_elsewhere(bus)
+            if reason is None and snap is not None:
+                verdict = await _unless_failing(
+                    "stop notice", lambda s=snap: _elsewhere(bus, r, progress, all_dead, s)
+                )
+                reason, status = verdict or (None, 0)
     finally:
         if live is not None:
             live.stop()
     wall_s = time.time() - progress.started
-    commands = (await bus.redis.info("stats"))["total_commands_processed"]  # the embedded Redis: this run's
+    # The report is written whatever Redis does now: each fact it cannot read is left out.
+    info = await _unless_failing("redis stats", lambda: bus.redis.info("stats"))
+    commands = info["total_commands_processed"] if info else None  # the embedded Redis: this run's
     cpu = {**supervisor.cpu_s(), "launcher": sum(os.times()[:2])}
     if redis_pid is not None:
         cpu["redis"] = cpu_seconds(redis_pid)
     supervisor.stop()
-    await tracking.stop()  # after the workers: what they wrote last reaches the trackers too
+    await _unless_failing("tracking", tracking.stop)  # after the workers: what they wrote last reaches
     progress.detail_every_s = 0.0  # the report's ledger and generating time as they are now
+    last = await _unless_failing("ledger", progress.poll)
     extra = {
         "stopped": reason,
         "exit_status": status,
         **({"failed": {"worker": failed.worker, "error": failed.error}} if failed else {}),
         "wall_s": round(wall_s, 1),
         "cpu_s": {name: round(c, 1) for name, c in cpu.items()},
-        "redis_commands": commands,
+        **({"redis_commands": commands} if commands is not None else {}),
         "restarts": {n: w.restarts for n, w in supervisor.workers.items()},
-        "ledger": (await progress.poll()).ledger.as_dict(),
+        **({"ledger": last.ledger.as_dict()} if last is not None and last.ledger is not None else {}),
     }
     data = report.write(r.path, progress, r.reward_window, extra)
-    await mark_stopped(bus, reason)  # a worker started later does not join it unless resuming
-    await bus.close()
+    # A worker started later does not join it unless resuming.
+    await _unless_failing("stop notice", lambda: mark_stopped(bus, reason, by="launcher"))
+    await _unless_failing("redis", bus.close)
     print(json.dumps(data["models"], indent=2), flush=True)
     print(f"stopped: {reason}; see {r.path / 'reward.png'} and {r.path / 'summary.json'}", flush=True)
     print(report.busy_line(data), flush=True)
@@ -230,11 +235,20 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
     return status
 
 
-async def _stopped_elsewhere(bus: Bus) -> str | None:
-    identity = await existing(bus)
-    if identity is None or identity.stopped is None:
+async def _elsewhere(bus: Bus, r, progress: Progress, all_dead: AllDead, snap) -> tuple[str, int] | None:
+    """The verdicts that read Redis beyond the metrics: a stop notice someone else wrote, every group
+    dead-lettered."""
+    return await stopped_elsewhere(bus, r, progress) or await all_dead.check(bus, snap.ledger)
+
+
+async def _unless_failing(what: str, call):
+    """`await call()`, or None (said on a line) when it raises: Redis refusing or away must neither end
+    the run nor keep it past its time limit, and the report is written all the same."""
+    try:
+        return await call()
+    except Exception as e:
+        print(f"{what} unavailable: {e!r}", flush=True)
         return None
-    return f"stopped elsewhere: {await stopped_reason(bus) or 'the run was marked stopped'}"
 
 
 def _live():

@@ -17,7 +17,14 @@ from astraflow.errors import DecodeError
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import Heartbeat, decode
 from astraflow.streams import Bus
-from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, decode_record
+from astraflow.streams.records import (
+    EvalResult,
+    EvalSubmitted,
+    RolloutStats,
+    TrainerStep,
+    add_metrics,
+    decode_record,
+)
 from astraflow.streams.views import SCAN_COUNT, inspect_run
 
 
@@ -135,9 +142,7 @@ class Progress:
                 if isinstance(r, RolloutStats):
                     m.pending[0] += r.reward_sum
                     m.pending[1] += r.samples
-                    for name, (total, n) in r.metrics.items():
-                        acc = m.pending_metrics.setdefault(name, [0.0, 0])
-                        acc[0], acc[1] = acc[0] + total, acc[1] + n
+                    add_metrics(m.pending_metrics, r.metrics)
                     continue
                 stats = dict(r.stats)
                 at = r.time - self.started

@@ -70,7 +70,7 @@ async def run_until_signalled(
     try:
         await warn_if_evicting(bus)
         async with hold_name(bus, worker, name_setting, role=role):
-            following = asyncio.create_task(follow_run(bus, settings, stop, judge))
+            following = asyncio.create_task(follow_run(bus, settings, stop, judge, role))
             try:
                 await body(bus, stop)
             finally:

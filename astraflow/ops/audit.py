@@ -51,7 +51,7 @@ async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
     trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
     for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
         letter = decode_record(fields)
-        if isinstance(letter, DeadLetter) and letter.uid == uid:
+        if isinstance(letter, DeadLetter) and letter.settled == uid:  # (not its plain `uid`: see DeadLetter)
             trace.setdefault(T.dead, f"{bus.keys.short(letter.source)}: {letter.reason}")
     return trace or None
 

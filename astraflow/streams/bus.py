@@ -19,13 +19,20 @@ from redis.exceptions import ResponseError
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.chunks import arg_bytes, chunked
 from astraflow.streams.connection import queue_script, reconnecting, register_scripts, with_script
-from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES, MAX_FIELDS, Entry, Item, Out, dead_field_value
+from astraflow.streams.entries import (
+    DEAD_FIELD_MAX_BYTES,
+    MAX_FIELDS,
+    Entry,
+    Item,
+    Out,
+    dead_field_value,
+    entry_uid,
+)
 from astraflow.streams.handoff import handoff_call, handoff_cost
 from astraflow.streams.identity import RunIdentity, new_identity_args
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
 from astraflow.streams.records import DeadLetter, encode_record
 from astraflow.streams.replica import ReplicaReads, connect_clients
-from astraflow.streams.schema import Entry as E
 from astraflow.streams.schema import Errors
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
@@ -317,14 +324,14 @@ class Bus:
 
     async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
         """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it;
-        an entry of a tracked stream also settles its prompt group as dead in the ledger."""
+        an entry of a tracked stream also settles its prompt group as dead in the ledger: the group its
+        `data` names (`entry_uid`), never one its plain `uid` field names, which is for people."""
+        tracked = entry.stream in self.keys.tracked_streams()
+        dead_uid = entry_uid(entry.fields) if tracked else ""
         copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
-        letter = DeadLetter(entry.stream, reason, entry.id, group, consumer, entry.deliveries, copied)
+        where = (entry.stream, reason, entry.id, group, consumer, entry.deliveries)
+        letter = DeadLetter(*where, copied, settled=dead_uid)
         out = Out(self.keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
-        dead_uid = ""
-        if entry.stream in self.keys.tracked_streams():
-            uid = entry.fields.get(E.uid, b"")
-            dead_uid = uid.decode(errors="replace") if isinstance(uid, bytes) else str(uid)
         [(status, _)] = await self.handoff(entry.stream, group, consumer, [Item(entry, [out], dead_uid)])
         return status
 

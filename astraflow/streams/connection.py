@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.retry import Retry  # (the asyncio one: a sync Retry warns on every client)
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
@@ -21,7 +22,6 @@ from redis.exceptions import (
     ResponseError,
     TimeoutError,
 )
-from redis.retry import Retry
 
 from astraflow.errors import BusConnectionError, BusError, describe
 from astraflow.streams.lean import LeanRedis, lean_connections
@@ -115,6 +115,11 @@ TRANSIENT_CODES = frozenset(
 """Error replies of a Redis that is up but cannot serve writes for now (out of memory, loading its data,
 a replica being promoted, a failing disk, too few replicas in sync): waited out like a lost connection,
 never blamed on an entry."""
+EXHAUSTED = "exhausted the last possible ID"
+"""In the error of an XADD to a stream that holds an entry with the largest id (written by someone with
+the right to XADD it an explicit id: an attack): nothing can be added until an admin deletes it and sets
+the stream's last id back (docs/security.md). Waited out like the codes above, so that no entry (no prompt
+group) is dead-lettered for it: the run stands still, its time limit holds, and the log says why."""
 _SCRIPT_CODE = re.compile(r": -([A-Z]+) ")  # Redis 6.2 wraps a script's failed call as "...: -OOM ..."
 REPORT_EVERY_S = 10.0
 """While Redis stays unreachable, `reconnecting` logs `redis_unreachable` this often."""
@@ -139,6 +144,8 @@ def is_transient(e: BaseException) -> bool:
         return False
     code = getattr(e, "status_code", None) or str(e).split(" ", 1)[0]
     script = _SCRIPT_CODE.search(str(e))
+    if EXHAUSTED in str(e):
+        return True
     return code in TRANSIENT_CODES or (script is not None and script.group(1) in TRANSIENT_CODES)
 
 

@@ -4,9 +4,12 @@ letter keeps of a field."""
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from astraflow.streams.schema import Entry as Fields
 
 # Statuses of one hand-off item.
 OK, DUP, LOST = "ok", "dup", "lost"
@@ -50,3 +53,40 @@ def dead_field_value(value: bytes | str) -> bytes | str:
     if len(raw) <= DEAD_FIELD_MAX_BYTES:
         return value
     return f"omitted: {len(raw)} bytes, sha1 {hashlib.sha1(raw).hexdigest()}"
+
+
+_MAP_HEADS = {0xDE: 3, 0xDF: 5}
+"""Bytes of a msgpack map16 / map32 header (a fixmap's is its first byte)."""
+
+
+def entry_uid(fields: Mapping[str, bytes]) -> str:
+    """The prompt group an entry belongs to: the `uid` its msgpack `data` starts with (a message packs its
+    fields in order, `uid` first), or '' when it does not start so. Never the plain `uid` field beside it,
+    which is for people: whatever decides about a group (dead-lettering, claim.lua, strays.lua) reads
+    this. `entry_uid` in streams/lua/common.lua reads the same."""
+    data = fields.get(Fields.data)
+    if not isinstance(data, bytes) or not data:
+        return ""
+    head = data[0]
+    pos = 1 if 0x80 < head <= 0x8F else 1 + _MAP_HEADS.get(head, -1)
+    key, pos = _msgpack_str(data, pos) if pos > 0 else (None, 0)
+    if key != Fields.uid.encode():
+        return ""
+    uid, _ = _msgpack_str(data, pos)
+    return uid.decode(errors="replace") if uid is not None else ""
+
+
+def _msgpack_str(data: bytes, pos: int) -> tuple[bytes | None, int]:
+    """The msgpack str (fixstr, str8, str16) at `pos` and the position after it; (None, pos) if none."""
+    if pos >= len(data):
+        return None, pos
+    b = data[pos]
+    if 0xA0 <= b <= 0xBF:
+        n, at = b - 0xA0, pos + 1
+    elif b == 0xD9 and pos + 2 <= len(data):
+        n, at = data[pos + 1], pos + 2
+    elif b == 0xDA and pos + 3 <= len(data):
+        n, at = struct.unpack_from(">H", data, pos + 1)[0], pos + 3
+    else:
+        return None, pos
+    return (data[at : at + n], at + n) if at + n <= len(data) else (None, pos)

@@ -3,8 +3,8 @@
 The hash `af:{R}:run` holds the run's `nonce` (random: it tells apart two runs that share the name R)
 and its `created` time. It is written by whoever creates the run and never by a worker role's ACL user
 (workers only read it): on a shared Redis with per-role users, `astraflow redis acl --apply` creates it
-(`provision`), with the weight-transfer secret. Whoever ends the run writes `stopped` and `stop_reason`
-into the hash `af:{R}:run:stop` (`astraflow run`, or a worker that found a stop condition met:
+(`provision`), with the weight-transfer secret. Whoever ends the run writes `stopped`, `stop_reason` and
+`stopped_by` into the hash `af:{R}:run:stop` (`astraflow run`, or a worker that found a stop condition met:
 `launch.stops`; the judges' ACL users may write it, no one else's), and every worker follows that notice.
 The nonce is part of every batch uid and of every trainer checkpoint, so that nothing of another run of
 the same name (keys left on a shared Redis, a checkpoint directory outside the run directory) passes for
@@ -156,10 +156,13 @@ async def provision(client, keys: Keys) -> RunIdentity:
     return RunIdentity.parse(*reply)
 
 
-async def mark_stopped(bus: Bus, reason: str | None = None) -> None:
-    """Record that the run was ended (and why): its workers stop, and a worker started later does not
-    join it unless resuming."""
+async def mark_stopped(bus: Bus, reason: str | None = None, by: str = "") -> None:
+    """Record that the run was ended (and why, and `by` whom: `launcher`, or the role of the worker that
+    judged it): its workers stop, and a worker started later does not join it unless resuming. Whoever
+    may write the notice may write any reason: a launcher trusts none it did not judge itself
+    (`launch.stops`)."""
     fields = {"stopped": f"{time.time():.3f}", **({"stop_reason": reason} if reason else {})}
+    fields |= {"stopped_by": by} if by else {}
     await bus.call(lambda: bus.redis.hset(stop_key(bus), mapping=fields))
 
 

@@ -11,6 +11,7 @@ scale`, tracking, the Prometheus endpoint, `astraflow trace` and `peek`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -19,6 +20,13 @@ from astraflow.errors import DecodeError
 from astraflow.streams.schema import DeadLetter as D
 from astraflow.streams.schema import Entry as E
 from astraflow.streams.schema import MetricEntry as M
+
+METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,63}")
+"""What a workflow metric's name must be: printable, short, the same in TensorBoard, metrics.jsonl and
+the status line. The collector refuses a rollout with another (`dataflow.checks`), and the readers of
+the `metrics` stream skip one (`tracking.feed`)."""
+MAX_METRIC_NAMES = 32
+"""Most workflow metrics a trajectory may report, and a step of one policy logs (the first seen)."""
 
 
 @dataclass(frozen=True)
@@ -84,10 +92,13 @@ class DeadLetter:
     deliveries: int | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     """The original entry's fields (larger values replaced by their size and digest)."""
+    settled: str = ""
+    """The prompt group it settled as dead: the uid the entry's `data` names ('' when none). What a
+    group's trace goes by; the copied plain `uid` field is for people."""
 
     @property
     def uid(self) -> str | None:
-        """The uid of the original entry (None: it had none)."""
+        """The plain `uid` field of the original entry, as its writer put it (None: it had none)."""
         value = self.fields.get(E.uid)
         return value.decode(errors="replace") if isinstance(value, bytes) else value
 
@@ -112,6 +123,7 @@ def encode_record(r: Record) -> dict[str, Any]:
         out = {D.source: r.source, D.source_id: r.source_id, D.group: r.group, D.consumer: r.consumer}
         out |= {D.deliveries: str(r.deliveries)} if r.deliveries is not None else {}
         out[D.reason] = r.reason
+        out |= {D.settled: r.settled} if r.settled else {}
         return {E.kind: r.KIND, **out, **{D.copied(k): v for k, v in r.fields.items()}}
     return {E.kind: r.KIND, **out, M.time: f"{r.time:.3f}"}
 
@@ -132,6 +144,7 @@ def decode_record(raw: Mapping[Any, Any]) -> Record | None:
                 consumer=_text(f.get(D.consumer, b"")),
                 deliveries=None if deliveries is None else int(deliveries),
                 fields=copied,
+                settled=_text(f.get(D.settled, b"")),
             )
         t = {k: _text(v) for k, v in f.items()}
         if kind == TrainerStep.KIND:
@@ -160,3 +173,15 @@ def _text(value: Any) -> str:
         return value.decode()
     except UnicodeDecodeError:
         raise DecodeError("not UTF-8") from None
+
+
+def add_metrics(into: dict[str, list[float]], metrics: dict[str, list[float]]) -> None:
+    """Add a collect step's workflow metrics (name -> [sum, trajectories]) to a step's: only names of
+    METRIC_NAME, and at most MAX_METRIC_NAMES a step (the first seen). The collector refuses a rollout
+    with others; the readers of `metrics` (the tracking feed, the launcher's progress) add through this,
+    which keeps an entry someone else wrote out of the status line, TensorBoard and metrics.jsonl too."""
+    for name, (total, n) in metrics.items():
+        if name not in into and (len(into) >= MAX_METRIC_NAMES or not METRIC_NAME.fullmatch(name)):
+            continue
+        acc = into.setdefault(name, [0.0, 0])
+        acc[0], acc[1] = acc[0] + total, acc[1] + n

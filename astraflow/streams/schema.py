@@ -142,6 +142,8 @@ class DeadLetter:
     consumer = "consumer"
     deliveries = "deliveries"
     reason = "reason"
+    settled = "settled"
+    """The prompt group the dead letter settled: the uid the entry's `data` names (absent: none)."""
     copied = Family("field.{}")
     """A field of the original entry (larger ones replaced by their size and digest)."""
     fields_truncated = "fields_truncated"

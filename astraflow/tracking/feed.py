@@ -15,7 +15,14 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from astraflow.streams.records import EvalResult, EvalSubmitted, RolloutStats, TrainerStep, decode_record
+from astraflow.streams.records import (
+    EvalResult,
+    EvalSubmitted,
+    RolloutStats,
+    TrainerStep,
+    add_metrics,
+    decode_record,
+)
 
 Record = tuple[str, int, dict[str, float]]
 """(policy, step: its version, scalars)."""
@@ -66,9 +73,7 @@ class Feed:
             elif isinstance(r, RolloutStats):
                 acc = self.pending.setdefault(r.model, [0.0, 0])
                 acc[0], acc[1] = acc[0] + r.reward_sum, acc[1] + r.samples
-                for name, (total, n) in r.metrics.items():
-                    m = self.pending_metrics.setdefault(r.model, {}).setdefault(name, [0.0, 0])
-                    m[0], m[1] = m[0] + total, m[1] + n
+                add_metrics(self.pending_metrics.setdefault(r.model, {}), r.metrics)
             else:
                 self._step(r, out)
         return out

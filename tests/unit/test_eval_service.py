@@ -84,7 +84,7 @@ async def test_eval_rows_are_scored_into_metrics_and_never_batched():
     # The eval rows: the first two get the full reward, the third half of it; then training groups.
     for _ in range(2):
         await roll_out(
-            bus, 100, lambda g, i: 0.5 if g.uid == "eval:0:add:2" else float(g.eval_version == 0 or i)
+            bus, 100, lambda g, i: 0.5 if g.uid == "eval:0:add:2" else float(g.eval_version == 0 or i % 2)
         )
         await collect_all(df)
         await df.feeder.step()

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from astraflow.dataflow.checks import LOGPROB_FLOOR
 from astraflow.trainer.losses import CORRECTIONS, kl_estimate, m2po_keep, policy_loss
 from astraflow.trainer.settings import LossSettings
 
@@ -191,3 +192,29 @@ def test_masked_tokens_get_no_gradient():
 def test_corrections_need_the_proximal_logprobs(name):
     with pytest.raises(ValueError, match="proximal"):
         loss_of(t([0.0]), t([0.0]), t([1.0]), t([1.0]), correction=name)
+
+
+FLOOR_CASES = [
+    {"correction": "none"},
+    {"correction": "decoupled"},
+    {"correction": "decoupled", "decoupled_cap": 2.0, "decoupled_cap_mode": "drop"},
+    {"correction": "decoupled", "decoupled_cap": 2.0, "decoupled_cap_mode": "clamp"},
+    {"correction": "tis"},
+    {"correction": "icepop"},
+    {"correction": "m2po"},
+]
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+@pytest.mark.parametrize("cfg", FLOOR_CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_a_logprob_at_the_collectors_floor_keeps_the_loss_and_its_gradient_finite(ratio_level, cfg):
+    """A token whose sampling logprob is as low as the collector lets through (-1e4) beside ordinary ones:
+    every loss and advantage sign gives a finite loss and finite gradients, so no batch is set aside."""
+    behav = torch.full((3, 4), -0.5)
+    behav[:, 1] = LOGPROB_FLOOR
+    logp = torch.full((3, 4), -0.7, requires_grad=True)
+    adv = t([1.0] * 4, [-1.0] * 4, [0.0] * 4).float()
+    prox = torch.full((3, 4), -0.6)
+    loss, _ = loss_of(logp, behav, adv, torch.ones(3, 4), ratio_level=ratio_level, prox=prox, **cfg)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()

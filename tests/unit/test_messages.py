@@ -276,7 +276,7 @@ def test_a_decoded_group_builds_its_trajectories_only_when_one_is_looked_at():
     trajs = [trajectory("a", float(n), n, tokens=n + 1) for n in (3, 0, 5)]
     entry = encode(RolloutGroup(uid="u", raas="w", version=0, trajectories=trajs, models=["a"]))
     group = decode(entry)
-    owned = check_values(group, {"a": 0}, {"a": 100})
+    owned = check_values(group, {"a": 0}, {"a": 100}, (0.0, 5.0))
     Judge(CollectorSettings(), ["a"])("1-0", group, entry["data"], owned)
     back = group.trajectories
     assert "_items" not in vars(back) and len(back) == 3

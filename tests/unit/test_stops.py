@@ -10,10 +10,20 @@ import time
 import pytest
 
 from astraflow.config import load_settings
-from astraflow.launch.stops import follow_run, stopped_reason
+from astraflow.dataflow.ledger import read_ledger
+from astraflow.launch.progress import Progress
+from astraflow.launch.stops import (
+    EXIT_ALL_DEAD,
+    EXIT_STOPPED_ELSEWHERE,
+    AllDead,
+    follow_run,
+    stop_notice,
+    stopped_elsewhere,
+    stopped_reason,
+)
 from astraflow.ops.record import record
 from astraflow.streams.identity import existing, mark_stopped
-from astraflow.streams.records import RolloutStats, TrainerStep, encode_record
+from astraflow.streams.records import DeadLetter, RolloutStats, TrainerStep, encode_record
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
@@ -85,3 +95,61 @@ async def test_top_without_a_terminal_prints_lines_timed_from_the_run_start(bus,
     out = capsys.readouterr().out.splitlines()
     assert len(out) >= 2 and "policy v2 reward(ma10) 0.500" in out[0]
     assert 500 <= float(out[0].split("s", 1)[0]) < 600  # the run's age, not top's
+
+
+async def test_a_forged_stop_notice_is_not_a_reached_target(bus):
+    """`HSET run:stop` claiming the target at 0 steps (issue 41): the launcher's verdict is its own reading
+    of the metrics, so the claim ends the run with EXIT_STOPPED_ELSEWHERE and says who wrote it; a target
+    its metrics do show still ends it with 0."""
+    s = settings("run.target_reward=0.8", "run.reward_window=2").run
+    progress = Progress(bus, ["policy"], s.reward_window)
+    assert await stopped_elsewhere(bus, s, progress) is None
+    await bus.redis.hset(
+        f"{bus.keys.identity}:stop", mapping={"stopped": "1", "stop_reason": "reward target 0.8 reached"}
+    )
+    await bus.identity()
+    reason, status = await stopped_elsewhere(bus, s, progress)
+    assert status == EXIT_STOPPED_ELSEWHERE
+    assert reason == "stopped elsewhere by an unnamed writer: reward target 0.8 reached"
+    await add_steps(bus, 3, reward=0.9)
+    assert await stopped_elsewhere(bus, s, progress) == ("reward target 0.8 reached", 0)
+
+
+async def test_only_the_trainer_ends_a_run_at_its_target_and_the_notice_says_who(bus):
+    s = settings("run.target_reward=0.8", "run.reward_window=2")
+    await bus.identity()
+    await add_steps(bus, 3, reward=0.9)
+    stop = asyncio.Event()
+    dataflow = asyncio.create_task(follow_run(bus, s, stop, judge=True, by="dataflow"))
+    await asyncio.sleep(1.5)
+    assert not stop.is_set() and (await existing(bus)).stopped is None
+    await asyncio.wait_for(follow_run(bus, s, stop, judge=True, by="trainer"), 5)
+    await asyncio.wait_for(dataflow, 5)
+    assert await stop_notice(bus) == ("reward target 0.8 reached", "trainer")
+
+
+async def test_a_run_whose_every_group_is_dead_lettered_ends_with_the_last_reason(bus):
+    """No limit set, every group dead-lettered (issue 41): the launcher's watch ends the run after
+    `run.stop_after_dead_groups` in a row, with the last dead letter's reason and EXIT_ALL_DEAD; a group
+    collected between starts the count again."""
+    watch = AllDead(settings().run.stop_after_dead_groups)
+    limit = watch.limit
+
+    async def ledger(collected: int, dead: int):
+        await bus.redis.hset(bus.keys.ledger, mapping={"submitted": collected + dead, "collected": collected})
+        await bus.redis.hset(bus.keys.ledger, mapping={"dead": dead})
+        return await read_ledger(bus, ["policy"])
+
+    assert await watch.check(bus, await ledger(0, 0)) is None
+    letter = DeadLetter("prompts", "UnknownName: workflow 'nope' is not registered", "1-0")
+    await bus.redis.xadd(bus.keys.dead, encode_record(letter))
+    assert await watch.check(bus, await ledger(0, limit - 1)) is None
+    assert await watch.check(bus, await ledger(1, limit)) is None  # one collected: counted again from here
+    assert await watch.check(bus, await ledger(1, 2 * limit - 1)) is None
+    reason, status = await watch.check(bus, await ledger(1, 2 * limit))
+    assert status == EXIT_ALL_DEAD
+    assert reason == (
+        f"every prompt group dead-lettered ({limit} in a row, none collected);"
+        " the last: UnknownName: workflow 'nope' is not registered"
+    )
+    assert await AllDead(None).check(bus, await ledger(1, 10 * limit)) is None

@@ -6,7 +6,8 @@ import time
 
 from astraflow.launch import report
 from astraflow.launch.progress import Progress, line
-from astraflow.streams.records import TrainerStep, encode_record
+from astraflow.streams.records import MAX_METRIC_NAMES, RolloutStats, TrainerStep, encode_record
+from astraflow.tracking.feed import Feed
 from tests.dataflow_helpers import roll_out
 from tests.unit.test_dataflow import make
 
@@ -58,3 +59,26 @@ async def test_a_run_without_workflow_metrics_reports_none(tmp_path):
     assert progress.models["policy"].curves == {}
     data = report.summary(progress, 1, {})
     assert not any(k.startswith("tool_call") for k in data["models"]["policy"])
+
+
+async def test_a_step_logs_only_well_named_metrics_and_at_most_the_cap(tmp_path):
+    """A `metrics` entry someone else wrote (the collector refuses such rollouts): names with escape codes
+    never reach a step's scalars (TensorBoard's feed, the status line, metrics.jsonl), and a step logs at
+    most MAX_METRIC_NAMES of them."""
+    names = {"\x1b[2J\x1b[31mwin": [1.0, 1], **{f"m{i:03}": [1.0, 1] for i in range(500)}}
+    entries = [
+        encode_record(RolloutStats("policy", 1, 1, 0.5, 0, names)),
+        encode_record(TrainerStep("policy", 1, "b1", 0, {"loss": 0.1})),
+    ]
+    [(_, _, scalars)] = Feed(["policy"]).consume((f"{i}-0", e) for i, e in enumerate(entries, 1))
+    bus, _ = make()
+    for e in entries:
+        await bus.redis.xadd(bus.keys.metrics, e)
+    progress = Progress(bus, ["policy"], 1, tmp_path / "metrics.jsonl")
+    await progress.read_metrics()
+    [logged] = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    shown = line(await progress.poll(), 1)
+    for keys in (scalars, logged):
+        assert len([k for k in keys if k.startswith("rollout_m")]) == MAX_METRIC_NAMES
+        assert all(k.isprintable() for k in keys)
+    assert "\x1b" not in shown and shown.count(" m0") == MAX_METRIC_NAMES

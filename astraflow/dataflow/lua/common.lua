@@ -4,7 +4,9 @@
 -- Entries of `stream` that `group` has not been delivered yet, counted up to `cap` (small entries only:
 -- XRANGE returns them whole).
 local function undelivered(stream, group, cap)
-  return #redis.call('XRANGE', stream, '(' .. last_delivered(stream, group), '+', 'COUNT', cap)
+  local last = last_delivered(stream, group)
+  if last == LAST_ID then return 0 end
+  return #redis.call('XRANGE', stream, '(' .. last, '+', 'COUNT', cap)
 end
 
 -- An entry id as a string that sorts like the id (for a lexicographic index of ids).

@@ -15,8 +15,9 @@
 -- count before the claim (both go into a dead letter), never counts an in-flight entry as redelivered,
 -- and behaves the same on Redis 6.2 and 7.x for entries deleted from the stream (acknowledged here,
 -- since nothing is left to process).
--- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group: the
--- uid leaves the in-flight set and the ledger counts it dead.
+-- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group (the
+-- uid its `data` starts with, `entry_uid`; never the plain `uid` field): the uid leaves the in-flight set
+-- and the ledger counts it dead.
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash, KEYS[4] in-flight set, KEYS[5] ledger
 -- ARGV: mode, group, consumer, min_idle_ms ('others') or since (ms, 'own'), start, count, max_deliveries,
 --       dead_maxlen, tracked ('1'/'0'),
@@ -55,9 +56,14 @@ local function dead_letter(id, entry, owner, deliveries, last)
   else
     reason = reason .. 'never acknowledged: its owners crashed or hung past the lease'
   end
+  local uid = tracked and entry_uid(entry[2])
   local fields = {Entry.kind, DeadLetter.kind, DeadLetter.source, stream, DeadLetter.source_id, id,
                   DeadLetter.group, group, DeadLetter.consumer, owner,
                   DeadLetter.deliveries, tostring(deliveries), DeadLetter.reason, reason}
+  if uid then
+    fields[#fields + 1] = DeadLetter.settled
+    fields[#fields + 1] = uid
+  end
   local n_copied = math.min(#entry[2], 2 * MAX_COPIED_FIELDS)
   for i = 1, n_copied, 2 do
     fields[#fields + 1] = DeadLetter.copied(entry[2][i])
@@ -68,17 +74,13 @@ local function dead_letter(id, entry, owner, deliveries, last)
     fields[#fields + 1] = tostring(#entry[2] / 2)
   end
   redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
-  if tracked then
-    for i = 1, #entry[2], 2 do
-      if entry[2][i] == Entry.uid and redis.call('SREM', in_flight, entry[2][i + 1]) == 1 then
-        redis.call('HINCRBY', ledger, Counters.dead, 1)
-      end
-    end
+  if uid and redis.call('SREM', in_flight, uid) == 1 then
+    redis.call('HINCRBY', ledger, Counters.dead, 1)
   end
 end
 
 local claimed = {''}
-if #pending == count then
+if #pending == count and pending[#pending][1] ~= LAST_ID then
   claimed[1] = '(' .. pending[#pending][1]
 end
 for _, p in ipairs(pending) do

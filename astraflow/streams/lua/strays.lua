@@ -13,10 +13,9 @@ local in_flight, dead, ledger = KEYS[1], KEYS[2], KEYS[3]
 local dead_maxlen, reason, n_streams = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 local backed = {}
-local function back(fields)
-  for i = 1, #fields, 2 do
-    if fields[i] == Entry.uid then backed[fields[i + 1]] = true end
-  end
+local function back(fields)  -- (by the uid its `data` starts with: the plain `uid` field is for people)
+  local uid = entry_uid(fields)
+  if uid then backed[uid] = true end
 end
 
 for s = 1, n_streams do
@@ -29,7 +28,9 @@ for s = 1, n_streams do
       if info['name'] == group then last = info['last-delivered-id'] end
     end
     -- Undelivered: after the group's last delivered id (everything, while the group does not exist).
-    for _, e in ipairs(redis.call('XRANGE', stream, last and '(' .. last or '-', '+')) do back(e[2]) end
+    if last ~= LAST_ID then
+      for _, e in ipairs(redis.call('XRANGE', stream, last and '(' .. last or '-', '+')) do back(e[2]) end
+    end
     if last then
       local n = tonumber(redis.call('XPENDING', stream, group)[1])
       if n > 0 then
@@ -48,7 +49,8 @@ for i = 4 + n_streams, #ARGV do
   if not backed[uid] and redis.call('SREM', in_flight, uid) == 1 then
     redis.call('HINCRBY', ledger, Counters.dead, 1)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', Entry.kind, DeadLetter.kind,
-      DeadLetter.source, in_flight, DeadLetter.copied(Entry.uid), uid, DeadLetter.reason, reason)
+      DeadLetter.source, in_flight, DeadLetter.copied(Entry.uid), uid, DeadLetter.reason, reason,
+      DeadLetter.settled, uid)
     settled[#settled + 1] = uid
   end
 end
