@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from astraflow.errors import SandboxUnavailable
 from astraflow.workflows import isolation, sandbox
 from astraflow.workflows.sandbox import run_python
 
@@ -204,3 +205,28 @@ except OSError as e:
     result = await run_python(code, disk_mb=16)
     status, files = result.output.split()
     assert status == "ENOSPC" and int(files) <= 32
+
+
+@needs_namespaces
+def test_an_interpreter_under_tmp_is_seen_in_the_tools_root(tmp_path):
+    """A virtual environment under /tmp (the tool's own /tmp is a fresh tmpfs): the probe's call through
+    it runs, so the worker sandboxes its tools as one with the interpreter elsewhere does."""
+    with tempfile.TemporaryDirectory(prefix="astraflow-venv-", dir="/tmp") as where:
+        venv = Path(where) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+        probe = "from astraflow.workflows import isolation; m = isolation.mode(); print(m.name, m.reason)"
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[2])}
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", probe], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.stdout == f"{isolation.mode().name} None\n", done.stdout + done.stderr
+
+
+def test_a_worker_that_should_sandbox_and_cannot_is_refused_naming_why(monkeypatch):
+    why = "user-namespaces: unshare: unshare failed: Operation not permitted"
+    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
+    with pytest.raises(
+        SandboxUnavailable, match=rf"cannot be sandboxed here \({why}\); set raas.sandbox: none"
+    ):
+        sandbox.require("namespaces")
+    assert sandbox.require("none").name == isolation.NONE  # the recipe allowed it, in so many words
