@@ -53,9 +53,9 @@ class RaasSettings(BaseModel):
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the worker's Prometheus /metrics endpoint (labels run, worker, policy); 0 = not served.
     Two RaaS on one host need two ports."""
-    metrics_host: str = "0.0.0.0"
-    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
-    scrape it; `127.0.0.1` keeps it to this host."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint listens on: this host only; `0.0.0.0` (all interfaces) lets a
+    Prometheus in another pod scrape it."""
 
     @field_validator("allowed_code")
     @classmethod
