@@ -20,7 +20,9 @@ from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.records import RolloutStats, decode_record, encode_record
-from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
+from astraflow.streams.runstate import MAX_VERSION_STEP
+from astraflow.weights.publisher import newest_published
+from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
 
@@ -629,3 +631,22 @@ async def test_the_former_steps_again_only_once_the_collector_made_enough_ready(
     await roll_out(bus, 1, lambda g, i: 1.0)  # zero variance: dropped, not made ready
     await df.collector.step(1)
     assert not df.former.due("policy")
+
+
+async def test_a_version_far_past_the_recorded_one_is_dead_lettered_not_recorded():
+    """A forged `versions` entry at v = 10^9 (the trainer's credential, or one password for all) made every
+    rollout stale until the time limit: it is refused, and the run goes on at the trainer's versions."""
+    bus, df = await small_dataflow()
+    await publish_version(bus, "policy", 0)
+    await df.barrier.step(1)
+    await publish_version(bus, "policy", 10**9)
+    await publish_version(bus, "policy", 1)
+    await df.barrier.step(1)
+    state = await df.store.state()
+    assert state.version("policy") == 1 and state.notice == 1
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"reason"] == b"version 1000000000 of policy is over 64 past the recorded one"
+    assert (await newest_published(bus, ["policy"]))["policy"].version == 1  # a follower ignores it too
+    await publish_version(bus, "policy", 1 + MAX_VERSION_STEP)  # a step of the bound itself is a step
+    await df.barrier.step(1)
+    assert (await df.store.state()).version("policy") == 1 + MAX_VERSION_STEP
