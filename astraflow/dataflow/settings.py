@@ -42,9 +42,9 @@ class FeederSettings(BaseModel):
     max_worker_slots: int = Field(1024, ge=1)
     """Most slots one RaaS heartbeat counts for, whatever it advertises."""
     capacity_horizon_s: float = Field(60.0, gt=0)
-    """A heartbeat counts at most the groups its worker hands off in this long at its measured rate
-    (`groups` since `started_at`), or twice what it holds now, if either is more than a new worker's
-    allowance (`feeder.START_SLOTS`): advertised slots it has not shown it can use do not feed the backlog."""
+    """A heartbeat counts at most the groups the dataflow collects from its worker in this long, at the
+    rate it has collected them, if that is more than a new worker's allowance (`feeder.START_SLOTS`):
+    slots the worker only claims, in its heartbeat or otherwise, do not feed the backlog."""
     max_ready_batches: float = Field(4.0, ge=1)
     """Stop submitting while the ready sets hold this many batches' worth of units per model (groups, or
     samples: a group may hold fewer than `n_samples`), each model's set a batch at least - a slow
