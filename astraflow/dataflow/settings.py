@@ -122,10 +122,14 @@ class DataflowSettings(BaseModel):
     feeder: FeederSettings = Field(default_factory=FeederSettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
-    trace_retention_s: int = Field(7 * 24 * 3600, gt=0)
-    """How long a prompt group's lineage (`astraflow trace`) is kept, from its submission."""
-    trace_max_groups: int = Field(100_000, ge=1)
-    """Most lineages kept (about 1 KB each in Redis: ~100 MB at the default); the oldest go first."""
+    trace_every: int = Field(16, ge=0)
+    """One prompt group in this many (by dataset position) keeps a lineage for `astraflow trace`; 1:
+    every group, 0: none. The ledger counts every group all the same."""
+    trace_retention_s: int = Field(3600, gt=0)
+    """How long a prompt group's lineage is kept, from its submission: about a run's working time, so
+    that a stopped run's traces leave a shared Redis within it."""
+    trace_max_groups: int = Field(10_000, ge=1)
+    """Most lineages kept (about 1 KB each in Redis: ~10 MB at the default); the oldest go first."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the replica's Prometheus /metrics endpoint (rollouts collected, mean reward, eval rows;
     labels run, worker, policy); 0 = not served."""

@@ -155,6 +155,7 @@ class Store:
             self.settings.trace_max_groups,
             self.settings.batch.unit,
             self.settings.batch.size,
+            self.settings.trace_every,
         ]
         for it in items:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]

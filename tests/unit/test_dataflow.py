@@ -13,6 +13,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow import service
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import SCHEMA, RolloutGroup, VersionNotice, decode, encode
@@ -25,6 +26,7 @@ from astraflow.weights.publisher import newest_published
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
+BASE += ["dataflow.trace_every=1"]
 
 
 def make(*overrides: str, models=("policy",)) -> tuple[Bus, Dataflow]:
@@ -589,6 +591,28 @@ async def test_traces_are_bounded_by_count_keeping_the_newest():
     assert kept == sorted(bus.keys.trace(uid) for uid in submitted[-5:])  # the newest five
     assert await read_trace(bus, submitted[-1]) is not None
     assert await read_trace(bus, submitted[0]) is None
+
+
+@pytest.mark.parametrize("every", [16, 0])
+async def test_one_group_in_trace_every_is_traced_for_about_the_runs_working_time(every):
+    """Every group left a `trace:<uid>` hash for 7 days: 6,320 of them after 40 s of the default recipe.
+    Now one group in `trace_every` (by dataset position; the default 16), for `trace_retention_s` (1 h)."""
+    bus, df = make(f"dataflow.trace_every={every}", "dataflow.feeder.min_backlog=40")
+    assert DataflowSettings().trace_every == 16
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await df.feeder.step()
+    await roll_out(bus, 100, lambda g, i: float(i % 2))
+    while await df.collector.step(1):
+        pass
+    submitted = [decode(f, RolloutGroup).uid for _, f in await bus.redis.xrange(bus.keys.rollouts)]
+    kept = sorted([k.decode() async for k in bus.redis.scan_iter(match=bus.keys.trace("*"))])
+    assert len(submitted) == 40
+    assert kept == sorted(bus.keys.trace(uid) for uid in (submitted[::16] if every else []))
+    assert await bus.redis.zcard(bus.keys.traces) == len(kept)
+    for key in kept:
+        assert 3500 < await bus.redis.ttl(key) <= 3600
+        assert b"collected_at" in await bus.redis.hkeys(key)  # the later steps add to a kept trace
 
 
 async def test_a_full_prefetch_is_stepped_again_after_a_version_not_at_every_settle(monkeypatch):
