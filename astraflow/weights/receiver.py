@@ -74,6 +74,8 @@ class WeightReceiver:
         self._joined: dict[int, float] = {}
         """Versions whose peers this process joined, and when (`leave` takes it out of them)."""
         self.peers = Peers(secret, model, self._tls)
+        self._manifest: WeightManifest | None = None
+        """The manifest the served half was verified against."""
 
     async def sync(self, manifest_key: str, version: int) -> Half:
         """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
@@ -92,6 +94,21 @@ class WeightReceiver:
             half = await self._pull(manifest, first_try=False)
         await self._join_peers(manifest.version)
         return half
+
+    async def check_served(self, half: Half) -> None:
+        """Digest `half` (the served half, held for reading) again against the manifest it was verified
+        against, just before an engine loads it: bytes changed since (by whatever can write this
+        process's buffer) raise WeightIntegrityError, and the next `sync` pulls the version again. BLAKE3
+        over the hash pool: a fraction of what the engine's own read of the same bytes costs."""
+        manifest = self._manifest
+        try:
+            if manifest is None or half.version != manifest.version:
+                raise WeightIntegrityError(f"{self.model}: the half to load is not the verified one")
+            await asyncio.to_thread(ChunkVerifier(half.data, manifest).check)
+        except WeightIntegrityError:
+            self.held = None
+            self.stats["integrity_errors"] += 1
+            raise
 
     def _ensure_buffer(self, manifest: WeightManifest) -> None:
         if self.buffer is not None and layout.header(self.buffer.specs) == layout.header(manifest.tensors):
@@ -137,7 +154,7 @@ class WeightReceiver:
             self.server.unregister(self.model, manifest.version, "full")
             raise
         buffer.flip(manifest.version)
-        self.held = (manifest.version, manifest.digest)
+        self.held, self._manifest = (manifest.version, manifest.digest), manifest
         source = Source(
             half.fileno(), half.data_offset, len(half.data), hold=lambda cut: buffer.reading(half, cut)
         )

@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import threading
 
 import pytest
 import torch
 
+from astraflow.errors import WeightIntegrityError
+from astraflow.messages import VersionNotice
+from astraflow.raas.follow import NoticeFollower
 from astraflow.weights import wire
 from astraflow.weights.peers import MAX_PROBED
 from astraflow.weights.receiver import WeightReceiver
@@ -157,6 +161,44 @@ async def test_a_peer_set_of_silent_peers_costs_a_pull_one_probe_then_nothing(bu
     finally:
         for s in silent:
             s.close()
+        rx.close()
+        rx.server.close()
+        await pub.close()
+
+
+class Engine:
+    """Records what it was asked to load (the engine is not what is tested)."""
+
+    def __init__(self) -> None:
+        self.loaded: list[int] = []
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def load_weights(self, path: str, version: int) -> None:
+        self.loaded.append(version)
+
+
+async def test_weights_changed_between_their_check_and_the_load_are_refused(bus, tmp_path):
+    """Outside the threat model (the same uid), but cheap to close: NaN written into the verified buffer
+    between its check and the load got 3,829 groups dead in 25 s. The load digests it again."""
+    settings = WeightsSettings(full_every=100, same_host=False)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t", {"w": torch.randn(256, 256)})
+    rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
+    engine = Engine()
+    follower = NoticeFollower(bus, {MODEL: engine}, {MODEL: rx}, None)  # type: ignore[arg-type]
+    try:
+        key = await publish(pub, state, 0)
+        notice = VersionNotice(uid="n0", version=0, models={MODEL: 0}, manifests={MODEL: key})
+        half = await rx.sync(key, 0)  # pulled and verified: the follower's sync returns this half
+        half.data[:4] = struct.pack("<f", float("nan"))
+        with pytest.raises(WeightIntegrityError, match="chunks differ from the manifest"):
+            await follower._load(MODEL, engine, 0, notice)
+        assert engine.loaded == []
+        half = await rx.sync(key, 0)  # pulled again, not taken as held
+        assert bytes(half.data) == bytes(pub.buffer.served.data)
+    finally:
         rx.close()
         rx.server.close()
         await pub.close()
