@@ -6,7 +6,8 @@ they were before (every group, kept a week), and without any (the baseline), in 
 
 Each arm is one `astraflow run --keep-redis` of the default recipe for `--seconds` (no reward target);
 its Redis is read after the run stopped, as a shared Redis would hold it. Per arm: rollout groups
-collected, the run's keys, its trace keys, Redis `used_memory` (MiB). The last line: `trace growth:
+collected, the run's keys, its trace keys, Redis `used_memory` (MiB), keys per 1,000 groups and the
+largest key families. The last line: `trace growth:
 shipped <k> keys <m> MiB, before <k> keys <m> MiB, none <k> keys <m> MiB (<s> s)`.
 """
 
@@ -17,12 +18,14 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import redis
 from _smoke import parse
 
 from astraflow import redis_server
+from astraflow.streams.memory import family
 
 ARMS = {
     "none": ["dataflow.trace_every=0"],
@@ -49,8 +52,9 @@ def run(arm: str, seconds: int, root: Path) -> dict:
         raise SystemExit(f"{arm}: the run kept no Redis")
     try:
         client = redis.Redis.from_url(server.url)
-        traces = sum(1 for _ in client.scan_iter(match="af:*:trace:*", count=1000))
-        got = {"keys": client.dbsize(), "traces": traces, "memory": client.info("memory")["used_memory"]}
+        families = Counter(family(k.decode().split(":", 2)[-1]) for k in client.scan_iter(count=1000))
+        got = {"keys": client.dbsize(), "traces": families["trace:*"], "families": families}
+        got["memory"] = client.info("memory")["used_memory"]
         client.close()
     finally:
         server.stop()
@@ -68,7 +72,10 @@ def main() -> None:
     print(f"{'traces':>8} {'groups':>8} {'keys':>8} {'trace':>8} {'MiB':>8} {'keys/kgroup':>12}")
     for arm, r in results.items():
         per, mib = 1000 * r["keys"] / max(r["groups"], 1), r["memory"] / 2**20
-        print(f"{arm:>8} {r['groups']:>8} {r['keys']:>8} {r['traces']:>8} {mib:>8.1f} {per:>12.1f}")
+        largest = ", ".join(f"{name} {n}" for name, n in r["families"].most_common(4))
+        print(
+            f"{arm:>8} {r['groups']:>8} {r['keys']:>8} {r['traces']:>8} {mib:>8.1f} {per:>12.1f}  {largest}"
+        )
     shown = {
         arm: f"{r['keys']} keys {r['memory'] / 2**20:.1f} MiB" if (r := results.get(arm)) else "-"
         for arm in ("shipped", "before", "none")

@@ -160,9 +160,8 @@ def seen():
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     if got["mode"] == "none":  # a skip for that cause alone: any other failure of the probe is a defect
-        refused = re.search(
-            r"user-namespaces: unshare: unshare failed: (Operation not permitted|No space)", got["why"]
-        )
+        kernel = r"user-namespaces: unshare: [^;]*(Operation not permitted|Permission denied|No space left)"
+        refused = re.search(kernel, got["why"])
         assert refused, f"the sandbox failed for a cause other than the kernel's refusal: {got['why']}"
         pytest.skip(f"this kernel refuses unprivileged user namespaces: {got['why']}")
     return got
