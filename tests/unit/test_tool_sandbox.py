@@ -14,9 +14,12 @@ from pathlib import Path
 import pytest
 import structlog
 
+from astraflow.config import load_settings
 from astraflow.errors import SandboxUnavailable
+from astraflow.launch.build import build_raas
 from astraflow.workflows import isolation, sandbox
 from astraflow.workflows.sandbox import run_python
+from tests.dataflow_helpers import SMALL_RUN, fake_bus
 
 why_not = isolation.available()
 needs_namespaces = pytest.mark.skipif(why_not is not None, reason=f"no namespaces here: {why_not}")
@@ -222,11 +225,15 @@ def test_an_interpreter_under_tmp_is_seen_in_the_tools_root(tmp_path):
     assert done.stdout == f"{isolation.mode().name} None\n", done.stdout + done.stderr
 
 
-def test_a_worker_that_should_sandbox_and_cannot_is_refused_naming_why(monkeypatch):
+async def test_a_raas_that_should_sandbox_and_cannot_refuses_to_start_naming_why(monkeypatch, tmp_path):
+    """Tools ran unconfined where the probe failed (health said `none`); now the RaaS does not start, before
+    any engine or weight server, unless the recipe sets `raas.sandbox: none`."""
     why = "user-namespaces: unshare: unshare failed: Operation not permitted"
     monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
-    with pytest.raises(
-        SandboxUnavailable, match=rf"cannot be sandboxed here \({why}\); set raas.sandbox: none"
-    ):
-        sandbox.require("namespaces")
+    settings = load_settings(None, [*SMALL_RUN, f"run.dir={tmp_path}"])
+    refused = rf"cannot be sandboxed here \({why}\); set raas.sandbox: none"
+    with pytest.raises(SandboxUnavailable, match=refused):
+        async with build_raas(settings, fake_bus(settings), "raas-0"):
+            pass
+    assert not (tmp_path / "logs").exists()  # refused before anything was made
     assert sandbox.require("none").name == isolation.NONE  # the recipe allowed it, in so many words
