@@ -56,21 +56,28 @@ def held_by_live_launcher(lock: Path) -> bool:
     return False
 
 
+def live_run_at(path: Path) -> Path | None:
+    """The directory of a live run that is `path` or holds it, if any."""
+    return next((p for p in (path, *path.parents) if held_by_live_launcher(p / LOCK)), None)
+
+
 def unsafe(path: Path) -> str | None:
     """Why deleting what run directory `path` holds would destroy what is not a run's (None when it would
-    not): a `.git` anywhere in it (a repository or a worktree), or a directory a live launcher holds, in it
-    or around it. The walk follows no link (deleting one removes the link, not its target), and `path`
-    itself is its resolved form: the lock of its own launcher is skipped."""
+    not): a `.git` anywhere in it (a repository or a worktree), a directory a live launcher holds, in it
+    or around it, or a link in it to one. The walk follows no link (deleting one removes the link, not its
+    target), and `path` itself is its resolved form: the lock of its own launcher is skipped."""
     own = path / LOCK
-    for parent in path.parents:
-        if held_by_live_launcher(parent / LOCK):
-            return f"lies inside {parent}, the directory of a live run"
+    if (live := live_run_at(path.parent)) is not None:
+        return f"lies inside {live}, the directory of a live run"
     for root, dirs, files in os.walk(path, followlinks=False):
         here = Path(root)
         if ".git" in dirs or ".git" in files:
             return f"holds a git repository ({here / '.git'})"
         if LOCK in files and here / LOCK != own and held_by_live_launcher(here / LOCK):
             return f"holds {here}, the directory of a live run"
+        for name in dirs:
+            if (here / name).is_symlink() and (live := live_run_at((here / name).resolve())) is not None:
+                return f"holds a link to {live}, the directory of a live run ({here / name})"
     return None
 
 

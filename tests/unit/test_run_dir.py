@@ -112,6 +112,10 @@ def test_overwrite_never_takes_a_directory_holding_a_live_run(tmp_path, live_run
     (tmp_path / "link").symlink_to(outer)
     with pytest.raises(RunDirError, match=rf"holds {live_run}, the directory of a live run"):
         claim(tmp_path / "link", resume=False, overwrite=True)
+    elsewhere = a_run(tmp_path / "elsewhere")
+    (elsewhere / "logs" / "live").symlink_to(live_run, target_is_directory=True)
+    with pytest.raises(RunDirError, match=rf"holds a link to {live_run}, the directory of a live run"):
+        claim(elsewhere, resume=False, overwrite=True)
     assert (live_run / "settings.yaml").exists()
 
 
