@@ -205,6 +205,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     peek.add_argument("--count", type=int, default=1, help="the newest N entries (default 1)")
     peek.add_argument("--id", help="the entry with this id")
+    peek.add_argument(
+        "--max-bytes", type=int, help="decode no entry larger than this many bytes (default 16 MiB)"
+    )
     peek.add_argument("--recipe", help="recipe YAML or a shipped recipe's name (for the run's settings)")
     track = command(
         "track",

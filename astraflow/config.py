@@ -75,7 +75,8 @@ class RunSettings(BaseModel):
 
     name: str = Field("demo", pattern=r"^[A-Za-z0-9._-]{1,64}$")
     """Run name; every Redis key of the run starts with `af:{name}:`. Letters, digits, `.`, `_`, `-`: the
-    name goes into SCAN and ACL key patterns, where `*`, `?` or `[` would reach other runs' keys."""
+    name goes into SCAN and ACL key patterns, where `*`, `?` or `[` would reach other runs' keys, and into
+    the run directory `runs/<name>`, where `.` or `..` would name another directory."""
     dir: Path | None = None
     """Run directory (logs, embedded Redis, checkpoints); default `runs/<name>`."""
     seed: int = 0
@@ -116,6 +117,13 @@ class RunSettings(BaseModel):
     def _no_eval_every_s(cls, value: Any) -> Any:
         if isinstance(value, dict) and "eval_every_s" in value:
             raise ValueError("run.eval_every_s is gone: set eval.every_s (or eval.every) and eval.datasets")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if set(value) == {"."}:
+            raise ValueError(f"run.name {value!r} names a directory around the run's: choose a plain name")
         return value
 
     @field_validator("models", mode="before")

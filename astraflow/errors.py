@@ -42,6 +42,11 @@ class NonFiniteWeights(WeightIntegrityError):
     """Weights to be published hold NaN or inf: they are never served."""
 
 
+class SandboxUnavailable(AstraflowError):
+    """Tool calls should run in namespaces (`raas.sandbox: namespaces`) and this machine cannot start one:
+    the message names the probe's own error."""
+
+
 class RedisServerError(AstraflowError):
     """The embedded redis-server could not be found, started or stopped."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
+from astraflow import metrics_http
 from astraflow.errors import ConfigError
 from astraflow.streams.records import EvalResult, Record, RolloutStats, TrainerStep
 
@@ -54,14 +55,15 @@ class WorkerMetrics:
         return self._series("Histogram", name, doc)
 
     def serve(self, host: str, port: int, setting: str) -> None:
-        """Serve `/metrics` on `host:port` from a daemon thread; port 0: serve nothing. A port that cannot
-        be bound is a ConfigError naming `setting` (two workers on one host given the same port)."""
+        """Serve `/metrics` on `host:port` from a daemon thread, a bounded number of connections at once,
+        each with a timeout (`metrics_http`); port 0: serve nothing. A port that cannot be bound is a
+        ConfigError naming `setting` (two workers on one host given the same port)."""
         if not port:
             return
-        from prometheus_client import start_http_server
+        from prometheus_client import make_wsgi_app
 
         try:
-            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+            self._server = metrics_http.start(make_wsgi_app(self.registry), host, port)
         except OSError as e:
             raise ConfigError(f"{setting}: cannot serve /metrics on {host}:{port}: {e.strerror}") from None
 

@@ -129,8 +129,10 @@ SMALL_RUN = [
     "dataflow.feeder.n_samples=2",
     "dataflow.dataset.size=50",
     "dataflow.batch.size=64",
+    "dataflow.trace_every=1",
 ]
-"""A small run on fakeredis: groups of 2 samples from 50 rows, batches large enough to form none."""
+"""A small run on fakeredis: groups of 2 samples from 50 rows, batches large enough to form none, every
+group traced."""
 
 
 def fake_bus(settings) -> Bus:

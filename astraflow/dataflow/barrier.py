@@ -19,7 +19,7 @@ from astraflow.errors import DecodeError
 from astraflow.messages import VersionNotice, VersionPublished, decode, encode
 from astraflow.streams import Consumer, Entry
 from astraflow.streams.keys import GROUP_DATAFLOW
-from astraflow.streams.runstate import RunState
+from astraflow.streams.runstate import MAX_VERSION_STEP, RunState
 
 if TYPE_CHECKING:
     from astraflow.dataflow.evaluation import Evals
@@ -69,6 +69,11 @@ class Barrier:
             await self.consumer.dead_letter(entry, f"DecodeError: {e}")
             return
         status = await self.store.record_version(self.consumer.name, entry.id, msg)
+        if status == "far":
+            reason = f"version {msg.version} of {msg.model} is over {MAX_VERSION_STEP} past the recorded one"
+            log.error("version_dead_lettered", id=entry.id, error=reason)
+            await self.consumer.dead_letter(entry, reason)
+            return
         self.consumer.settled([entry.id])
         log.debug("version_recorded", model=msg.model, version=msg.version, status=status)
 

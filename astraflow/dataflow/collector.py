@@ -11,6 +11,7 @@ from typing import TypeVar
 import structlog
 
 from astraflow.dataflow.checks import Owned, check_groups, vocab_size
+from astraflow.dataflow.completions import Completions
 from astraflow.dataflow.evaluation import score
 from astraflow.dataflow.store import Collected, EvalRow, Room, Store
 from astraflow.dataflow.verdicts import Judge
@@ -56,6 +57,8 @@ class Collector:
         self.made_ready: Callable[[str, int], None] = lambda model, n_samples: None
         """Told of every group part put in a ready set: (model, samples) (the batch former's wake-ups)."""
         self._newest_read: tuple[float, dict[str, int]] = (-NEWEST_TTL_S, {})
+        self.completions = Completions(store.bus)
+        """The groups settled per worker: what the feeder counts a heartbeat for (`Feeder.counted`)."""
 
     async def step(self, block_ms: int | None) -> int:
         """Read up to `collector.read_count` rollout entries and settle them; returns entries read."""
@@ -67,6 +70,7 @@ class Collector:
         """Read and judge the next entries (bad ones are dead-lettered); returns (entries read, decisions).
         The caller may prepare the next entries while the last decisions are being committed."""
         newest = await self._newest()  # first: a failure here leaves no entry read and unsettled
+        await self.completions.flush()
         entries = await self.consumer.read(self.settings.read_count, block_ms)
         read = []
         for entry in entries:
@@ -105,6 +109,7 @@ class Collector:
             debug("rollout_collected", uid=item.uid, status=status, outcomes=outcomes)
             if status == "ok":
                 settled.append(item)
+                self.completions.seen(item.trace.get(Trace.raas, ""))
                 for part, outcome in zip(item.parts, outcomes, strict=False):
                     if outcome == "ready":
                         self.made_ready(part.model, part.n_samples)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from astraflow.dataflow.completions import shown_slots
 from astraflow.dataflow.curators import make_curator
 from astraflow.dataflow.store import Room, Store, SubmitItem
 from astraflow.errors import DecodeError
@@ -78,6 +79,8 @@ class Feeder:
         redis, slots = self.bus.redis, 0
         pattern = self.bus.keys.raas("*")
         keys = await self.bus.call(lambda: _scan(redis, pattern))
+        completed = await self.bus.call(lambda: redis.hgetall(self.bus.keys.completed)) if keys else {}
+        now = time.time()
         for key in keys:
             fields = await self.bus.call(lambda k=key: redis.hgetall(k))
             if not fields:
@@ -94,17 +97,18 @@ class Feeder:
                     self._refused.add(key)
                     log.warning("heartbeat_ignored", key=key, reason="not written by the holder of its name")
                 continue
-            slots += self.counted(beat)
+            slots += self.counted(beat, completed, now)
         self._pool = (time.monotonic(), slots)
         return slots
 
-    def counted(self, beat: Heartbeat) -> int:
+    def counted(self, beat: Heartbeat, completed: dict[bytes, bytes], now: float) -> int:
         """Slots `beat` counts for: what it advertises, at most `feeder.max_worker_slots` and at most what
-        its worker has shown it uses (`feeder.capacity_horizon_s`): a forged or wrong capacity cannot
-        flood `prompts`, and a real worker's count grows as fast as it takes work."""
+        the dataflow has seen its worker use - the groups collected from it (`completed`, the hash) at its
+        rate over `feeder.capacity_horizon_s`, or a new worker's START_SLOTS. Nothing the worker reports of
+        its own work counts (a forger reports what it likes), so a forged capacity cannot flood `prompts`,
+        and a real worker's count grows as fast as it hands work back."""
         f = self.feeder
-        uptime_s = max(beat.updated_at - beat.started_at, 1.0)
-        shown = max(START_SLOTS, 2 * beat.in_flight, math.ceil(beat.groups / uptime_s * f.capacity_horizon_s))
+        shown = max(START_SLOTS, shown_slots(completed, beat.uid, f.capacity_horizon_s, now))
         return max(0, min(beat.capacity, f.max_worker_slots, shown))
 
     async def limits(self) -> tuple[int, int]:

@@ -43,9 +43,9 @@ class FeederSettings(BaseModel):
     max_worker_slots: int = Field(1024, ge=1)
     """Most slots one RaaS heartbeat counts for, whatever it advertises."""
     capacity_horizon_s: float = Field(60.0, gt=0)
-    """A heartbeat counts at most the groups its worker hands off in this long at its measured rate
-    (`groups` since `started_at`), or twice what it holds now, if either is more than a new worker's
-    allowance (`feeder.START_SLOTS`): advertised slots it has not shown it can use do not feed the backlog."""
+    """A heartbeat counts at most the groups the dataflow collects from its worker in this long, at the
+    rate it has collected them, if that is more than a new worker's allowance (`feeder.START_SLOTS`):
+    slots the worker only claims, in its heartbeat or otherwise, do not feed the backlog."""
     max_ready_batches: float = Field(4.0, ge=1)
     """Stop submitting while the ready sets hold this many batches' worth of units per model (groups, or
     samples: a group may hold fewer than `n_samples`), each model's set a batch at least - a slow
@@ -134,13 +134,17 @@ class DataflowSettings(BaseModel):
     feeder: FeederSettings = Field(default_factory=FeederSettings)
     collector: CollectorSettings = Field(default_factory=CollectorSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
-    trace_retention_s: int = Field(7 * 24 * 3600, gt=0)
-    """How long a prompt group's lineage (`astraflow trace`) is kept, from its submission."""
-    trace_max_groups: int = Field(100_000, ge=1)
-    """Most lineages kept (about 1 KB each in Redis: ~100 MB at the default); the oldest go first."""
+    trace_every: int = Field(16, ge=0)
+    """One prompt group in this many (by dataset position) keeps a lineage for `astraflow trace`; 1:
+    every group, 0: none. The ledger counts every group all the same."""
+    trace_retention_s: int = Field(3600, gt=0)
+    """How long a prompt group's lineage is kept, from its submission: about a run's working time, so
+    that a stopped run's traces leave a shared Redis within it."""
+    trace_max_groups: int = Field(10_000, ge=1)
+    """Most lineages kept (about 1 KB each in Redis: ~10 MB at the default); the oldest go first."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the replica's Prometheus /metrics endpoint (rollouts collected, mean reward, eval rows;
     labels run, worker, policy); 0 = not served."""
-    metrics_host: str = "0.0.0.0"
-    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
-    scrape it; `127.0.0.1` keeps it to this host."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint listens on: this host only; `0.0.0.0` (all interfaces) lets a
+    Prometheus in another pod scrape it."""

@@ -15,7 +15,7 @@ from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
 from astraflow.streams.connection import queue_script, register_scripts, with_script
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
-from astraflow.streams.runstate import RunState, read_state
+from astraflow.streams.runstate import MAX_VERSION_STEP, RunState, read_state
 from astraflow.streams.schema import Entry
 
 SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
@@ -155,6 +155,7 @@ class Store:
             self.settings.trace_max_groups,
             self.settings.batch.unit,
             self.settings.batch.size,
+            self.settings.trace_every,
         ]
         for it in items:
             args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
@@ -263,10 +264,11 @@ class Store:
         return status.decode(), uid.decode(), int(fresh), int(replayed), int(expired), int(short)
 
     async def record_version(self, consumer: str, entry_id: str, msg: VersionPublished) -> str:
-        """Record a published version with the XACK of its entry; returns 'ok', 'dup' or 'lost'."""
+        """Record a published version with the XACK of its entry; returns 'ok', 'dup', 'lost', or 'far'
+        (more than MAX_VERSION_STEP past the model's recorded version: nothing recorded nor acked)."""
         keys = [self.keys.versions, self.keys.state, self.keys.errors]
         args = [GROUP_DATAFLOW, consumer, entry_id, msg.model, msg.version, msg.manifest_key, int(msg.eval)]
-        args += [msg.checkpoint, msg.incarnation]
+        args += [msg.checkpoint, msg.incarnation, MAX_VERSION_STEP]
         return (await self._run("version", keys, args)).decode()
 
     async def announce(

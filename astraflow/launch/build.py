@@ -21,6 +21,7 @@ from astraflow.errors import ConfigError
 from astraflow.metrics_server import serve_stream_metrics
 from astraflow.policies import PolicySettings
 from astraflow.streams import Bus
+from astraflow.workflows import sandbox
 
 if TYPE_CHECKING:
     from astraflow.raas.worker import RaasSetup, RaasWorker
@@ -138,6 +139,7 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
     from astraflow.weights.receiver import WeightReceiver
     from astraflow.weights.server import WeightServer
 
+    await asyncio.to_thread(sandbox.require, settings.raas.sandbox)  # refused before anything slow starts
     log_dir = settings.run.path / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     policies = [settings.policy(m) for m in settings.run.models]

@@ -24,7 +24,7 @@ from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
 from astraflow.launch.local_run import LocalRun
 from astraflow.launch.progress import Progress, line, render
-from astraflow.launch.run_dir import RUN_MARK, claim
+from astraflow.launch.run_dir import claim
 from astraflow.launch.start_checks import check_start
 from astraflow.launch.stops import EXIT_TARGET_MISSED, AllDead, stop_reason, stopped_elsewhere
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
@@ -98,6 +98,9 @@ def _save_settings(settings: Settings, path: Path) -> None:
         yaml.safe_dump(data, f, sort_keys=False)
 
 
+SETTINGS = "settings.yaml"
+"""The run's settings in its directory: what `--resume DIR` loads."""
+
 EXIT_FAILED = 1
 """A worker died more often than its restart budget allows (its last error line is printed)."""
 
@@ -119,8 +122,9 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
         if overwrite:  # `--resume` keeps Redis (AOF), checkpoints and metrics
             _kept_redis_stopped(run_dir)
             held.clear()
+        held.mark(settings.run.name)  # first: what --overwrite asks of a directory before emptying it
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        _save_settings(settings, run_dir / RUN_MARK)
+        _save_settings(settings, run_dir / SETTINGS)
         build_tiny(settings)
         place_threads(settings)
         if not settings.redis.url:

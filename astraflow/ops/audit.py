@@ -35,7 +35,9 @@ def cmd_trace(args) -> int:
 async def _trace(bus: Bus, settings: Settings, uid: str) -> int:
     trace = await read_trace(bus, uid)
     if trace is None:
-        print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} (unknown, or past retention)")
+        every = settings.dataflow.trace_every
+        kept = "no group is traced" if every == 0 else f"one group in {every} is traced"
+        print(f"no trace of prompt group {uid!r} in run {settings.run.name!r} ({kept}; unknown, or expired)")
         return 1
     print(render_trace(uid, trace, settings.trained))
     return 0

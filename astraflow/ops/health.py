@@ -19,7 +19,8 @@ recently seen one counts, so a container restarted in place is judged by its new
 
 Readiness: Redis answers, the run exists and was not stopped, the worker's consumer was seen within the
 bound (and a RaaS's heartbeat is fresh). A RaaS's line also says how its tool calls are sandboxed
-(`isolation.mode`: root-namespaces, user-namespaces or none). Liveness (`--live`) judges only the
+(`isolation.mode`: root-namespaces, user-namespaces or none, and whether a RaaS refuses to start for
+want of a sandbox: `raas.sandbox`). Liveness (`--live`) judges only the
 worker's own signal: when Redis itself is unreachable the worker is not at fault (it waits the outage
 out), so the probe passes rather than have every worker restarted during a Redis outage.
 """
@@ -103,7 +104,7 @@ async def check(
             )
         if role == "raas":
             await _heartbeat(bus, settings, consumer)
-            suffix = f"; tool sandbox: {await _sandbox()}"
+            suffix = f"; tool sandbox: {await _sandbox(settings.raas.sandbox)}"
     except BusConnectionError as e:
         if live:
             return f"alive: not judged, {e} (the worker waits Redis out)"
@@ -114,9 +115,13 @@ async def check(
     return line + suffix
 
 
-async def _sandbox() -> str:
-    """The mode tool calls run in on this host: the probe runs beside the worker, with its rights."""
-    return (await asyncio.to_thread(isolation.mode)).describe()
+async def _sandbox(wanted: str) -> str:
+    """The mode tool calls run in on this host (the probe runs beside the worker, with its rights), and
+    whether the worker refuses to start for want of one (`raas.sandbox`)."""
+    mode = await asyncio.to_thread(isolation.mode)
+    if mode.name == isolation.NONE and wanted != isolation.NONE:
+        return f"{isolation.NONE}, refused (a RaaS will not start: raas.sandbox is {wanted}): {mode.reason}"
+    return mode.describe()
 
 
 async def _seen(bus: Bus, t: Target) -> tuple[str, float]:

@@ -93,12 +93,14 @@ class NoticeFollower:
                 failed = None if ok else retry
 
     async def _load(self, model: str, engine: Engine, version: int, notice: VersionNotice) -> bool:
-        """Get the version's weights (pulled and verified while generation goes on), then pause, load,
-        resume. A shared checkpoint directory in the notice is loaded instead, once its weights match the
-        digest of the version's manifest (WeightIntegrityError otherwise). False: the notice names no
-        weights of `model`."""
+        """Get the version's weights (pulled and verified while generation goes on), digest them again
+        once held for the load (`WeightReceiver.check_served`), then pause, load, resume. A shared
+        checkpoint directory in the notice is loaded instead, once its weights match the digest of the
+        version's manifest (WeightIntegrityError otherwise). False: the notice names no weights of
+        `model`."""
         started = time.perf_counter()
         receiver, manifest = self.receivers.get(model), notice.manifests.get(model)
+        half = None
         if model in notice.checkpoints:  # no transfer, but no trust either: checked against the manifest
             hold, path = nullcontext(), notice.checkpoints[model]
             await self._verify_checkpoint(path, manifest)
@@ -109,6 +111,8 @@ class NoticeFollower:
             return False
         pulled = time.perf_counter()
         with hold:
+            if half is not None:  # verified when pulled; checked again as the engine is about to read it
+                await receiver.check_served(half)  # type: ignore[union-attr]
             try:
                 await engine.pause()
                 await engine.load_weights(path, version)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -47,12 +47,15 @@ class RaasSettings(BaseModel):
     """A reward call running longer fails its trajectory ("timed out"); importing its module is not counted.
     Its process goes on, unless the call was stopped in an import, or gave no answer within this plus a
     minute (a hang in C): then the reward processes are replaced."""
+    sandbox: Literal["namespaces", "none"] = "namespaces"
+    """How tool calls are isolated: `namespaces` (the worker refuses to start where they cannot be made,
+    naming why), or `none`, which lets tools run as the worker's own user where they cannot."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the worker's Prometheus /metrics endpoint (labels run, worker, policy); 0 = not served.
     Two RaaS on one host need two ports."""
-    metrics_host: str = "0.0.0.0"
-    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
-    scrape it; `127.0.0.1` keeps it to this host."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint listens on: this host only; `0.0.0.0` (all interfaces) lets a
+    Prometheus in another pod scrape it."""
 
     @field_validator("allowed_code")
     @classmethod

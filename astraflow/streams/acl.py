@@ -107,7 +107,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         _g(
             "the dataflow's streams and state (its scripts)",
             "prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
-            "formed:* trace:* traces batches:* scale",
+            "formed:* trace:* traces batches:* scale completed",
             _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists expire "
             "del sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem zrevrange "
             "zremrangebyrank",

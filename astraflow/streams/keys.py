@@ -94,6 +94,12 @@ class Keys:
         return self._k("state")
 
     @property
+    def completed(self) -> str:
+        """Hash: rollout groups the dataflow collected from each RaaS (`<worker>`) and when it first
+        counted one (`<worker>:since`): the measure of a worker's capacity (`dataflow.completions`)."""
+        return self._k("completed")
+
+    @property
     def scale(self) -> str:
         """Hash: the RaaS workers the run needs and its inputs (`needed`, `workers`, `demand_groups_per_s`,
         `per_worker_groups_per_s`, `headroom`, `reason`, `updated_at`), written by `astraflow scale`."""

@@ -13,6 +13,10 @@ from collections.abc import Collection
 from astraflow.streams.bus import Bus
 from astraflow.streams.schema import Family, State
 
+MAX_VERSION_STEP = 64
+"""How far past its model's recorded version a published version may be (a trainer publishes one per
+step): one further is refused by the dataflow and ignored by whoever looks for the newest (a forged entry
+at v = 10^9 would make every rollout stale)."""
 VERSIONED = (State.eval, State.eval_submitted, State.eval_pending, State.manifest, State.checkpoint)
 """Fields kept per version (forgotten once far behind the announced one)."""
 

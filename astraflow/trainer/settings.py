@@ -110,6 +110,6 @@ class TrainerSettings(BaseModel):
     """Port of the trainer's Prometheus /metrics endpoint (its steps: version, loss, reward, ...; labels
     run, worker, policy); 0 = not served. Two trainers on one host need two ports (per policy:
     `run.models.<name>.trainer.metrics_port`)."""
-    metrics_host: str = "0.0.0.0"
-    """Address the /metrics endpoint listens on: all interfaces, so a Prometheus in another pod can
-    scrape it; `127.0.0.1` keeps it to this host."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint listens on: this host only; `0.0.0.0` (all interfaces) lets a
+    Prometheus in another pod scrape it."""

@@ -23,7 +23,7 @@ from astraflow.errors import DecodeError, NonFiniteWeights, describe
 from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
-from astraflow.streams.runstate import last_notice, recorded_versions
+from astraflow.streams.runstate import MAX_VERSION_STEP, last_notice, recorded_versions
 from astraflow.weights import codec, layout, local, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.served_files import ServedFiles
@@ -58,18 +58,22 @@ class Published:
 async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Published]:
     """The newest published version of each of `models` that has one: as the dataflow recorded it (read
     through `streams.runstate`), or newer and not recorded yet, in `versions` (the dataflow trims the
-    entries it has recorded). The stream is read first, so an entry recorded and trimmed in
-    between is found in the state."""
+    entries it has recorded), but no more than MAX_VERSION_STEP past the recorded one (as the dataflow
+    records them). The stream is read first, so an entry recorded and trimmed in between is found in the
+    state."""
     models = list(models)
     entries = await bus.call(lambda: bus.redis.xrevrange(bus.keys.versions, count=256))
     newest = {
         m: Published(v, bus.keys.weights(m, v), incarnation)
         for m, (v, incarnation) in (await recorded_versions(bus, models)).items()
     }
+    ceiling = {m: p.version + MAX_VERSION_STEP for m, p in newest.items()}
     for _, fields in entries:
         try:
             msg = decode(fields, VersionPublished)
         except DecodeError:
+            continue
+        if msg.version > ceiling.get(msg.model, msg.version):
             continue
         if msg.model in models and (msg.model not in newest or msg.version > newest[msg.model].version):
             newest[msg.model] = Published(msg.version, msg.manifest_key, msg.incarnation)

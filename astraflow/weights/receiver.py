@@ -13,7 +13,8 @@ mismatch raises WeightIntegrityError inside, is logged and counted, and the vers
 full from the trainer. Once verified, this process serves the version (and the delta that made it)
 until it is replaced. A source that fails or stalls (past `io_timeout_s`) is left for the next one, and
 a failed peer is removed from the version's peers; each attempt gives up after `pull_deadline_s` over
-all its sources.
+all its sources. Only peers that answered an authenticated probe are tried, and one that failed is left
+alone for a while (`peers`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Bus
 from astraflow.weights import codec, files, layout, local, wire
 from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.peers import Peers
 from astraflow.weights.relay import Election, Spool
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
@@ -71,6 +73,9 @@ class WeightReceiver:
         self.election = Election(bus, model, region, server.endpoint, settings.manifest_ttl_s)
         self._joined: dict[int, float] = {}
         """Versions whose peers this process joined, and when (`leave` takes it out of them)."""
+        self.peers = Peers(secret, model, self._tls)
+        self._manifest: WeightManifest | None = None
+        """The manifest the served half was verified against."""
 
     async def sync(self, manifest_key: str, version: int) -> Half:
         """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
@@ -89,6 +94,21 @@ class WeightReceiver:
             half = await self._pull(manifest, first_try=False)
         await self._join_peers(manifest.version)
         return half
+
+    async def check_served(self, half: Half) -> None:
+        """Digest `half` (the served half, held for reading) again against the manifest it was verified
+        against, just before an engine loads it: bytes changed since (by whatever can write this
+        process's buffer) raise WeightIntegrityError, and the next `sync` pulls the version again. BLAKE3
+        over the hash pool: a fraction of what the engine's own read of the same bytes costs."""
+        manifest = self._manifest
+        try:
+            if manifest is None or half.version != manifest.version:
+                raise WeightIntegrityError(f"{self.model}: the half to load is not the verified one")
+            await asyncio.to_thread(ChunkVerifier(half.data, manifest).check)
+        except WeightIntegrityError:
+            self.held = None
+            self.stats["integrity_errors"] += 1
+            raise
 
     def _ensure_buffer(self, manifest: WeightManifest) -> None:
         if self.buffer is not None and layout.header(self.buffer.specs) == layout.header(manifest.tensors):
@@ -134,7 +154,7 @@ class WeightReceiver:
             self.server.unregister(self.model, manifest.version, "full")
             raise
         buffer.flip(manifest.version)
-        self.held = (manifest.version, manifest.digest)
+        self.held, self._manifest = (manifest.version, manifest.digest), manifest
         source = Source(
             half.fileno(), half.data_offset, len(half.data), hold=lambda cut: buffer.reading(half, cut)
         )
@@ -206,8 +226,12 @@ class WeightReceiver:
         for _ in range(RELAY_ROUNDS):
             seat = await self.election.elect(manifest, what, failed)
             if seat == self.server.endpoint:  # this process crosses the long link for the region
-                holders = await self._peers(version) if what == "full" else []
-                if what == "full":
+                holders = []
+                if what == "full":  # the peers that answer a probe, itself aside; the others are pruned
+                    listed = [e for e in await self._peers(version) if e != self.server.endpoint]
+                    holders, silent = await self.peers.probe(listed, version)
+                    for endpoint in silent:
+                        await self._leave_peers(version, endpoint)
                     await self._join_peers(version)
                 sources = holders + list(manifest.endpoints)
                 await self._from_any(sources, holders, version, what, into, deadline, on_bytes)
@@ -256,6 +280,7 @@ class WeightReceiver:
                 errors.append(f"{endpoint}: {e!r}")
                 log.warning("weights_source_failed", model=self.model, version=version, endpoint=endpoint)
                 if endpoint in peers:
+                    self.peers.backoff(endpoint)
                     await self._leave_peers(version, endpoint)
             if time.monotonic() >= deadline:
                 break

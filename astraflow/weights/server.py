@@ -7,12 +7,13 @@ received (a relay) is sent as its bytes arrive, so chains pipeline.
 
 No peer can hold the server. Without the secret: the whole handshake must be done within
 `handshake_timeout_s` (else dropped, counted `handshake_failed`), and one address has at most
-`max_unauthenticated_per_address` connections in the handshake (more are closed at once, counted
-`crowded`), so silent connections cannot use up the server. Serving slots are taken only once a peer is
-authenticated: at most `max_connections` are served at once (one thread each; more are closed after the
-handshake, counted `busy`). Every send and receive of a served connection waits at most `io_timeout_s`,
-and a transfer reading a buffer half is cut off (its socket shut down) when the writer of that half has
-waited long enough (`DoubleBuffer.claim`).
+`max_unauthenticated_per_address` connections in the handshake: a newer one closes the oldest of them
+(counted `crowded`), so silent connections cannot use up the server, nor keep a puller sharing their
+address from starting its handshake; an authenticated connection is never closed for them. Serving slots
+are taken only once a peer is authenticated: at most `max_connections` are served at once (one thread
+each; more are closed after the handshake, counted `busy`). Every send and receive of a served connection
+waits at most `io_timeout_s`, and a transfer reading a buffer half is cut off (its socket shut down) when
+the writer of that half has waited long enough (`DoubleBuffer.claim`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class WeightServer:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._open: set[socket.socket] = set()
-        self._unauthenticated: Counter[str] = Counter()  # per peer address, connections in the handshake
+        self._unauthenticated: dict[str, list[socket.socket]] = {}  # per peer address, in the handshake
         self._listener = socket.create_server((host, port))
         self.port = self._listener.getsockname()[1]
         self.endpoint = address.endpoint(host, self.port, advertise)
@@ -105,14 +106,13 @@ class WeightServer:
                 return  # closed
             address = peer[0]
             with self._lock:
-                crowded = self._unauthenticated[address] >= self.max_unauthenticated
-                if not crowded:
-                    self._unauthenticated[address] += 1
-                    self._open.add(sock)
-            if crowded:
+                pending = self._unauthenticated.setdefault(address, [])
+                oldest = pending.pop(0) if len(pending) >= self.max_unauthenticated else None
+                pending.append(sock)
+                self._open.add(sock)
+            if oldest is not None:  # its thread ends on the closed socket
                 self._count("crowded")
-                sock.close()
-                continue
+                wire.shut(oldest)
             threading.Thread(
                 target=self._serve, args=(sock, address), name="weight-send", daemon=True
             ).start()
@@ -124,9 +124,11 @@ class WeightServer:
                 sock, scope = self._handshake(raw)
             finally:
                 with self._lock:
-                    self._unauthenticated[address] -= 1
-                    if not self._unauthenticated[address]:
-                        del self._unauthenticated[address]
+                    pending = self._unauthenticated.get(address, [])
+                    if raw in pending:  # (else closed for a newer one)
+                        pending.remove(raw)
+                    if not pending:
+                        self._unauthenticated.pop(address, None)
             if scope is None:
                 return
             if not self._slots.acquire(blocking=False):

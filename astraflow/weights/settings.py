@@ -50,9 +50,9 @@ class WeightsSettings(BaseModel):
     that has not proved the run secret by then is dropped, however it trickles its bytes, and a puller
     leaves a source that accepts and never answers (a frozen process) for the next one."""
     max_unauthenticated_per_address: int = Field(16, ge=1)
-    """Connections from one address a weight server keeps in the handshake at once; more from that
-    address are closed at once (a peer without the secret holds at most this many, each at most
-    `handshake_timeout_s`)."""
+    """Connections from one address a weight server keeps in the handshake at once; a newer one from that
+    address closes the oldest (a peer without the secret holds at most this many, each at most
+    `handshake_timeout_s`, and cannot keep a puller sharing its address out)."""
     reader_grace_s: float = Field(10.0, gt=0)
     """How long writing a buffer half waits for transfers still reading it before cutting them off."""
     pull_deadline_s: float = Field(600.0, gt=0)

@@ -99,7 +99,7 @@ def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Seq
             links.append(f"ln -s {q(os.readlink(top))} {r}{top}")
         elif os.path.isdir(top):
             trees.append(top)
-    dirs = [*trees, "/proc", "/tmp", "/dev/shm", WORKDIR]
+    dirs = ["/proc", "/tmp", "/dev/shm", WORKDIR]
     owner = f"chown {uid}:{uid} {w}/work" if uid is not None else ":"  # userns: its root is the tool
     if uid is None:  # stays root of its user namespace: no capability, none regained by exec; its
         # groups cannot change there (setgroups is denied), and its root shows no file they would open
@@ -109,6 +109,8 @@ def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Seq
     # Few commands: each is a process started on every tool call. One tmpfs holds everything the tool can
     # write, so `disk_mb` caps it all; it is mounted outside the tool's root, which shows three of its
     # directories. /proc: a container whose /proc is masked refuses a fresh one (the tool goes without).
+    # The read-only trees go last, over the writable places: an interpreter under /tmp (a virtual
+    # environment there) stays visible at its own path, its mount point a directory of the tool's /tmp.
     lines = [
         "set -e",
         f"mount -t tmpfs -o mode=755,size=1m tool-root {r}",
@@ -119,12 +121,13 @@ def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Seq
         "mkdir -p " + " ".join(r + q(d) for d in dirs),
         "touch " + " ".join(f"{r}/dev/{d}" for d in _DEVICES),
         *links,
-        *(f"mount --bind -o ro {q(t)} {r}{q(t)}" for t in trees),
         f"mount -t proc -o nosuid,nodev,noexec proc {r}/proc || :",  # this PID namespace's processes only
         *(f"mount --bind /dev/{d} {r}/dev/{d}" for d in _DEVICES),
         f"mount --bind {w}/work {r}{WORKDIR}",
         f"mount --bind {w}/tmp {r}/tmp",
         f"mount --bind {w}/shm {r}/dev/shm",
+        "mkdir -p " + " ".join(r + q(t) for t in trees),
+        *(f"mount --bind -o ro {q(t)} {r}{q(t)}" for t in trees),
         f"mount -o remount,bind,ro {r}",
         # Not exec'd: this shell stays the namespace's first process, so the tool is not (the kernel
         # shields a first process from its own signals, SIGXCPU and SIGXFSZ among them), and a tool

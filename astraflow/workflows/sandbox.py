@@ -25,6 +25,7 @@ from pathlib import Path
 
 import structlog
 
+from astraflow.errors import SandboxUnavailable
 from astraflow.workflows import isolation
 
 log = structlog.get_logger(__name__)
@@ -123,6 +124,19 @@ async def _run(argv: list[str], source: Path, output: Path, wall_s: float) -> tu
 
 
 _warned = False
+
+
+def require(sandbox: str) -> isolation.Mode:
+    """The mode tool calls run in here (`isolation.mode`, probed once per process). Raises
+    SandboxUnavailable, naming the probe's error, when it is NONE and `sandbox` (`raas.sandbox`) is not
+    "none": a worker that should confine its tools never runs them unconfined."""
+    mode = isolation.mode()
+    if mode.name == isolation.NONE and sandbox != isolation.NONE:
+        raise SandboxUnavailable(
+            f"tool calls cannot be sandboxed here ({mode.reason}); set raas.sandbox: none to run tools"
+            " unconfined as the worker's user"
+        )
+    return mode
 
 
 async def _mode() -> isolation.Mode:

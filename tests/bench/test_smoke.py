@@ -40,6 +40,8 @@ FIGURES = {
     "settle_bytes": rf"^settle bytes: passed/multi redis cpu {NUMBER}, client cpu {NUMBER} at \d+ KiB",
     "staleness": rf"^staleness: fastest to {NUMBER}: .+ \(\d+ cells\)$",
     "tool_sandbox": rf"^process group +{NUMBER} +{NUMBER}$",
+    "trace_growth": rf"^trace growth: shipped \d+ keys {NUMBER} MiB, before -, none \d+ keys {NUMBER} MiB "
+    r"\(\d+ s\)$",
     "trainer_step": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER}$",
     "trl_loop": rf"^trl GRPOTrainer: \d+ steps, time to {NUMBER}: .*; {NUMBER} ms per step \(\d+ threads\)$",
     "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
@@ -58,6 +60,7 @@ SLOW = {
     "raas_throughput",
     "real_shape_run",
     "staleness",
+    "trace_growth",
     "trl_loop",
 }
 """Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""

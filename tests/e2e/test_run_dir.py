@@ -35,8 +35,8 @@ def test_a_directory_with_a_users_file_is_refused_and_the_file_kept(tmp_path):
     refused = run("--set", f"run.dir={tmp_path}")
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert refused.stderr == (
-        f"astraflow: {tmp_path} holds files but no run (notes.txt; no settings.yaml): give this run"
-        " another directory (--set run.dir=DIR)\n"
+        f"astraflow: {tmp_path} holds files but no run (notes.txt; no .astraflow-run): give this run"
+        " another directory, or delete them yourself (--set run.dir=DIR)\n"
     )
     assert run("--set", f"run.dir={tmp_path}", "--overwrite").returncode == 1  # not a run's: never emptied
     assert (tmp_path / "notes.txt").read_text() == "kept"

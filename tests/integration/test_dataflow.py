@@ -37,6 +37,7 @@ def replica_settings(url: str) -> Settings:
             "streams.lease_ms=1000",
             "streams.block_ms=100",
             "dataflow.max_staleness_steps=2",
+            "dataflow.trace_every=1",
             "dataflow.feeder.n_samples=4",
             "dataflow.batch.size=16",
             "dataflow.batch.replay_ratio=0.25",

@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import threading
 
 import pytest
 import torch
 
+from astraflow.errors import WeightIntegrityError
+from astraflow.messages import VersionNotice
+from astraflow.raas.follow import NoticeFollower
 from astraflow.weights import wire
+from astraflow.weights.peers import MAX_PROBED
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
@@ -130,6 +135,70 @@ async def test_a_trickling_peer_is_given_up_at_the_pull_deadline(bus, tmp_path):
         source.fail()
         slow.close()
         os.close(fd)
+        rx.close()
+        rx.server.close()
+        await pub.close()
+
+
+async def test_a_peer_set_of_silent_peers_costs_a_pull_one_probe_then_nothing(bus, tmp_path):
+    """The attack: 200 silent peers, added to the peer set faster than pullers pruned them, held the
+    trainer at v15 for 50 s. Only peers that answer an authenticated probe are tried: a pull probes at
+    most MAX_PROBED of them, and those that did not answer are not probed again for BACKOFF_S."""
+    settings = WeightsSettings(full_every=100, same_host=False, io_timeout_s=60, handshake_timeout_s=5)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t", {"w": torch.randn(64, 64)})
+    silent = [socket.create_server(("127.0.0.1", 0)) for _ in range(20)]  # accept, never say a word
+    endpoints = [f"127.0.0.1:{s.getsockname()[1]}" for s in silent]
+    rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
+    try:
+        for version in (0, 1):
+            key = await publish(pub, state, version)
+            peers = bus.keys.weight_peers(MODEL, version)
+            await bus.redis.zadd(peers, {f"local|{e}": 1000 + i for i, e in enumerate(endpoints)})
+            half = await asyncio.wait_for(rx.sync(key, version), 20)  # (each silent one tried: 100 s)
+            assert bytes(half.data) == bytes(pub.buffer.served.data)
+        assert rx.peers.probes == MAX_PROBED  # the newest 8, once: the second pull probed none again
+        assert rx.stats["full_pulls"] + rx.stats.get("delta_pulls", 0) >= 1
+    finally:
+        for s in silent:
+            s.close()
+        rx.close()
+        rx.server.close()
+        await pub.close()
+
+
+class Engine:
+    """Records what it was asked to load (the engine is not what is tested)."""
+
+    def __init__(self) -> None:
+        self.loaded: list[int] = []
+
+    async def pause(self) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def load_weights(self, path: str, version: int) -> None:
+        self.loaded.append(version)
+
+
+async def test_weights_changed_between_their_check_and_the_load_are_refused(bus, tmp_path):
+    """Outside the threat model (the same uid), but cheap to close: NaN written into the verified buffer
+    between its check and the load got 3,829 groups dead in 25 s. The load digests it again."""
+    settings = WeightsSettings(full_every=100, same_host=False)
+    pub, state, secret = await trainer(bus, settings, tmp_path / "t", {"w": torch.randn(256, 256)})
+    rx = WeightReceiver(bus, settings, MODEL, tmp_path / "rx", secret, WeightServer(secret))
+    engine = Engine()
+    follower = NoticeFollower(bus, {MODEL: engine}, {MODEL: rx}, None)  # type: ignore[arg-type]
+    try:
+        key = await publish(pub, state, 0)
+        notice = VersionNotice(uid="n0", version=0, models={MODEL: 0}, manifests={MODEL: key})
+        half = await rx.sync(key, 0)  # pulled and verified: the follower's sync returns this half
+        half.data[:4] = struct.pack("<f", float("nan"))
+        with pytest.raises(WeightIntegrityError, match="chunks differ from the manifest"):
+            await follower._load(MODEL, engine, 0, notice)
+        assert engine.loaded == []
+        half = await rx.sync(key, 0)  # pulled again, not taken as held
+        assert bytes(half.data) == bytes(pub.buffer.served.data)
+    finally:
         rx.close()
         rx.server.close()
         await pub.close()

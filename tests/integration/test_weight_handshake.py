@@ -106,16 +106,14 @@ def test_silent_and_trickling_connections_are_dropped_at_the_handshake_deadline(
     assert pulled(server) == data
 
 
-def test_connections_from_one_address_past_the_cap_are_refused_at_once(served):
+def test_a_new_connection_past_an_addresss_cap_closes_its_oldest_silent_one(served):
     make, data = served
     server = make(max_unauthenticated_per_address=4, handshake_timeout_s=60.0)
     peer = Connection(server.endpoint, SECRET, MODEL, 0, "full")  # authenticated, from 127.0.0.1
     held = [silent(server, "127.0.1.1") for _ in range(4)]
-    host, port = server.endpoint.rsplit(":", 1)
-    extra = [socket.create_connection((host, int(port)), 20, ("127.0.1.1", 0)) for _ in range(6)]
+    newer = [silent(server, "127.0.1.1") for _ in range(6)]  # each got the hello: in the handshake
     try:
-        for sock in extra:
-            assert sock.recv(36) == b""  # closed at once: no hello, no thread
+        assert [still_open(sock) for sock in held + newer] == [False] * 4 + [False] * 2 + [True] * 4
         assert server.stats["crowded"] == 6
         into = bytearray(NBYTES)
         peer.fetch(memoryview(into), 0)  # the authenticated peer is not affected
@@ -123,5 +121,19 @@ def test_connections_from_one_address_past_the_cap_are_refused_at_once(served):
         assert pulled(server) == data  # nor is another address
     finally:
         peer.close()
-        for sock in [*held, *extra]:
+        for sock in [*held, *newer]:
+            sock.close()
+
+
+def test_silent_connections_from_the_pullers_own_address_do_not_stop_its_pulls(served):
+    """The attack: seventy silent connections from the puller's address closed its pulls ('crowded')."""
+    make, data = served
+    server = make(handshake_timeout_s=60.0)
+    held = [silent(server, "127.0.0.1") for _ in range(70)]
+    try:
+        for _ in range(3):
+            assert pulled(server) == data
+        assert server.stats["crowded"] >= 70 - 16
+    finally:
+        for sock in held:
             sock.close()

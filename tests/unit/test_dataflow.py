@@ -13,6 +13,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow import service
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
+from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import SCHEMA, RolloutGroup, VersionNotice, decode, encode
@@ -20,10 +21,13 @@ from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.records import RolloutStats, decode_record, encode_record
+from astraflow.streams.runstate import MAX_VERSION_STEP
 from astraflow.streams.strays import Strays
-from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train, trajectory
+from astraflow.weights.publisher import newest_published
+from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]
+BASE += ["dataflow.trace_every=1"]
 
 
 def make(*overrides: str, models=("policy",)) -> tuple[Bus, Dataflow]:
@@ -594,6 +598,28 @@ async def test_traces_are_bounded_by_count_keeping_the_newest():
     assert await read_trace(bus, submitted[0]) is None
 
 
+@pytest.mark.parametrize("every", [16, 0])
+async def test_one_group_in_trace_every_is_traced_for_about_the_runs_working_time(every):
+    """Every group left a `trace:<uid>` hash for 7 days: 6,320 of them after 40 s of the default recipe.
+    Now one group in `trace_every` (by dataset position; the default 16), for `trace_retention_s` (1 h)."""
+    bus, df = make(f"dataflow.trace_every={every}", "dataflow.feeder.min_backlog=40")
+    assert DataflowSettings().trace_every == 16
+    await bus.bootstrap(["policy"])
+    await df.feeder.step()
+    await df.feeder.step()
+    await roll_out(bus, 100, lambda g, i: float(i % 2))
+    while await df.collector.step(1):
+        pass
+    submitted = [decode(f, RolloutGroup).uid for _, f in await bus.redis.xrange(bus.keys.rollouts)]
+    kept = sorted([k.decode() async for k in bus.redis.scan_iter(match=bus.keys.trace("*"))])
+    assert len(submitted) == 40
+    assert kept == sorted(bus.keys.trace(uid) for uid in (submitted[::16] if every else []))
+    assert await bus.redis.zcard(bus.keys.traces) == len(kept)
+    for key in kept:
+        assert 3500 < await bus.redis.ttl(key) <= 3600
+        assert b"collected_at" in await bus.redis.hkeys(key)  # the later steps add to a kept trace
+
+
 async def test_a_full_prefetch_is_stepped_again_after_a_version_not_at_every_settle(monkeypatch):
     """A full prefetch stays full until a trainer reads a batch, while the collector settles many times a
     step: the former steps again once this replica records a version, or FULL_RECHECK_S later."""
@@ -634,3 +660,22 @@ async def test_the_former_steps_again_only_once_the_collector_made_enough_ready(
     await roll_out(bus, 1, lambda g, i: 1.0)  # zero variance: dropped, not made ready
     await df.collector.step(1)
     assert not df.former.due("policy")
+
+
+async def test_a_version_far_past_the_recorded_one_is_dead_lettered_not_recorded():
+    """A forged `versions` entry at v = 10^9 (the trainer's credential, or one password for all) made every
+    rollout stale until the time limit: it is refused, and the run goes on at the trainer's versions."""
+    bus, df = await small_dataflow()
+    await publish_version(bus, "policy", 0)
+    await df.barrier.step(1)
+    await publish_version(bus, "policy", 10**9)
+    await publish_version(bus, "policy", 1)
+    await df.barrier.step(1)
+    state = await df.store.state()
+    assert state.version("policy") == 1 and state.notice == 1
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"reason"] == b"version 1000000000 of policy is over 64 past the recorded one"
+    assert (await newest_published(bus, ["policy"]))["policy"].version == 1  # a follower ignores it too
+    await publish_version(bus, "policy", 1 + MAX_VERSION_STEP)  # a step of the bound itself is a step
+    await df.barrier.step(1)
+    assert (await df.store.state()).version("policy") == 1 + MAX_VERSION_STEP

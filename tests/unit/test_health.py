@@ -86,6 +86,21 @@ async def test_a_raas_is_judged_by_its_heartbeat(bus, settings):
         await check(bus, settings, "raas", live=True)
 
 
+async def test_a_raas_line_says_when_the_sandbox_would_refuse_the_worker(bus, settings, monkeypatch):
+    settings.raas.id = "r1"
+    await read_as(bus, bus.keys.prompts, GROUP_RAAS, "r1")
+    await beat(bus, "r1")
+    why = "user-namespaces: unshare: unshare failed: Operation not permitted"
+    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
+    assert (await check(bus, settings, "raas")).endswith(
+        f"tool sandbox: none, refused (a RaaS will not start: raas.sandbox is namespaces): {why}"
+    )
+    settings.raas.sandbox = "none"
+    assert "tool sandbox: none (tools run as the worker's user, unisolated" in await check(
+        bus, settings, "raas"
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

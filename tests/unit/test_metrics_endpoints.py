@@ -3,18 +3,27 @@ it and scraped over HTTP: the series carry the `run`, `worker` and `policy` labe
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import fakeredis
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from astraflow import metrics_http
 from astraflow.config import load_settings
+from astraflow.dataflow.settings import DataflowSettings
 from astraflow.errors import ConfigError
 from astraflow.launch.build import build_dataflow, build_trainer
+from astraflow.metrics_http import MAX_CONNECTIONS
 from astraflow.metrics_server import WorkerMetrics
 from astraflow.raas.metrics import Metrics
 from astraflow.raas.settings import RaasSettings
 from astraflow.redis_server import free_port
 from astraflow.streams import Bus, Keys
+from astraflow.trainer.settings import TrainerSettings
 from tests.dataflow_helpers import roll_out
 
 
@@ -116,3 +125,57 @@ def test_port_zero_serves_nothing():
     metrics = WorkerMetrics("t", "a")
     metrics.serve("127.0.0.1", 0, "x.metrics_port")
     assert metrics.port is None
+
+
+@pytest.mark.parametrize("section", [RaasSettings, DataflowSettings, TrainerSettings])
+def test_every_endpoint_listens_on_this_host_only_unless_told(section):
+    port = free_port()
+    metrics = WorkerMetrics("t", "a")
+    metrics.serve(section().metrics_host, port, "x.metrics_port")
+    try:
+        assert metrics._server.server_address[0] == "127.0.0.1"
+    finally:
+        metrics.close()
+
+
+def handler_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_idle_connections_cost_at_most_the_cap_of_threads():
+    """200 connections that send nothing (the attack held 600): the endpoint keeps MAX_CONNECTIONS of
+    them, closes the rest at once, and scrapes again once they are gone."""
+    metrics = WorkerMetrics("t", "a")
+    metrics.counter("astraflow_probe", "A series to scrape").of("policy").inc()
+    metrics.serve("127.0.0.1", free_port(), "x.metrics_port")
+    idle = [socket.create_connection(("127.0.0.1", metrics.port or 0)) for _ in range(200)]
+    try:
+
+        def closed_by_server(s: socket.socket) -> bool:
+            try:
+                return s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                return False
+
+        deadline = time.monotonic() + 30
+        while sum(map(closed_by_server, idle)) < 200 - MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(map(closed_by_server, idle)) == 200 - MAX_CONNECTIONS
+        assert handler_threads() <= MAX_CONNECTIONS
+    finally:
+        for s in idle:
+            s.close()
+    while handler_threads():  # each held one ends as its peer goes (pytest-timeout bounds this)
+        time.sleep(0.05)
+    assert "astraflow_probe_total" in scrape(metrics.port or 0)
+    metrics.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_timeout():
+    server = metrics_http.start(make_wsgi_app(CollectorRegistry()), "127.0.0.1", free_port(), timeout_s=0.2)
+    try:
+        with socket.create_connection(server.server_address[:2], timeout=30) as s:
+            assert s.recv(1) == b""  # closed by the server, not by this test's own timeout
+    finally:
+        server.shutdown()
+        server.server_close()

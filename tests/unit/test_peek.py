@@ -4,8 +4,11 @@ RaaS pool and the trainer simulated over the real streams."""
 
 from __future__ import annotations
 
+import functools
+import json
+
 from astraflow.messages import SCHEMA, VersionNotice, decode
-from astraflow.ops.peek import peek
+from astraflow.ops.peek import peek, to_json
 from astraflow.streams import Out
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train
 
@@ -75,3 +78,32 @@ async def test_batches_formed_by_the_dataflow_decode_for_the_trainer():
     [(fields, batch)] = await train(bus, "policy")
     assert fields["groups"].decode().split() == [g.uid for g in batch.groups]
     assert batch.version == 0 and batch.replayed_uids == []
+
+
+async def test_a_hostile_dead_letter_is_shown_bounded_not_decoded_whole():
+    """What a worker may write to `dead`: dead letters nested 400 deep around a JSON value nested 3,000
+    deep (the attack's 81 MB one, 3,000 deep, ran peek out of memory), and an entry over the size limit."""
+    bus, _ = await a_short_run()
+    nested = {b"kind": b"trainer", b"data": b"[" * 3000 + b"1" + b"]" * 3000}
+    for level in range(400):  # (the outer letters name their source)
+        source = {b"source": b"rollouts"} if level >= 390 else {}
+        nested = {b"kind": b"dead", **source, **{b"field." + k: v for k, v in nested.items()}}
+    await bus.redis.xadd(bus.keys.dead, nested)
+    [deep] = await peek(bus, "dead")
+    assert deep["entry"]["entry"]["entry"]["entry"]["entry"] == {
+        "error": "a dead letter nested over 4 deep: cut"
+    }
+    await bus.redis.xadd(
+        bus.keys.dead, {"kind": "dead", "source": "rollouts", "field.data": b"x" * (17 << 20)}
+    )
+    [large] = await peek(bus, "dead")
+    assert large["error"].endswith(
+        "bytes, over peek's limit of 16777216: not decoded (--max-bytes to raise it)"
+    )
+    assert large["fields"]["field.data"] == f"<{17 << 20} bytes>"
+    wide = [[list(range(1000))] * 1000]  # a million values: shown to the limit, the cut named
+    shown = json.dumps(to_json(wide))
+    assert len(shown) < 1 << 20 and "<cut: over 20000 values>" in shown and "<cut: 744 more>" in shown
+    assert "<cut: nested over 32 deep>" in json.dumps(
+        to_json(functools.reduce(lambda v, _: [v], range(99), 1))
+    )

@@ -33,6 +33,7 @@ FLOORS = {
         "processes",
         "redis_server",
         "metrics_server",
+        "metrics_http",
         "astraflow",
     },
 }

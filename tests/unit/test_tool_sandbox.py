@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 import structlog
 
+from astraflow.config import load_settings
+from astraflow.errors import SandboxUnavailable
+from astraflow.launch.build import build_raas
 from astraflow.workflows import isolation, sandbox
 from astraflow.workflows.sandbox import run_python
+from tests.dataflow_helpers import SMALL_RUN, fake_bus
 
 why_not = isolation.available()
 needs_namespaces = pytest.mark.skipif(why_not is not None, reason=f"no namespaces here: {why_not}")
@@ -204,3 +208,32 @@ except OSError as e:
     result = await run_python(code, disk_mb=16)
     status, files = result.output.split()
     assert status == "ENOSPC" and int(files) <= 32
+
+
+@needs_namespaces
+def test_an_interpreter_under_tmp_is_seen_in_the_tools_root(tmp_path):
+    """A virtual environment under /tmp (the tool's own /tmp is a fresh tmpfs): the probe's call through
+    it runs, so the worker sandboxes its tools as one with the interpreter elsewhere does."""
+    with tempfile.TemporaryDirectory(prefix="astraflow-venv-", dir="/tmp") as where:
+        venv = Path(where) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+        probe = "from astraflow.workflows import isolation; m = isolation.mode(); print(m.name, m.reason)"
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).parents[2])}
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", probe], env=env, capture_output=True, text=True, timeout=60
+        )
+    assert done.stdout == f"{isolation.mode().name} None\n", done.stdout + done.stderr
+
+
+async def test_a_raas_that_should_sandbox_and_cannot_refuses_to_start_naming_why(monkeypatch, tmp_path):
+    """Tools ran unconfined where the probe failed (health said `none`); now the RaaS does not start, before
+    any engine or weight server, unless the recipe sets `raas.sandbox: none`."""
+    why = "user-namespaces: unshare: unshare failed: Operation not permitted"
+    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
+    settings = load_settings(None, [*SMALL_RUN, f"run.dir={tmp_path}"])
+    refused = rf"cannot be sandboxed here \({why}\); set raas.sandbox: none"
+    with pytest.raises(SandboxUnavailable, match=refused):
+        async with build_raas(settings, fake_bus(settings), "raas-0"):
+            pass
+    assert not (tmp_path / "logs").exists()  # refused before anything was made
+    assert sandbox.require("none").name == isolation.NONE  # the recipe allowed it, in so many words
