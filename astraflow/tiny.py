@@ -8,7 +8,6 @@ supervised start on a built-in task, so RL begins from a partly competent policy
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,14 +80,17 @@ def build_char_tokenizer(vocab: list[str] = CHAR_VOCAB):
     """One token per character of `vocab` (a word of `AGENT_WORDS` in it is one token), pad and eos;
     decoding concatenates them. With the agent's words: eos is `<|im_end|>` and the chat template
     `AGENT_TEMPLATE`."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = sorted((w for w in vocab if len(w) > 1 and w not in ("<pad>", "<eos>")), key=len, reverse=True)
-    split = "|".join([*(re.escape(w) for w in words), ".", "\\n"])
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(split), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
+    # Whole words are added tokens: matched before any pre-tokenizer, also the one a Qwen2 model's
+    # tokenizer class puts in place when it loads.
+    marks = [w for w in vocab if w in (IM_START, EOS)]
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in marks])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in vocab if w in AGENT_WORDS and w not in marks])
     if EOS not in vocab:
         return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     fast = PreTrainedTokenizerFast(

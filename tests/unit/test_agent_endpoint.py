@@ -64,6 +64,11 @@ async def test_the_calculator_agent_trains_on_its_turns_not_on_the_tool_output(s
         {"policy": engine}, {"prompt": "12*34=", "answer": "408"}
     )
     [traj] = result.trajectories  # the second prompt extends the first turn: one trajectory
+    assert_calculator_episode(traj, engine, tokenizer)
+
+
+def assert_calculator_episode(traj, engine, tokenizer):
+    """`traj` is the tool call turn, the tool's reply (not trained on, no version), the answer `408`."""
     assert traj.reward == 1.0 and traj.error is None and traj.metrics == {"tool_call": 1.0, "calls": 2.0}
     first, second = engine.prompts
     turn = [*tokenizer.encode(CALL, add_special_tokens=False), tokenizer.eos_token_id]
@@ -73,8 +78,7 @@ async def test_the_calculator_agent_trains_on_its_turns_not_on_the_tool_output(s
     assert traj.loss_mask.tolist() == [0] * len(first) + [1] * len(turn) + [0] * observed + [1] * answer
     assert set(traj.versions[traj.loss_mask == 1].tolist()) == {3}
     assert set(traj.versions[traj.loss_mask == 0].tolist()) == {-1}
-    tool_text = tokenizer.decode(second[len(first) + len(turn) :])
-    assert "<tool_response>408</tool_response>" in tool_text
+    assert "<tool_response>408</tool_response>" in tokenizer.decode(second[len(first) + len(turn) :])
 
 
 async def test_a_wrong_or_ended_key_is_refused(served, tokenizer):
