@@ -2,7 +2,7 @@
 
 The program calls the RaaS's OpenAI-compatible endpoint (`raas.openai_api`) with a key that opens this
 episode only; every call is recorded token for token (`agents.recording`) and the calls become the
-episode's trajectories (`agents.trajectories`: merged where a prompt extends the previous turn). The
+episode's trajectories (`agent_trajectories`: merged where a prompt extends the previous turn). The
 reward is what the program returns (or prints, for a command), or a registered verifier's score of the
 last reply when the recipe's `reward` option or the sample names one.
 
@@ -24,10 +24,10 @@ import numpy as np
 
 from astraflow.agents.programs import CommandAgent, FunctionAgent, ProgramFailed, printed_reward, reward_of
 from astraflow.agents.recording import Episode
-from astraflow.agents.trajectories import trajectories
 from astraflow.engines.base import Engine
 from astraflow.errors import ConfigError, describe
 from astraflow.messages import Trajectory
+from astraflow.workflows.agent_trajectories import trajectories
 from astraflow.workflows.api import (
     EpisodeResult,
     RolloutWorkflow,

@@ -28,7 +28,7 @@ TOOL = {
         },
     },
 }
-"""The tool as an agent declares it to an OpenAI-compatible endpoint (`agents.calculator`)."""
+"""The tool as an agent declares it to an OpenAI-compatible endpoint (`calculator_agent`)."""
 
 
 def call(expression: str) -> str:

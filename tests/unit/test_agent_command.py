@@ -24,7 +24,7 @@ PROBE = (
 async def test_the_calculator_agent_runs_as_a_command(served, tokenizer):  # noqa: F811
     endpoint, engine = served
     engine.replies = [CALL, "408"]
-    f = flow(endpoint, tokenizer, command="python -m astraflow.agents.calculator", timeout_s=60)
+    f = flow(endpoint, tokenizer, command="python -m astraflow.workflows.calculator_agent", timeout_s=60)
     [traj] = (await f.run_episode({"policy": engine}, dict(SAMPLE))).trajectories
     assert_calculator_episode(traj, engine, tokenizer)
 

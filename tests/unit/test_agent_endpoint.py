@@ -60,7 +60,7 @@ def test_hermes_tool_calls_are_parsed_and_malformed_ones_stay_text():
 async def test_the_calculator_agent_trains_on_its_turns_not_on_the_tool_output(served, tokenizer):
     endpoint, engine = served
     engine.replies = [CALL, "408"]
-    result = await flow(endpoint, tokenizer, agent="astraflow.agents.calculator:solve").run_episode(
+    result = await flow(endpoint, tokenizer, agent="astraflow.workflows.calculator_agent:solve").run_episode(
         {"policy": engine}, {"prompt": "12*34=", "answer": "408"}
     )
     [traj] = result.trajectories  # the second prompt extends the first turn: one trajectory

@@ -3,8 +3,8 @@
 Nothing in it knows astraflow: it offers the model a `calculator` tool with the official `openai` client,
 answers each tool call it reads from the reply with the tool's result, and asks again, for at most
 `MAX_TURNS` turns; the reward is 1.0 when the final answer is the sample's. Two forms, one program:
-- a function: `workflow_options.agent: astraflow.agents.calculator:solve`;
-- a command: `workflow_options.command: python -m astraflow.agents.calculator` (the sample as JSON on
+- a function: `workflow_options.agent: astraflow.workflows.calculator_agent:solve`;
+- a command: `workflow_options.command: python -m astraflow.workflows.calculator_agent` (the sample as JSON on
   stdin, `OPENAI_BASE_URL` and `OPENAI_API_KEY` in the environment, the reward printed last).
 """
 
