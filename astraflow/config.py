@@ -196,6 +196,10 @@ class Settings(BaseSettings):
             self.dataflow.max_staleness_steps = 0
         check_policies(self, [self.policy(name) for name in self.run.models])
         check_datasets(self)
+        if self.dataflow.feeder.workflow == "agent" and not self.raas.openai_api:
+            raise RuleError(
+                "raas.openai_api", "workflow agent runs programs against the RaaS's endpoint: set it true"
+            )
         return self
 
     def policy(self, name: str) -> PolicySettings:

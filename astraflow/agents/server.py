@@ -115,10 +115,16 @@ class OpenAIEndpoint:
             prompt = prompt[0]
         if isinstance(prompt, str):
             prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(type(t) is int and 0 <= t < len(tokenizer) for t in prompt)
+        ):
             prompt_ids = list(prompt)
         else:
-            raise BadRequest("prompt: a string or a list of token ids expected (one prompt per request)")
+            raise BadRequest(
+                "prompt: a string or a list of the policy's token ids expected (one prompt per request)"
+            )
         if body.get("echo") or body.get("suffix"):
             raise BadRequest("echo and suffix are not served")
         seq, resp = await self._generate(episode, model, prompt_ids, body)
