@@ -218,3 +218,33 @@ async def test_streamed_chat_carries_the_text_and_the_tool_calls(served, tokeniz
     ]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert [c.tool_calls for c in episode.ordered()] == [0, 1]
+
+
+async def _answers(client, sample):
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": sample["prompt"]}]
+    )
+
+
+async def test_a_verifier_scores_the_last_reply_instead_of_the_program(served, tokenizer):
+    from astraflow.workflows.rewards import RewardRunner
+
+    endpoint, engine = served
+    engine.replies = ["408", "407"]
+    runner = RewardRunner(processes=1, timeout_s=20)
+    try:
+        ctx = WorkflowContext(
+            {"policy": tokenizer},
+            SamplingParams(),
+            runner,
+            {"agent": f"{__name__}:_answers", "reward": "exact_match"},
+            endpoint,
+        )
+        f = resolve_workflow("agent")(ctx)
+        got = [
+            (await f.run_episode({"policy": engine}, {"prompt": "12*34=", "answer": "408"})).trajectories[0]
+            for _ in "ab"
+        ]
+    finally:
+        runner.close()
+    assert [(t.reward, t.error) for t in got] == [(1.0, None), (0.0, None)]
