@@ -21,7 +21,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 KEPT_ENV = ("PATH", "HOME", "LANG", "PYTHONPATH")
@@ -63,28 +63,33 @@ class CommandAgent:
         argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
         if not argv:
             raise ValueError("agent command is empty")
-        if argv[0] == "python":  # the RaaS's own interpreter, with the packages it has
-            argv[0] = sys.executable
         self.argv, self.env = argv, dict(env or {})
 
-    async def run(self, base_url: str, key: str, sample: dict[str, Any]) -> str:
+    @contextlib.asynccontextmanager
+    async def launch(self, base_url: str, key: str) -> AsyncIterator[tuple[list[str], dict[str, str]]]:
+        """(argv, environment) of one run; `python` is the RaaS's own interpreter, with its packages."""
         env = {k: os.environ[k] for k in KEPT_ENV if k in os.environ}
         env.update(self.env, OPENAI_BASE_URL=base_url, OPENAI_API_KEY=key)
-        proc = await asyncio.create_subprocess_exec(
-            *self.argv,
-            env=env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        try:
-            out, err = await proc.communicate(json.dumps(sample).encode())
-        finally:  # done, timed out or cancelled: nothing it started outlives the episode
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            if proc.returncode is None:
-                await proc.wait()
+        argv = [sys.executable if i == 0 and a == "python" else a for i, a in enumerate(self.argv)]
+        yield argv, env
+
+    async def run(self, base_url: str, key: str, sample: dict[str, Any]) -> str:
+        async with self.launch(base_url, key) as (argv, env):
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+            try:
+                out, err = await proc.communicate(json.dumps(sample).encode())
+            finally:  # done, timed out or cancelled: nothing it started outlives the episode
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                if proc.returncode is None:
+                    await proc.wait()
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         if proc.returncode != 0:
             raise ProgramFailed(f"agent command exited with {proc.returncode}: {stderr[-MAX_OUTPUT_CHARS:]}")

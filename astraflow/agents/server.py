@@ -14,6 +14,9 @@ same chunks an OpenAI server sends, then `data: [DONE]`.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -44,6 +47,9 @@ class OpenAIEndpoint:
         self.engines, self.tokenizers, self.sampling = engines, tokenizers, sampling
         self.host, self.port = host, port
         self.episodes = Episodes()
+        self._private = tempfile.mkdtemp(prefix="astraflow-openai-")  # 0700: the worker's user only
+        self.socket_path = os.path.join(self._private, "api.sock")
+        """The endpoint on a Unix socket too: what a sandboxed agent command reaches (`agent_sandbox`)."""
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.add_routes(
             [
@@ -65,10 +71,12 @@ class OpenAIEndpoint:
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # the port chosen when 0 was asked for
+        await web.UnixSite(self._runner, self.socket_path).start()
         log.info("openai_api_started", url=self.base_url, models=list(self.engines))
 
     async def close(self) -> None:
         await self._runner.cleanup()
+        shutil.rmtree(self._private, ignore_errors=True)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return await _guarded(request, self._list_models)

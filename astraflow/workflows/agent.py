@@ -27,6 +27,7 @@ from astraflow.agents.recording import Episode
 from astraflow.engines.base import Engine
 from astraflow.errors import ConfigError, describe
 from astraflow.messages import Trajectory
+from astraflow.workflows.agent_sandbox import SandboxedCommand
 from astraflow.workflows.agent_trajectories import trajectories
 from astraflow.workflows.api import (
     EpisodeResult,
@@ -42,8 +43,10 @@ from astraflow.workflows.api import (
 class Agent(RolloutWorkflow):
     """Options: `agent` (`module:function`, an async function of an `openai.AsyncOpenAI` client and the
     sample) or `command` (a command line or argv list; `python` is the RaaS's interpreter) with
-    `command_env` (extra environment variables); `timeout_s` (300) per episode; `discount` (1.0) per
-    trajectory before the last; `reward` (a registered verifier that scores instead of the program)."""
+    `command_env` (extra environment variables), `sandbox` (run it in the tool sandbox: `agent_sandbox`)
+    with `sandbox_dirs` (directories its root shows, read-only) and `sandbox_disk_mb` (64); `timeout_s`
+    (300) per episode; `discount` (1.0) per trajectory before the last; `reward` (a registered verifier
+    that scores instead of the program)."""
 
     def __init__(self, ctx: WorkflowContext) -> None:
         super().__init__(ctx)
@@ -57,11 +60,9 @@ class Agent(RolloutWorkflow):
             raise ConfigError(
                 "workflow agent needs one of workflow_options.agent (module:function) or .command"
             )
-        if opts.get("sandbox"):
-            raise ConfigError("workflow agent: `sandbox` is not supported (the tool sandbox has no network)")
-        self.program = (
-            FunctionAgent(load(agent, "agent")) if agent else CommandAgent(command, opts.get("command_env"))
-        )
+        if opts.get("sandbox") and not command:
+            raise ConfigError("workflow agent: `sandbox` runs a `command` (a function runs in the RaaS)")
+        self.program = _program(agent, command, ctx.endpoint, opts)
         self.timeout_s = float(opts.get("timeout_s", 300))
         self.discount = float(opts.get("discount", 1.0))
 
@@ -114,6 +115,18 @@ class Agent(RolloutWorkflow):
             reward = 0.0
         made = trajectories(calls, reward, self.discount, error, metrics)
         return made or [_empty(model, error or "no call", metrics)]
+
+
+def _program(agent: str | None, command: Any, endpoint: Any, opts: Mapping[str, Any]) -> Any:
+    if agent:
+        return FunctionAgent(load(agent, "agent"))
+    env = opts.get("command_env")
+    if opts.get("sandbox"):
+        dirs = opts.get("sandbox_dirs") or []
+        return SandboxedCommand(
+            command, endpoint.socket_path, env, dirs, int(opts.get("sandbox_disk_mb", 64))
+        )
+    return CommandAgent(command, env)
 
 
 def _empty(model: str, error: str, metrics: dict[str, float]) -> Trajectory:

@@ -2,9 +2,11 @@
 endpoint and its key through its environment, the sample on stdin, its reward printed last."""
 
 import sys
+from pathlib import Path
 
 import pytest
 
+from astraflow.workflows import isolation
 from tests.unit.test_agent_endpoint import CALL, assert_calculator_episode, flow, served, tokenizer  # noqa: F401 (fixtures)
 
 pytest.importorskip("openai")
@@ -51,3 +53,40 @@ async def test_a_failing_command_is_a_scored_failure(served, tokenizer, command,
     f = flow(endpoint, tokenizer, command=command, timeout_s=2)
     [traj] = (await f.run_episode({"policy": endpoint.engines["policy"]}, dict(SAMPLE))).trajectories
     assert reason in traj.error and traj.reward == 0.0
+
+
+REPO = str(Path(__file__).resolve().parents[2])
+# In the sandbox: one call through the relay, then whether the endpoint's own port on the host is out of
+# reach (its network namespace has nothing but loopback).
+CONFINED = (
+    "import json, os, socket, sys, urllib.request; sys.stdin.read(); "
+    "req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/completions', "
+    "json.dumps({'model': 'policy', 'prompt': '1'}).encode(), "
+    "{'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], 'Content-Type': 'application/json'}); "
+    "urllib.request.urlopen(req).read(); "
+    "s = socket.socket(); s.settimeout(2); "
+    "print(float(s.connect_ex(('127.0.0.1', int(os.environ['HOST_PORT']))) != 0))"
+)
+
+
+@pytest.mark.skipif(isolation.available() is not None, reason="no namespaces for the tool sandbox here")
+async def test_a_sandboxed_command_reaches_the_endpoint_and_nothing_else(served, tokenizer):  # noqa: F811
+    endpoint, engine = served
+    engine.replies = [CALL, "408", "1"]
+    f = flow(
+        endpoint,
+        tokenizer,
+        command="python -m astraflow.workflows.calculator_agent",
+        sandbox=True,
+        sandbox_dirs=[REPO],
+        command_env={"PYTHONPATH": REPO},
+        timeout_s=60,
+    )
+    [traj] = (await f.run_episode({"policy": engine}, dict(SAMPLE))).trajectories
+    assert_calculator_episode(traj, engine, tokenizer)
+    env = {"HOST_PORT": str(endpoint.port)}
+    f = flow(
+        endpoint, tokenizer, command=["python", "-c", CONFINED], sandbox=True, command_env=env, timeout_s=30
+    )
+    [traj] = (await f.run_episode({"policy": engine}, dict(SAMPLE))).trajectories
+    assert traj.error is None and traj.reward == 1.0
