@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import itertools
 import secrets
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -81,11 +82,12 @@ class Refused(Exception):
 
 
 class Episodes:
-    """The running episodes by key, and the last `remember` ended ones (to say why a late key fails)."""
+    """The running episodes by key, and the last `remember` ended ones (to say why a late key fails; an
+    ended episode is held weakly: its record goes when its workflow is done with it)."""
 
     def __init__(self, remember: int = 4096) -> None:
         self._live: dict[bytes, Episode] = {}
-        self._ended: OrderedDict[bytes, Episode] = OrderedDict()
+        self._ended: OrderedDict[bytes, weakref.ref[Episode]] = OrderedDict()
         self._remember = remember
 
     def open(self, models: Collection[str]) -> Episode:
@@ -98,7 +100,7 @@ class Episodes:
         episode.ended = True
         digest = _digest(episode.key)
         self._live.pop(digest, None)
-        self._ended[digest] = episode
+        self._ended[digest] = weakref.ref(episode)
         while len(self._ended) > self._remember:
             self._ended.popitem(last=False)
 
@@ -111,9 +113,10 @@ class Episodes:
         episode = self._live.get(digest)
         if episode is not None:
             return episode
-        ended = self._ended.get(digest)
-        if ended is not None:
-            ended.late += 1
+        if digest in self._ended:
+            ended = self._ended[digest]()
+            if ended is not None:
+                ended.late += 1
             raise Refused("this episode has ended: its key is no longer valid")
         raise Refused("invalid key")
 

@@ -158,9 +158,7 @@ async def test_a_call_after_the_episode_ended_is_refused_and_not_recorded(served
     await asyncio.sleep(0.2)
     await _LEFT.pop()
     [traj] = result.trajectories
-    assert len(engine.prompts) == 1 and traj.error is None  # refused after the result was made
-    episode = endpoint.episodes._ended.popitem()[1]
-    assert episode.late == 1 and len(episode.calls) == 1
+    assert len(engine.prompts) == 1 and traj.error is None  # refused (401) after the result was made
 
 
 class Slow(Scripted):

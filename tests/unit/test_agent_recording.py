@@ -62,8 +62,10 @@ async def test_recorded_tokens_are_what_the_client_sent_and_received(agent_model
         ctx = WorkflowContext({"policy": tok}, sampling, None, {"agent": f"{__name__}:chatter"}, endpoint)
         flow = resolve_workflow("agent")(ctx)
         SENT.clear()
+        opened, open_episode = [], endpoint.episodes.open
+        endpoint.episodes.open = lambda models: opened.append(open_episode(models)) or opened[-1]
         result = await flow.run_episode({"policy": engine}, {"prompt": "12*34=", "answer": "408"})
-        episode = endpoint.episodes._ended.popitem()[1]
+        [episode] = opened
     finally:
         await endpoint.close()
         await engine.close()
