@@ -70,6 +70,12 @@ def tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
     return given or None
 
 
+def wants_logprobs(body: dict[str, Any]) -> bool:
+    """Chat: `logprobs: true`; completions: `logprobs` a number (its alternatives are not served)."""
+    asked = body.get("logprobs")
+    return asked is True or (type(asked) is int and asked >= 0)
+
+
 def _head(kind: str, model: str) -> dict[str, Any]:
     prefix = "chatcmpl" if kind.startswith("chat") else "cmpl"
     return {
@@ -88,16 +94,43 @@ def finish(reason: str, calls: list[ToolCall]) -> str:
     return "tool_calls" if calls else reason
 
 
-def chat(model: str, content: str, calls: list[ToolCall], reason: str, n: tuple[int, int]) -> dict:
+def chat(
+    model: str,
+    content: str,
+    calls: list[ToolCall],
+    reason: str,
+    n: tuple[int, int],
+    logprobs: list[tuple[str, float]] | None = None,
+) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         message["tool_calls"] = [c.openai() for c in calls]
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish(reason, calls)}
+    scores = None
+    if logprobs is not None:  # the sampled tokens' own logprobs; no alternatives are kept
+        scores = {
+            "content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in logprobs
+            ]
+        }
+    choice = {"index": 0, "message": message, "logprobs": scores, "finish_reason": finish(reason, calls)}
     return {**_head("chat.completion", model), "choices": [choice], "usage": usage(*n)}
 
 
-def completion(model: str, text: str, reason: str, n: tuple[int, int]) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+def completion(
+    model: str, text: str, reason: str, n: tuple[int, int], logprobs: list[tuple[str, float]] | None = None
+) -> dict:
+    scores = None
+    if logprobs is not None:
+        tokens = [t for t, _ in logprobs]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        scores = {
+            "tokens": tokens,
+            "token_logprobs": [lp for _, lp in logprobs],
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+    choice = {"index": 0, "text": text, "logprobs": scores, "finish_reason": reason}
     return {**_head("text_completion", model), "choices": [choice], "usage": usage(*n)}
 
 

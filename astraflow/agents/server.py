@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from astraflow.agents import replies, toolcalls
+from astraflow.agents import replies, stops, toolcalls
 from astraflow.agents.recording import Call, Episode, Episodes, Refused
 from astraflow.agents.replies import BadRequest
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse, SamplingParams
@@ -105,14 +105,14 @@ class OpenAIEndpoint:
         except Exception as e:  # a template that rejects the conversation: the request's fault
             raise BadRequest(f"the chat template refused the messages: {e}") from None
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
-        seq, resp = await self._generate(episode, model, prompt_ids, body)
-        out = tokenizer.decode(resp.token_ids, skip_special_tokens=True)
+        seq, resp, out = await self._generate(episode, model, prompt_ids, body)
         content, calls = toolcalls.parse(out) if tools else (out, [])  # (parsing cannot raise)
         call = _record(episode, Call(seq, model, prompt_ids, resp, len(calls)))
         n, reason = (len(prompt_ids), len(call.response.token_ids)), call.response.finish_reason
         if not body.get("stream"):
-            return web.json_response(replies.chat(model, content, calls, reason, n))
-        pieces = [content] if calls else list(_pieces(tokenizer, call.response.token_ids))
+            scores = _scores(tokenizer, call.response) if replies.wants_logprobs(body) else None
+            return web.json_response(replies.chat(model, content, calls, reason, n, scores))
+        pieces = [content] if calls else _pieces(tokenizer, call.response.token_ids, content)
         return await _stream(request, replies.chat_chunks(model, pieces, calls, reason, _usage(body, n)))
 
     async def _serve_completion(self, request: web.Request, episode: Episode) -> web.StreamResponse:
@@ -135,14 +135,14 @@ class OpenAIEndpoint:
             )
         if body.get("echo") or body.get("suffix"):
             raise BadRequest("echo and suffix are not served")
-        seq, resp = await self._generate(episode, model, prompt_ids, body)
+        seq, resp, text = await self._generate(episode, model, prompt_ids, body)
         call = _record(episode, Call(seq, model, prompt_ids, resp))
-        text = tokenizer.decode(call.response.token_ids, skip_special_tokens=True)
         n, reason = (len(prompt_ids), len(call.response.token_ids)), call.response.finish_reason
         if not body.get("stream"):
-            return web.json_response(replies.completion(model, text, reason, n))
-        pieces = _pieces(tokenizer, call.response.token_ids)
-        return await _stream(request, replies.completion_chunks(model, list(pieces), reason, _usage(body, n)))
+            scores = _scores(tokenizer, call.response) if replies.wants_logprobs(body) else None
+            return web.json_response(replies.completion(model, text, reason, n, scores))
+        pieces = _pieces(tokenizer, call.response.token_ids, text)
+        return await _stream(request, replies.completion_chunks(model, pieces, reason, _usage(body, n)))
 
     def _policy(self, episode: Episode, body: dict[str, Any]) -> tuple[str, Any]:
         model = episode.policy(body.get("model"))
@@ -152,15 +152,29 @@ class OpenAIEndpoint:
 
     async def _generate(
         self, episode: Episode, model: str, prompt_ids: list[int], body: dict
-    ) -> tuple[int, GenerateResponse]:
-        """The call's place in `episode` and the engine's turn for `prompt_ids`."""
+    ) -> tuple[int, GenerateResponse, str]:
+        """The call's place in `episode`, the engine's turn for `prompt_ids` (cut after a stop string)
+        and its text as the client gets it."""
         params = replies.sampling(body, self.sampling)
+        try:
+            found = stops.stops(body)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
         seq = episode.ticket()
         try:
-            return seq, await self.engines[model].generate(GenerateRequest(prompt_ids, params))
+            resp = await self.engines[model].generate(GenerateRequest(prompt_ids, params))
         except BaseException:
             episode.drop()
             raise
+        tokenizer = self.tokenizers[model]
+        stopped = stops.cut(tokenizer, resp.token_ids, found)
+        if stopped is None:
+            return seq, resp, tokenizer.decode(resp.token_ids, skip_special_tokens=True)
+        k, text = stopped
+        kept = GenerateResponse(
+            resp.token_ids[:k], resp.logprobs[:k], resp.versions[:k], "stop", resp.timings
+        )
+        return seq, kept, text
 
 
 def _record(episode: Episode, call: Call) -> Call:
@@ -198,16 +212,23 @@ def _usage(body: dict[str, Any], n: tuple[int, int]) -> tuple[int, int] | None:
     return n if isinstance(options, dict) and options.get("include_usage") else None
 
 
-def _pieces(tokenizer: Any, token_ids: list[int]) -> Iterator[str]:
-    """The decoded text token by token; a token that ends inside a character waits for the next."""
-    done = ""
+def _scores(tokenizer: Any, resp: GenerateResponse) -> list[tuple[str, float]]:
+    """Each sampled token's text and its sampling logprob."""
+    return [(tokenizer.decode([t]), float(lp)) for t, lp in zip(resp.token_ids, resp.logprobs, strict=True)]
+
+
+def _pieces(tokenizer: Any, token_ids: list[int], text: str) -> list[str]:
+    """`text` (the reply's text, maybe cut at a stop string) as it grew token by token; a token that
+    ends inside a character waits for the next."""
+    pieces, done = [], ""
     for k in range(1, len(token_ids) + 1):
-        text = tokenizer.decode(token_ids[:k], skip_special_tokens=True)
-        if text.endswith("\ufffd") and k < len(token_ids):
+        grown = tokenizer.decode(token_ids[:k], skip_special_tokens=True)[: len(text)]
+        if grown.endswith("\ufffd") and k < len(token_ids):
             continue
-        if len(text) > len(done) and text.startswith(done):
-            yield text[len(done) :]
-            done = text
+        if len(grown) > len(done) and grown.startswith(done):
+            pieces.append(grown[len(done) :])
+            done = grown
+    return pieces
 
 
 async def _stream(request: web.Request, events: Iterator[dict]) -> web.StreamResponse:

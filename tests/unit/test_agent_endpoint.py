@@ -246,3 +246,35 @@ async def test_a_verifier_scores_the_last_reply_instead_of_the_program(served, t
     finally:
         runner.close()
     assert [(t.reward, t.error) for t in got] == [(1.0, None), (0.0, None)]
+
+
+async def test_a_stop_string_cuts_the_reply_and_the_record(served, tokenizer):
+    endpoint, engine = served
+    engine.replies = ["408|12*3", "408|12*3"]
+    episode = endpoint.episodes.open(["policy"])
+    kw = {"model": "policy", "prompt": "12*34=", "stop": ["|", "**"]}
+    async with openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=episode.key, max_retries=0) as client:
+        reply = (await client.completions.create(**kw)).choices[0]
+        streamed = [c.choices[0].text async for c in await client.completions.create(stream=True, **kw)]
+        with pytest.raises(openai.BadRequestError, match="stop"):
+            await client.completions.create(**{**kw, "stop": ["a", "b", "c", "d", "e"]})
+    assert (reply.text, reply.finish_reason, "".join(streamed)) == ("408", "stop", "408")
+    for call in episode.ordered():
+        assert tokenizer.decode(call.response.token_ids) == "408|" and call.response.finish_reason == "stop"
+
+
+async def test_logprobs_are_the_sampling_logprobs_of_the_reply(served, tokenizer):
+    endpoint, engine = served
+    engine.replies = ["408", "408"]
+    episode = endpoint.episodes.open(["policy"])
+    messages = [{"role": "user", "content": "12*34="}]
+    async with openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=episode.key, max_retries=0) as client:
+        chat = await client.chat.completions.create(model="policy", messages=messages, logprobs=True)
+        text = await client.completions.create(model="policy", prompt="12*34=", logprobs=0)
+    assert [(t.token, t.logprob) for t in chat.choices[0].logprobs.content] == [
+        ("4", -0.5),
+        ("0", -0.5),
+        ("8", -0.5),
+        ("<|im_end|>", -0.5),
+    ]
+    assert text.choices[0].logprobs.token_logprobs == [-0.5] * 4
