@@ -68,9 +68,8 @@ class OpenAIEndpoint:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the port chosen when 0 was asked for
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        self.port = self._runner.addresses[0][1]  # the port chosen when 0 was asked for
         await web.UnixSite(self._runner, self.socket_path).start()
         log.info("openai_api_started", url=self.base_url, models=list(self.engines))
 
@@ -119,8 +118,8 @@ class OpenAIEndpoint:
         body = await _body(request)
         model, tokenizer = self._policy(episode, body)
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one prompt
         if isinstance(prompt, str):
             prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         elif (
