@@ -69,6 +69,7 @@ CONFINED = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(isolation.available() is not None, reason="no namespaces for the tool sandbox here")
 async def test_a_sandboxed_command_reaches_the_endpoint_and_nothing_else(served, tokenizer):  # noqa: F811
     endpoint, engine = served
