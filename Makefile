@@ -2,7 +2,7 @@
 # benchmarks' contenders (TRL).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-EXTRAS ?= dev,cpu,bench
+EXTRAS ?= dev,cpu,bench,agents
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 

@@ -52,8 +52,9 @@ TINY_CACHE = Path("runs") / ".cache"
 class TinyModelSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tokenizer: Literal["char", "char_calc", "bpe"] = "char"
-    """char: digits, `+`, `=`; char_calc: those and the calculator tool's `*-<>|`; bpe: a 512-token BPE."""
+    tokenizer: Literal["char", "char_calc", "char_agent", "bpe"] = "char"
+    """char: digits, `+`, `=`; char_calc: those and the calculator tool's `*-<>|`; char_agent: those and chat
+    words with Hermes-style tool calls (`tiny.AGENT_WORDS`); bpe: a 512-token BPE."""
     hidden: int = 128
     layers: int = 4
     heads: int = 4
@@ -207,6 +208,10 @@ class Settings(BaseSettings):
             self.dataflow.max_staleness_steps = 0
         check_policies(self, [self.policy(name) for name in self.run.models])
         check_datasets(self)
+        if self.dataflow.feeder.workflow == "agent" and not self.raas.openai_api:
+            raise RuleError(
+                "raas.openai_api", "workflow agent runs programs against the RaaS's endpoint: set it true"
+            )
         return self
 
     def policy(self, name: str) -> PolicySettings:

@@ -53,18 +53,51 @@ CHAR_VOCAB = ["<pad>", "<eos>", *"0123456789", "+", "="]
 """The character-level vocabulary of the default addition recipe (14 tokens)."""
 CALC_VOCAB = [*CHAR_VOCAB, "*", "-", "<", ">", "|"]
 """`char_calc`: the same with the calculator tool's characters (`<12*34>` calls it, `408|` is its reply)."""
-CHAR_VOCABS = {"char": CHAR_VOCAB, "char_calc": CALC_VOCAB}
+AGENT_WORDS = [
+    *(IM_START, EOS, "\n", "system", "user", "assistant", "tool", "<tools>", "</tools>", "calculator"),
+    *("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+    *('{"name": "', '", "arguments": ', '{"expression": "', '"}', "}"),
+]
+"""`char_agent`: `char_calc`'s characters and whole-word tokens for a chat with Hermes-style tool calls
+(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), as a real model's merges make them few."""
+AGENT_VOCAB = [*CALC_VOCAB, *AGENT_WORDS]
+AGENT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ (t.function or t).name }}{% endfor %}"
+    "</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}"
+    "<|im_start|>tool\n<tool_response>{{ m.content }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}{% for c in m.tool_calls or [] %}"
+    '<tool_call>{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}'
+    "</tool_call>{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""The `char_agent` chat template: Qwen's layout (tools in a system turn, `<tool_call>` JSON in the
+assistant's turn, tool results as `<tool_response>`), with no whitespace a tiny model must learn."""
+CHAR_VOCABS = {"char": CHAR_VOCAB, "char_calc": CALC_VOCAB, "char_agent": AGENT_VOCAB}
 
 
 def build_char_tokenizer(vocab: list[str] = CHAR_VOCAB):
-    """One token per character of `vocab`, pad and eos; decoding concatenates characters."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """One token per character of `vocab` (a word of `AGENT_WORDS` in it is one token), pad and eos;
+    decoding concatenates them. With the agent's words: eos is `<|im_end|>` and the chat template
+    `AGENT_TEMPLATE`."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    # Whole words are added tokens: matched before any pre-tokenizer, also the one a Qwen2 model's
+    # tokenizer class puts in place when it loads.
+    marks = [w for w in vocab if w in (IM_START, EOS)]
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in marks])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in vocab if w in AGENT_WORDS and w not in marks])
+    if EOS not in vocab:
+        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token=EOS, additional_special_tokens=[IM_START]
+    )
+    fast.chat_template = AGENT_TEMPLATE
+    return fast
 
 
 def build(
@@ -97,7 +130,7 @@ def build(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=512 if tokenizer_kind == "bpe" else 64,
+        max_position_embeddings=64 if tokenizer_kind in ("char", "char_calc") else 512,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -170,7 +203,7 @@ def warm_start(
     for done in range(1, steps + 1):
         ids, labels = [], []
         for row in (t.sample(rng) for _ in range(batch)):
-            p = tokenizer.encode(row["prompt"])
+            p = tokenizer.encode(_framed(tokenizer, t, row["prompt"]), add_special_tokens=False)
             ids.append(list(p))
             labels.append([-100] * len(p))
             for text, trained in t.demo(row, rng) if t.demo else [(row["answer"], True)]:
@@ -192,3 +225,13 @@ def warm_start(
             on_step(done, float(loss.detach()))
     model.save_pretrained(model_dir, safe_serialization=True)
     return float(loss.detach())
+
+
+def _framed(tokenizer, task, prompt: str) -> str:
+    """The prompt as the policy sees it: as is, or as an agent's user message with the task's tools."""
+    if not task.tools:
+        return prompt
+    message = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(
+        message, tools=list(task.tools), add_generation_prompt=True, tokenize=False
+    )

@@ -57,6 +57,14 @@ class RaasSettings(BaseModel):
     """Address the /metrics endpoint listens on: this host only; `0.0.0.0` (all interfaces) lets a
     Prometheus in another pod scrape it."""
 
+    openai_api: bool = False
+    """Serve an OpenAI-compatible endpoint (`/v1/chat/completions`, `/v1/completions`) from this RaaS's
+    engines, for the `agent` workflow's programs; a request needs the key of a running episode."""
+    openai_host: str = "127.0.0.1"
+    """Address the endpoint listens on; keep it on this host unless the agents run elsewhere."""
+    openai_port: int = Field(0, ge=0, le=65535)
+    """Port of the endpoint; 0 = a free port, chosen at start (the agents are told it)."""
+
     @field_validator("allowed_code")
     @classmethod
     def _module_and_name(cls, refs: list[str]) -> list[str]:

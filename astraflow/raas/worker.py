@@ -76,11 +76,18 @@ class RaasWorker:
         r = settings.raas
         s = r.sampling
         self.allowed = settings.named_code
+        sampling = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
+        self.endpoint = None
+        if r.openai_api:  # aiohttp only where it is served
+            from astraflow.agents.server import OpenAIEndpoint
+
+            self.endpoint = OpenAIEndpoint(engines, tokenizers, sampling, r.openai_host, r.openai_port)
         self.ctx = WorkflowContext(
             tokenizers,
-            SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens),
+            sampling,
             RewardRunner(r.reward_processes, r.reward_timeout_s, self.allowed),
             dict(r.workflow_options),
+            self.endpoint,
         )
         self.metrics = Metrics(r, bus.keys.run, worker_id, engines)
         self.busy = BusyClock()
@@ -93,12 +100,16 @@ class RaasWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop`; then finish within `raas.grace_s`, release the rest, deregister."""
         await self.bus.ensure_group(self.bus.keys.prompts, GROUP_RAAS)  # only what it reads (its ACL user)
+        if self.endpoint is not None:
+            await self.endpoint.start()
         helpers = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self.weights.run())]
         log.info("raas_started", slots=self.settings.raas.slots, models=list(self.engines))
         try:
             await self.runner.run(stop, drain_s=self.settings.raas.grace_s)
         finally:
             await cancel_and_wait(helpers)
+            if self.endpoint is not None:
+                await self.endpoint.close()
             for receiver in self.receivers.values():  # no longer a weight source for the others
                 await receiver.leave()
             await self.bus.redis.delete(self.bus.keys.raas(self.id))

@@ -35,6 +35,9 @@ class WorkflowContext:
     """A RewardRunner: `await rewards.score(name, prompt, completion, sample) -> (reward, error)`."""
     options: dict[str, Any] = field(default_factory=dict)
     """The recipe's `raas.workflow_options`."""
+    endpoint: Any = None
+    """The RaaS's OpenAI-compatible endpoint (`agents.server.OpenAIEndpoint`) with `raas.openai_api`,
+    else None: what the `agent` workflow points its programs at."""
 
 
 class RolloutWorkflow(ABC):
@@ -149,5 +152,6 @@ def _load_builtins() -> None:
         "route",
         "spawn",
         "code",
+        "agent",
     ):
         importlib.import_module(f"astraflow.workflows.{module}")

@@ -16,6 +16,19 @@ from astraflow.workflows.sandbox import ToolResult
 CALL = re.compile(r"<([^<>|]*)>")
 """A call: the expression between `<` and `>`."""
 MAX_CHARS, MAX_DIGITS = 40, 12
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate integer arithmetic: +, -, * and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+"""The tool as an agent declares it to an OpenAI-compatible endpoint (`calculator_agent`)."""
 
 
 def call(expression: str) -> str:

@@ -87,13 +87,22 @@ def _readable_trees() -> list[str]:
     return trees
 
 
-def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Sequence[str]) -> str:
-    """The shell that runs as root inside the new namespaces: build the tool's root, then run `argv` in it
-    as `uid` (None: as the user namespace's root, capabilities dropped), no groups, no new privileges.
-    `set -e`: any step failing stops the call before the tool runs."""
+def _setup_script(
+    root: Path,
+    rw: Path,
+    uid: int | None,
+    disk_mb: int,
+    argv: Sequence[str],
+    shown: Sequence[str] = (),
+    before: Sequence[str] = (),
+) -> str:
+    """The shell that runs as root inside the new namespaces: build the tool's root, run the `before`
+    lines, then run `argv` in the root as `uid` (None: as the user namespace's root, capabilities
+    dropped), no groups, no new privileges. `set -e`: any step failing stops the call before the tool
+    runs."""
     q = shlex.quote
     r, w = q(str(root)), q(str(rw))
-    trees, links = list(_readable_trees()), []
+    trees, links = [*_readable_trees(), *(os.path.realpath(t) for t in shown)], []
     for top in ("/bin", "/lib", "/lib64", "/sbin"):  # merged-/usr links, or directories of their own
         if os.path.islink(top):
             links.append(f"ln -s {q(os.readlink(top))} {r}{top}")
@@ -129,6 +138,7 @@ def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Seq
         "mkdir -p " + " ".join(r + q(t) for t in trees),
         *(f"mount --bind -o ro {q(t)} {r}{q(t)}" for t in trees),
         f"mount -o remount,bind,ro {r}",
+        *before,
         # Not exec'd: this shell stays the namespace's first process, so the tool is not (the kernel
         # shields a first process from its own signals, SIGXCPU and SIGXFSZ among them), and a tool
         # ended by a signal exits with 128 + its number (`exit_status`).
@@ -140,12 +150,20 @@ def _setup_script(root: Path, rw: Path, uid: int | None, disk_mb: int, argv: Seq
     return "\n".join(lines)
 
 
-def command(scratch: Path, uid: int | None, argv: Sequence[str], disk_mb: int = DISK_MB) -> list[str]:
+def command(
+    scratch: Path,
+    uid: int | None,
+    argv: Sequence[str],
+    disk_mb: int = DISK_MB,
+    shown: Sequence[str] = (),
+    before: Sequence[str] = (),
+) -> list[str]:
     """The command that runs `argv` isolated (`scratch` holds the mount points of its root and of its
     writable tmpfs). `uid`: the call's uid (root-namespaces), or None to run in a user namespace of its
-    own as the worker's user (user-namespaces). Ending it ends every process the tool started: they live
-    in its PID namespace, whose first process dies with `unshare` (--kill-child) and takes the rest with
-    it; `unshare` dies with the thread that started it."""
+    own as the worker's user (user-namespaces). `shown`: directories its root shows too, read-only;
+    `before`: shell lines run in its namespaces, as their root, just before it starts. Ending it ends
+    every process the tool started: they live in its PID namespace, whose first process dies with
+    `unshare` (--kill-child) and takes the rest with it; `unshare` dies with the thread that started it."""
     root, rw = scratch / "root", scratch / "rw"
     root.mkdir()
     rw.mkdir()
@@ -166,7 +184,7 @@ def command(scratch: Path, uid: int | None, argv: Sequence[str], disk_mb: int = 
         "--",
         "sh",
         "-c",
-        _setup_script(root, rw, uid, disk_mb, argv),
+        _setup_script(root, rw, uid, disk_mb, argv, shown, before),
     ]
 
 

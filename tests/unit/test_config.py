@@ -138,3 +138,9 @@ def test_no_command_line_in_the_docs_carries_a_redis_password():
 def test_config_masks_the_replica_password(monkeypatch):
     monkeypatch.setenv("ASTRAFLOW_REDIS__REPLICA_URL", "redis://:pw@replica:6379/0")
     assert load_settings().redacted()["redis"]["replica_url"] == "redis://:***@replica:6379/0"
+
+
+def test_the_agent_workflow_needs_the_endpoint():
+    with pytest.raises(ConfigError, match=r"raas\.openai_api: workflow agent runs programs"):
+        load_settings(None, ["dataflow.feeder.workflow=agent"])
+    assert load_settings(None, ["dataflow.feeder.workflow=agent", "raas.openai_api=true"]).raas.openai_api

@@ -62,3 +62,38 @@ def test_calculator_warm_start_calls_the_tool_in_a_quarter_of_its_demonstrations
     tok = tiny.build_char_tokenizer(tiny.CALC_VOCAB)
     text = "123*45=<123*45>5535|5535"
     assert tok.decode(tok.encode(text)) == text and tok.pad_token_id not in tok.encode(text)
+
+
+def test_the_agent_warm_start_shows_what_the_chat_template_renders(tmp_path):
+    """The calculator agent's demonstrations are the conversation the endpoint templates, token for token,
+    with the tokenizer loaded as the engines load it (a Qwen2 model's directory)."""
+    import json
+    import random
+
+    from transformers import AutoTokenizer
+
+    from astraflow import tiny
+    from astraflow.agents.toolcalls import for_template
+    from astraflow.workflows.calculator import TOOL
+    from astraflow.workflows.tasks import get_task
+
+    path = tiny.build(tmp_path / "m", tokenizer_kind="char_agent", hidden=32, layers=1, heads=1, kv_heads=1)
+    tok = AutoTokenizer.from_pretrained(path)
+    task, rng = get_task("calculator_agent"), random.Random(1)
+    row = task.sample(rng)
+    while len(demo := task.demo(row, rng)) != 3:
+        row = task.sample(rng)
+    (call, _), (reply, _), (answer, _) = demo
+    expression = row["prompt"].rstrip("=")
+    arguments = json.dumps({"expression": expression})
+    messages = [
+        {"role": "user", "content": row["prompt"]},
+        {"role": "assistant", "tool_calls": [{"function": {"name": "calculator", "arguments": arguments}}]},
+        {"role": "tool", "content": answer},
+    ]
+    chat = tok.apply_chat_template(
+        for_template(messages), tools=[TOOL], add_generation_prompt=True, tokenize=False
+    )
+    assert chat == tiny._framed(tok, task, row["prompt"]) + call + reply
+    ids = tok.encode(chat, add_special_tokens=False)
+    assert tok.decode(ids) == chat and tok.pad_token_id not in ids and len(ids) < 64
