@@ -5,8 +5,9 @@ Calls are taken in the order they arrived. A call whose prompt extends the previ
 message) joins that trajectory: the appended tokens are observations (loss mask 0, version -1) and its
 completion is trained on, as the built-in multi-turn workflows record a conversation (`Transcript`). A
 call whose prompt does not extend it (the program rewrote the history, or called another policy) starts
-a new trajectory. The episode's reward goes to the last trajectory; each earlier one gets it times
-`discount` per trajectory after it.
+a new trajectory, as does one sampled otherwise (another temperature, top-k or top-p: the trainer scores
+each trajectory through one processing). The episode's reward goes to the last trajectory; each earlier
+one gets it times `discount` per trajectory after it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from astraflow.agents.recording import Call
 from astraflow.messages import Trajectory
+from astraflow.workflows.rlvr import processing
 from astraflow.workflows.transcript import Transcript
 
 
@@ -23,7 +25,7 @@ def merged(calls: Sequence[Call]) -> list[tuple[str, Transcript, str]]:
     out: list[tuple[str, Transcript, str]] = []
     for call in sorted(calls, key=lambda c: c.seq):
         resp = call.response
-        if out and out[-1][0] == call.model and _extends(call.prompt_ids, out[-1][1].ids):
+        if out and out[-1][0] == call.model and _continues(call, out[-1][1]):
             record = out[-1][1]
             record.observed(call.prompt_ids[len(record.ids) :])
         else:
@@ -36,8 +38,12 @@ def merged(calls: Sequence[Call]) -> list[tuple[str, Transcript, str]]:
     return out
 
 
-def _extends(prompt: list[int], ids: list[int]) -> bool:
-    return len(prompt) >= len(ids) and prompt[: len(ids)] == ids
+def _continues(call: Call, record: Transcript) -> bool:
+    """Whether `call` extends `record`: its prompt starts with the record's tokens, and it was sampled as
+    the record's turns were (one trajectory is scored through one sampling processing)."""
+    prompt, ids = call.prompt_ids, record.ids
+    same = record.processing in (None, processing(call.response.sampling))
+    return same and len(prompt) >= len(ids) and prompt[: len(ids)] == ids
 
 
 def trajectories(
