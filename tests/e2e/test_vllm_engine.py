@@ -12,6 +12,7 @@ import pytest
 
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.settings import EngineSettings
+from tests.conftest import served_half
 from tests.e2e.test_chaos import running_in_group, wait_for
 
 pytestmark = [
@@ -25,11 +26,12 @@ pytestmark = [
 
 
 @pytest.fixture
-async def engine(tiny_model, tmp_path_factory):
+async def engine(tiny_model_sharded, tmp_path_factory):
+    """The tiny model's server, started from its shards (as a 7B checkpoint is)."""
     from astraflow.engines.vllm import VLLMEngine
 
     e = VLLMEngine(
-        EngineSettings(type="vllm", model=tiny_model, dtype="bfloat16", chunk_tokens=8),
+        EngineSettings(type="vllm", model=tiny_model_sharded, dtype="bfloat16", chunk_tokens=8),
         log_path=tmp_path_factory.mktemp("vllm") / "server.log",
     )
     await e.start()
@@ -41,7 +43,7 @@ GREEDY = GenerateRequest([5, 17, 42, 9], SamplingParams(temperature=0.0, max_new
 
 
 @pytest.mark.timeout(600)
-async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
+async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model, tiny_model_sharded, tmp_path):
     first = await engine.generate(GREEDY)
     assert len(first.token_ids) == len(first.logprobs) == len(first.versions) > 0
     assert set(first.versions) == {0} and all(lp <= 0 for lp in first.logprobs)
@@ -103,6 +105,12 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
     again = await asyncio.wait_for(engine.generate(GREEDY), 300)
     assert again.token_ids == after.token_ids and set(again.versions) == {engine.version}
     assert engine.stats["restarts"] == 1
+
+    # A version of a sharded model, served from a half as a receiver builds it: the first weights again.
+    await engine.pause()
+    await engine.load_weights(str(served_half(tiny_model_sharded, tmp_path / "buffers")), version=9)
+    await engine.resume()
+    assert (await engine.generate(GREEDY)).token_ids == first.token_ids
 
 
 RAAS = """
