@@ -63,7 +63,8 @@ async def checksums(engine) -> dict[str, str]:
 async def loads_from_shared_memory(engine, first: list[int], v1: str, v2: str, root) -> None:
     """Versions load through astraflow's weight-transfer engine from a double buffer as a receiver fills
     it (in a run it lies in shared memory): every parameter ends exactly as vLLM's own loader (`files`)
-    sets it from the same half, and greedy tokens follow the loaded weights.
+    sets it from the same half (of a sharded model: `files` then needs a half without the weight index),
+    and greedy tokens follow the loaded weights.
 
     No file is opened during a load: once each half has been loaded (mapped by the workers), every file of
     both halves is made unreadable (mode 000: the weights and the config files the receiver copies beside
@@ -116,7 +117,9 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model, ti
     assert len(first.token_ids) == len(first.logprobs) == len(first.versions) > 0
     assert set(first.versions) == {0} and all(lp <= 0 for lp in first.logprobs)
     assert (await engine.generate(GREEDY)).token_ids == first.token_ids  # greedy is deterministic
-    await loads_from_shared_memory(engine, first.token_ids, tiny_model, tiny_model_v2, tmp_path / "shm")
+    await loads_from_shared_memory(
+        engine, first.token_ids, tiny_model_sharded, tiny_model_v2, tmp_path / "shm"
+    )
 
     sampled = await asyncio.gather(
         *[
