@@ -68,8 +68,9 @@ async def loads_from_shared_memory(engine, first: list[int], v1: str, v2: str, r
 
     No file is opened during a load: once each half has been loaded (mapped by the workers), every file of
     both halves is made unreadable (mode 000: the weights and the config files the receiver copies beside
-    them), and versions still load from them. A loader that opened a checkpoint file (vLLM's, or ours
-    reading the file instead of its mapping) fails with a permission error there."""
+    them), and the next versions, written into the same halves, still load from them. A loader that
+    opened a checkpoint file (vLLM's, or ours reading the file instead of its mapping) fails with a
+    permission error there."""
     from astraflow.engines.vllm_weights import FileReload
     from astraflow.weights import files, layout
     from astraflow.weights.buffer import DoubleBuffer
@@ -95,8 +96,12 @@ async def loads_from_shared_memory(engine, first: list[int], v1: str, v2: str, r
 
     for f in [*a.dir.iterdir(), *b.dir.iterdir()]:
         f.chmod(0)
-    assert await load(engine, a.dir, 3) == tokens2
-    assert await load(engine, b.dir, 4) == first
+    # The next versions are written into the same halves (the receiver's mapping): the workers' mappings
+    # see them, no file is opened.
+    assert buffer.write_state(state1) is a and buffer.flip(3) is a
+    assert await load(engine, a.dir, 3) == first
+    assert buffer.write_state(state2) is b and buffer.flip(4) is b
+    assert await load(engine, b.dir, 4) == tokens2
     assert engine.stats["loads"] - loads == 4
     print(
         f"pause per load {engine.timings['pause'] * 1e3:.0f} ms, load {engine.timings['load'] * 1e3:.0f} ms"
