@@ -125,14 +125,14 @@ class BufferTransferEngine(WeightTransferEngine[BufferInitInfo, BufferUpdateInfo
 
     def receive_weights(self, update_info: BufferUpdateInfo) -> None:
         """Copy every tensor of the named files into the model, through its `load_weights`."""
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
         mapped = [self._mapped(path) for path in update_info.files]
         for stale in set(self._maps) - set(update_info.files) - self._last:
             self._maps.pop(stale).close()
         self._last = set(update_info.files)
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-
-        with disable_mtp_completeness_check():
-            self.model.load_weights(weights=(t for m in mapped for t in m.tensors()))
+        with disable_mtp_completeness_check():  # as vLLM's IPC engine: a load need not hold MTP heads
+            self.model.load_weights(t for m in mapped for t in m.tensors())
 
     def _mapped(self, path: str) -> Mapped:
         held = self._maps.get(path)
