@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from astraflow.streams.settings import StreamsSettings
@@ -54,3 +56,37 @@ def tiny_model_v2(tmp_path_factory, tiny_model):
             seed=1,
         )
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_model_sharded(tmp_path_factory, tiny_model):
+    """`tiny_model` saved in shards, as a 7B checkpoint is: `model.safetensors.index.json` and its shards
+    beside the config and tokenizer files."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-sharded")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model.save_pretrained(out, max_shard_size="60KB")
+    for f in Path(tiny_model).iterdir():
+        if not (out / f.name).exists() and not f.name.endswith(".safetensors"):
+            shutil.copyfile(f, out / f.name)
+    assert (out / "model.safetensors.index.json").exists() and len(list(out.glob("*.safetensors"))) > 2
+    return str(out)
+
+
+def served_half(model_dir: str, root: Path) -> Path:
+    """The directory an engine loads a version from: a half of the double buffer holding the model's
+    weights in bf16, with the files a receiver copies beside them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.weights import files, layout
+    from astraflow.weights.buffer import DoubleBuffer
+
+    state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    buffer = DoubleBuffer(root, layout.layout(state, "bfloat16"))
+    buffer.add_files(files.checkpoint_files(Path(model_dir)))
+    return buffer.write_state(state).dir

@@ -80,6 +80,9 @@ class WeightLoader(ABC):
     native NCCL or CUDA-IPC transfer) replaces. The engine keeps the rest of a load: pausing, resuming and
     labelling the tokens with the new version."""
 
+    async def setup(self) -> None:  # noqa: B027 (a hook most backends do not need)
+        """Prepare the backend once per engine start (a restarted server included), before any load."""
+
     @abstractmethod
     async def load(self, path: str) -> None:
         """Make the model hold the weights of `path`, a Hugging Face checkpoint directory already verified

@@ -34,10 +34,13 @@ class VLLMSettings(BaseModel):
     stream_interval: int = Field(64, ge=1)
     """pause: tokens per event of a streamed generate call (`--stream-interval`); the first and the last
     come at once. Per-token versions do not depend on it: the server labels the tokens itself."""
-    weight_transfer: Literal["files", "nccl", "ipc"] = "files"
-    """How a load puts new weights into the server: `files` = its workers reload the pulled, verified
-    checkpoint directory (`/collective_rpc reload_weights`). `nccl`, `ipc`: vLLM's native weight transfer
-    from a trainer on the same node; not built yet (refused at start)."""
+    weight_transfer: Literal["auto", "buffer", "files", "nccl", "ipc"] = "auto"
+    """How a load puts new weights into the server. `buffer`: astraflow's weight-transfer engine in the
+    server's workers maps the RaaS's verified buffer (shared memory) and copies it into the model's
+    parameters; vLLM opens no checkpoint (engines/vllm_buffer.py). `files`: its workers reload the pulled,
+    verified checkpoint directory (`/collective_rpc reload_weights`). `auto` = buffer where the installed
+    vLLM has weight-transfer engines, else files. `nccl`, `ipc`: vLLM's native weight transfer from a
+    trainer on the same node; not built yet (refused at start)."""
 
 
 class EngineSettings(BaseModel):

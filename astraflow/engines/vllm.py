@@ -48,6 +48,7 @@ from astraflow.engines.vllm_server import (
     planned_sync,
     served_sync,
     server_command,
+    weight_transfer,
 )
 from astraflow.engines.vllm_weights import make_weight_loader
 from astraflow.errors import describe
@@ -78,8 +79,14 @@ class VLLMEngine(Engine):
         self.pause_sync = False
         """Whether weight loads pause requests in place (else they land between chunks); set at start."""
         self.stats: Counter[str] = Counter()
-        """`chunks`, `tokens` (received so far), `events` (streamed events received), `restarts`."""
+        """`chunks`, `tokens` (received so far), `events` (streamed events received), `restarts`, `loads`."""
+        self.timings: dict[str, float] = {}
+        """Seconds of the last weight load: `load` (the loader putting the weights into the model) and
+        `pause` (from `pause` to the end of `resume`: no token was produced meanwhile)."""
+        self.transfer = weight_transfer(settings)
+        """How loads reach the model (`engine.vllm.weight_transfer` in effect: buffer or files)."""
         self.loader = make_weight_loader(settings, self._control)
+        self._paused_at = 0.0
 
     async def start(self) -> None:
         self._open_clients()
@@ -126,6 +133,7 @@ class VLLMEngine(Engine):
                 raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
             await asyncio.sleep(0.5)
         self.pause_sync = await self._sync_mode() == "pause"
+        await self.loader.setup()
         if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
             await self.loader.load(self._weights)
         if self.pause_sync:  # the server labels tokens with this from now on
@@ -139,6 +147,7 @@ class VLLMEngine(Engine):
             version=self.version,
             device=device,
             weight_sync="pause" if self.pause_sync else "chunks",
+            weight_transfer=self.transfer,
         )
 
     async def _sync_mode(self) -> str:
@@ -286,6 +295,7 @@ class VLLMEngine(Engine):
         return resp
 
     async def pause(self) -> None:
+        self._paused_at = time.perf_counter()
         self._paused = True
         self._open.clear()
         if not self.pause_sync:  # chunks: a load lands between chunks, so wait out the running ones
@@ -296,7 +306,16 @@ class VLLMEngine(Engine):
     async def load_weights(self, path: str, version: int) -> None:
         if not self._paused:
             raise RuntimeError("load_weights needs a paused engine")
+        started = time.perf_counter()
         await self.loader.load(path)
+        self.timings["load"] = time.perf_counter() - started
+        self.stats["loads"] += 1
+        log.info(
+            "vllm_weights_loaded",
+            version=version,
+            transfer=self.transfer,
+            load_ms=round(self.timings["load"] * 1e3, 1),
+        )
         if self.pause_sync:  # frozen requests hold KV blocks, so no reset: salts keep versions apart
             await self._control("/update_weight_version", {"new_version": str(version)})
         else:
@@ -309,6 +328,8 @@ class VLLMEngine(Engine):
         finally:  # even if the server is gone: the watchdog's restart comes back unpaused
             self._paused = False
             self._open.set()
+            self.timings["pause"] = time.perf_counter() - self._paused_at
+            log.info("vllm_resumed", version=self.version, pause_ms=round(self.timings["pause"] * 1e3, 1))
 
     async def _control(self, path: str, body: dict | None = None) -> None:
         reply = await self._ctl.post(path, json=body)

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from astraflow.engines import vllm_plugin
 from astraflow.engines.base import GenerateRequest, GenerateResponse
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
@@ -19,14 +20,34 @@ GENERATE_PATH = "/inference/v1/generate"
 PAUSE_SYNC_PATHS = (GENERATE_PATH, "/pause", "/resume", "/collective_rpc", "/update_weight_version")
 
 
-def has_scale_out() -> bool:
-    """Whether the installed vLLM ships the token-in/token-out server (`--enable-scale-out`); looked up on
-    disk, so that vllm is not imported into this process."""
+def vllm_has(*parts: str) -> bool:
+    """Whether the installed vLLM package holds the path `parts`; looked up on disk, so that vllm is not
+    imported into this process."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return False
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return (root / "entrypoints" / "scale_out" / "token_in_token_out").is_dir()
+    return Path(next(iter(spec.submodule_search_locations)), *parts).exists()
+
+
+def has_scale_out() -> bool:
+    """Whether the installed vLLM ships the token-in/token-out server (`--enable-scale-out`)."""
+    return vllm_has("entrypoints", "scale_out", "token_in_token_out")
+
+
+def weight_transfer(settings: EngineSettings) -> str:
+    """The weight transfer of `engine.vllm.weight_transfer` in effect: `auto` is `buffer` where the
+    installed vLLM has pluggable weight-transfer engines, else `files`. ConfigError for `buffer` where it
+    has none."""
+    t = settings.vllm.weight_transfer
+    pluggable = vllm_has("distributed", "weight_transfer", "factory.py")
+    if t == "auto":
+        return "buffer" if pluggable else "files"
+    if t == "buffer" and not pluggable:
+        raise ConfigError(
+            "engine.vllm.weight_transfer=buffer: the installed vllm has no weight-transfer engines "
+            "(vllm.distributed.weight_transfer); install the pinned one or set weight_transfer to files"
+        )
+    return t
 
 
 def planned_sync(settings: EngineSettings) -> tuple[str, str]:
@@ -102,6 +123,10 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(s.kv_cache_gb)))
     if planned_sync(settings)[0] == "pause":
         cmd += ["--enable-scale-out", "--stream-interval", str(v.stream_interval)]
+    if weight_transfer(settings) == "buffer":
+        cmd += ["--weight-transfer-config", json.dumps({"backend": vllm_plugin.BACKEND})]
+        if not vllm_plugin.installed():  # the workers register the engine as they import their extension
+            cmd += ["--worker-extension-cls", vllm_plugin.WORKER_EXTENSION]
     return cmd + list(v.extra_args), env
 
 

@@ -27,6 +27,8 @@ from astraflow.weights.buffer import WEIGHTS_FILE
 from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
+CONFIG_SUFFIXES = (".json", ".txt", ".model", ".jinja")
+"""Files of a model directory that a served half needs beside its weights to be a loadable checkpoint."""
 OWNED = re.compile(r".+\.pid(\d+)@(.+)")
 """Name of a process's buffer directory: `<role>.pid<pid>@<host>~<pid namespace>` (`processes.pid_space`)."""
 
@@ -77,6 +79,17 @@ def buffer_root(settings: WeightsSettings, run: str, role: str) -> Path:
     run_dir = private_dir(base / run)
     sweep(run_dir)
     return private_dir(run_dir / f"{role}.pid{os.getpid()}@{processes.pid_space()}")
+
+
+def checkpoint_files(model_dir: Path) -> dict[str, Path]:
+    """The files to copy from `model_dir` so that a half (one `model.safetensors`) loads as a checkpoint:
+    config, tokenizer, chat template. Never a weight index (`model.safetensors.index.json` of a sharded
+    checkpoint): beside the half's single file it would send a loader after shards that are not there."""
+    return {
+        p.name: p
+        for p in Path(model_dir).iterdir()
+        if p.suffix in CONFIG_SUFFIXES and not p.name.endswith(".index.json") and p.is_file()
+    }
 
 
 def verify_checkpoint(path: Path, manifest: WeightManifest) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable, Mapping
@@ -61,6 +62,37 @@ def header(specs: list[TensorSpec]) -> bytes:
     text = json.dumps(meta, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
+
+
+def read_header(buf) -> tuple[int, list[TensorSpec]]:
+    """The tensors of a safetensors file given as a buffer (mapped, not read): where its data starts and
+    each tensor's spec, offsets from there. Raises ValueError for a header that is not safetensors, a
+    dtype not served here, or a tensor whose bytes are not its shape's or lie outside the buffer."""
+    view = memoryview(buf).cast("B")
+    if len(view) < 8:
+        raise ValueError("not a safetensors file: shorter than its header length")
+    (n,) = struct.unpack_from("<Q", view)
+    if n > len(view) - 8:
+        raise ValueError(f"not a safetensors file: a header of {n} bytes in {len(view)}")
+    meta = json.loads(bytes(view[8 : 8 + n]))
+    if not isinstance(meta, dict):
+        raise ValueError("not a safetensors file: its header is no JSON object")
+    base, dtypes, specs = 8 + n, {code: name for name, code in SAFETENSORS_DTYPES.items()}, []
+    for name, entry in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = dtypes[entry["dtype"]]
+            shape = [int(d) for d in entry["shape"]]
+            start, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"{name}: {entry!r} is not a tensor of a served dtype ({', '.join(dtypes)})"
+            ) from None
+        if not 0 <= start <= end <= len(view) - base or end - start != math.prod(shape) * ITEMSIZE[dtype]:
+            raise ValueError(f"{name}: data offsets {entry['data_offsets']} do not fit {dtype}{shape}")
+        specs.append(TensorSpec(name=name, dtype=dtype, shape=shape, offset=start, nbytes=end - start))
+    return base, specs
 
 
 def data_bytes(specs: list[TensorSpec]) -> int:

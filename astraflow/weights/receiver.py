@@ -40,8 +40,6 @@ from astraflow.weights.verify import ChunkVerifier
 from astraflow.weights.wire import TransferError
 
 log = structlog.get_logger(__name__)
-CONFIG_SUFFIXES = (".json", ".txt", ".model", ".jinja")
-"""Files copied from the model directory so that a half is a loadable checkpoint directory."""
 RELAY_ROUNDS = 3
 """Elections one pull tries (a relay found dead or stalled is unseated) before going to the trainer."""
 
@@ -117,8 +115,7 @@ class WeightReceiver:
             self.buffer.close()
         self.buffer = DoubleBuffer(self.root, manifest.tensors, self.settings.reader_grace_s)
         if self.model_dir is not None:
-            files = {p.name: p for p in self.model_dir.iterdir() if p.suffix in CONFIG_SUFFIXES}
-            self.buffer.add_files(files)
+            self.buffer.add_files(files.checkpoint_files(self.model_dir))
         self.held = None
 
     async def _pull(self, manifest: WeightManifest, first_try: bool) -> Half:

@@ -190,9 +190,10 @@ async def measure(
         sparsity = {
             "changed": float(np.count_nonzero(served != before)) / len(served),
             "nbytes": len(served) * 2,
-            "loaded": engine is None
-            or torch.equal(
-                engine.model.get_parameter("model.norm.weight"), state["model.norm.weight"].to(torch.bfloat16)
+            **(
+                {"loaded": True, "tensor": None}
+                if engine is None
+                else loaded(engine.model, specs, served, before)
             ),
         }
     finally:
@@ -203,6 +204,26 @@ async def measure(
         await pub.close()
         await bus.close()
     return rows, sparsity
+
+
+def loaded(model, specs, served: np.ndarray, before: np.ndarray) -> dict:
+    """Whether `model` holds the served version: {"loaded": its parameter equals the served bytes of the
+    tensor the last step changed most, "tensor": that tensor's name}. A tensor that the step left alone
+    (a norm weight that small steps cannot move in bf16) would equal both versions and prove nothing, so
+    `loaded` is False where no tensor changed."""
+    import torch
+
+    def part(flat: np.ndarray, spec) -> np.ndarray:
+        return flat[spec.offset // 2 : (spec.offset + spec.nbytes) // 2]
+
+    changed, spec = max(
+        ((np.count_nonzero(part(served, s) != part(before, s)), s) for s in specs), key=lambda c: c[0]
+    )
+    if not changed:
+        return {"loaded": False, "tensor": None}
+    new = torch.from_numpy(part(served, spec).copy()).view(torch.bfloat16).view(spec.shape)
+    held = model.get_parameter(spec.name).detach().to("cpu", torch.bfloat16)
+    return {"loaded": torch.equal(held, new), "tensor": spec.name}
 
 
 def run(

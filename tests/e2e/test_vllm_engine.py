@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.settings import EngineSettings
+from tests.conftest import served_half
 from tests.e2e.test_chaos import running_in_group, wait_for
 
 pytestmark = [
@@ -25,11 +27,12 @@ pytestmark = [
 
 
 @pytest.fixture
-async def engine(tiny_model, tmp_path_factory):
+async def engine(tiny_model_sharded, tmp_path_factory):
+    """The tiny model's server, started from its shards (as a 7B checkpoint is)."""
     from astraflow.engines.vllm import VLLMEngine
 
     e = VLLMEngine(
-        EngineSettings(type="vllm", model=tiny_model, dtype="bfloat16", chunk_tokens=8),
+        EngineSettings(type="vllm", model=tiny_model_sharded, dtype="bfloat16", chunk_tokens=8),
         log_path=tmp_path_factory.mktemp("vllm") / "server.log",
     )
     await e.start()
@@ -40,12 +43,88 @@ async def engine(tiny_model, tmp_path_factory):
 GREEDY = GenerateRequest([5, 17, 42, 9], SamplingParams(temperature=0.0, max_new_tokens=24, seed=0))
 
 
-@pytest.mark.timeout(600)
-async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
+async def load(engine, path, version: int) -> list[int]:
+    """Load `path` as `version`; the greedy tokens the engine generates then, each tagged `version`."""
+    await engine.pause()
+    await engine.load_weights(str(path), version)
+    await engine.resume()
+    out = await engine.generate(GREEDY)
+    assert set(out.versions) == {version}
+    return out.token_ids
+
+
+async def checksums(engine) -> dict[str, str]:
+    """A digest of every parameter of the served model, as the server computes it."""
+    reply = await engine._ctl.post("/weight_checker", json={"action": "checksum"})
+    reply.raise_for_status()
+    return reply.json()["checksums"]
+
+
+async def loads_from_shared_memory(engine, first: list[int], v1: str, v2: str, root) -> None:
+    """Versions load through astraflow's weight-transfer engine from a double buffer as a receiver fills
+    it (in a run it lies in shared memory): every parameter ends exactly as vLLM's own loader (`files`)
+    sets it from the same half (of a sharded model: `files` then needs a half without the weight index),
+    and greedy tokens follow the loaded weights.
+
+    No file is opened during a load: once each half has been loaded (mapped by the workers), every file of
+    both halves is made unreadable (mode 000: the weights and the config files the receiver copies beside
+    them), and the next versions, written into the same halves, still load from them. A loader that
+    opened a checkpoint file (vLLM's, or ours reading the file instead of its mapping) fails with a
+    permission error there."""
+    from astraflow.engines.vllm_weights import FileReload
+    from astraflow.weights import files, layout
+    from astraflow.weights.buffer import DoubleBuffer
+
+    assert engine.transfer == "buffer"
+    state1, state2 = (transformers_state(m) for m in (v1, v2))
+    buffer = DoubleBuffer(root, layout.layout(state1, "bfloat16"))
+    buffer.add_files(files.checkpoint_files(Path(v1)))
+    a = buffer.write_state(state2)
+    buffer.flip(1)
+    b = buffer.write_state(state1)
+    buffer.flip(2)
+    loads = engine.stats["loads"]
+
+    tokens2 = await load(engine, a.dir, 1)
+    assert tokens2 != first and engine.timings["load"] > 0 and engine.timings["pause"] > 0
+    mapped = await checksums(engine)
+    await engine.pause()
+    await FileReload(engine._control).load(str(a.dir))  # vLLM's own loader, from the file
+    await engine.resume()
+    assert await checksums(engine) == mapped
+    assert await load(engine, b.dir, 2) == first
+
+    for f in [*a.dir.iterdir(), *b.dir.iterdir()]:
+        f.chmod(0)
+    # The next versions are written into the same halves (the receiver's mapping): the workers' mappings
+    # see them, no file is opened.
+    assert buffer.write_state(state1) is a and buffer.flip(3) is a
+    assert await load(engine, a.dir, 3) == first
+    assert buffer.write_state(state2) is b and buffer.flip(4) is b
+    assert await load(engine, b.dir, 4) == tokens2
+    assert engine.stats["loads"] - loads == 4
+    print(
+        f"pause per load {engine.timings['pause'] * 1e3:.0f} ms, load {engine.timings['load'] * 1e3:.0f} ms"
+    )
+    buffer.close()
+
+
+def transformers_state(model_dir: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+
+
+@pytest.mark.timeout(900)
+async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model, tiny_model_sharded, tmp_path):
     first = await engine.generate(GREEDY)
     assert len(first.token_ids) == len(first.logprobs) == len(first.versions) > 0
     assert set(first.versions) == {0} and all(lp <= 0 for lp in first.logprobs)
     assert (await engine.generate(GREEDY)).token_ids == first.token_ids  # greedy is deterministic
+    await loads_from_shared_memory(
+        engine, first.token_ids, tiny_model_sharded, tiny_model_v2, tmp_path / "shm"
+    )
 
     sampled = await asyncio.gather(
         *[
@@ -62,7 +141,7 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
     # on the first streamed token; the server may still have run the whole request by then (it runs ahead
     # of what the client has read), so this is tried until a load lands inside one (a few tries at most).
     long = GenerateRequest([5, 17, 42, 9], SamplingParams(temperature=0.0, max_new_tokens=500, seed=0))
-    for version in range(1, 9):
+    for version in range(5, 13):
         tokens, events = engine.stats["tokens"], engine.stats["events"]
         task = asyncio.create_task(engine.generate(long))
         while engine.stats["tokens"] == tokens:  # streamed: counted as they arrive
@@ -103,6 +182,12 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model):
     again = await asyncio.wait_for(engine.generate(GREEDY), 300)
     assert again.token_ids == after.token_ids and set(again.versions) == {engine.version}
     assert engine.stats["restarts"] == 1
+
+    # A version of a sharded model, served from a half as a receiver builds it: the first weights again; and
+    # the sharded checkpoint directory itself, after other weights.
+    assert await load(engine, served_half(tiny_model_sharded, tmp_path / "buffers"), 20) == first.token_ids
+    assert await load(engine, tiny_model_v2, 21) == after.token_ids
+    assert await load(engine, tiny_model_sharded, 22) == first.token_ids
 
 
 RAAS = """

@@ -151,6 +151,7 @@ def weight_path(label: str, model_dir: Path, device: str, buffers: Path) -> list
     delta, full = rows[2], rows[3]
     copy = "device-to-host copy (pinned)" if device == "cuda" else "host memcpy"
     gpu = device == "cuda"
+    where = "/dev/shm (memory)" if buffers == Path("/dev/shm") else f"disk: {buffers} (/dev/shm had no room)"
     out = [
         Row(
             f"weight path {label}: one {copy} of the served bytes = m",
@@ -158,7 +159,8 @@ def weight_path(label: str, model_dir: Path, device: str, buffers: Path) -> list
             "reference",
             True,
             judged=False,
-        )
+        ),
+        Row(f"weight path {label}: where the weight buffers went", where, "reference", True, judged=False),
     ]
     for stage, row, limit in (
         ("trainer blocked (delta)", delta["blocked"], 2),
@@ -181,7 +183,16 @@ def weight_path(label: str, model_dir: Path, device: str, buffers: Path) -> list
             f"delta after an AdamW step at lr 1e-6, {label}",
             f"{smaller:.0f}x smaller than full ({sparsity['changed'] * 100:.2f}% of bf16 elements changed)",
             ">= 40x smaller",
-            smaller >= 40 and sparsity["loaded"],
+            smaller >= 40,
+        )
+    )
+    held = "holds" if sparsity["loaded"] else "does not hold"
+    out.append(
+        Row(
+            f"weight path {label}: the engine holds the last version",
+            f"{held} it in {sparsity['tensor'] or 'no tensor: the step changed none'}",
+            "equal to a tensor the step changed",
+            sparsity["loaded"],
         )
     )
     return out

@@ -72,7 +72,10 @@ class HoldingServer:
 
 async def test_more_than_a_hundred_calls_run_at_once_and_a_load_goes_through_while_they_are_held():
     server = HoldingServer()
-    engine = VLLMEngine(EngineSettings(type="vllm", model="m", port=await server.start()))
+    settings = EngineSettings(
+        type="vllm", model="m", port=await server.start(), vllm={"weight_transfer": "files"}
+    )
+    engine = VLLMEngine(settings)
     engine._open_clients()
     engine.pause_sync = True  # as after a start on a server with the pause endpoints
     engine._open.set()

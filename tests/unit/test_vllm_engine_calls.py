@@ -19,6 +19,7 @@ class FakeServer:
 
     def __init__(self) -> None:
         self.controls: list[str] = []
+        self.control_bodies: list[dict | None] = []
         self.generate_bodies: list[dict] = []
         self.openapi: dict = {"paths": {}, "components": {"schemas": {}}}
         """What the server says it serves: no pause endpoints unless a test adds them."""
@@ -45,11 +46,14 @@ class FakeServer:
             lines = [f"data: {json.dumps({'choices': [{'weight_versions': None, **e}]})}\n\n" for e in events]
             return httpx.Response(200, content="".join(lines) + "data: [DONE]\n\n")
         self.controls.append(path)
+        self.control_bodies.append(body)
         return httpx.Response(200, json={})
 
 
 def engine(pause_sync: bool, server: FakeServer, **settings) -> VLLMEngine:
-    e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1, **settings))
+    """An engine on `server`, its loads by `files` unless `vllm` says otherwise."""
+    vllm = {"weight_transfer": "files", **settings.pop("vllm", {})}
+    e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1, vllm=vllm, **settings))
     e._http = e._ctl = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
     e.pause_sync = pause_sync
     e._open.set()  # as after a start
@@ -109,6 +113,34 @@ async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_kee
     await e.resume()
     assert e.loader.loaded == ["/weights/v2"] and e.version == 2
     assert server.controls == ["/pause?mode=keep", "/update_weight_version", "/resume"]  # no file reload
+
+
+async def test_a_buffer_load_names_the_halfs_files_to_the_servers_weight_transfer_engine(
+    tmp_path, monkeypatch
+):
+    install_vllm(tmp_path, monkeypatch, scale_out=True, weight_transfer=True)
+    half = tmp_path / "a"
+    half.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (half / name).write_bytes(b"")
+    server = FakeServer()
+    e = engine(True, server, vllm={"weight_transfer": "buffer"})
+    await e.loader.setup()  # once per server start
+    await e.pause()
+    await e.load_weights(str(half), version=2)
+    await e.resume()
+    assert server.controls == [
+        "/init_weight_transfer_engine",
+        "/pause?mode=keep",
+        "/start_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/update_weight_version",
+        "/resume",
+    ]
+    update = server.control_bodies[server.controls.index("/update_weights")]
+    assert update == {"update_info": {"files": [str(half.resolve() / "model.safetensors")]}}
+    assert e.stats["loads"] == 1 and set(e.timings) == {"load", "pause"}
 
 
 @pytest.mark.parametrize("backend", ["nccl", "ipc"])

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from astraflow.config import Settings
+from astraflow.engines import vllm_plugin
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import (
@@ -18,6 +19,7 @@ from astraflow.engines.vllm_server import (
     served_sync,
     server_command,
     token_versions,
+    weight_transfer,
 )
 from astraflow.errors import ConfigError
 
@@ -41,14 +43,17 @@ def flag(cmd: list[str], name: str) -> str:
     return cmd[cmd.index(name) + 1]
 
 
-def install_vllm(root, monkeypatch, scale_out: bool) -> None:
-    """An installed `vllm` package, with or without the token-in/token-out server, in place of the real one
-    (if any) for this test."""
+def install_vllm(root, monkeypatch, scale_out: bool, weight_transfer: bool = False) -> None:
+    """An installed `vllm` package, with or without the token-in/token-out server and pluggable
+    weight-transfer engines, in place of the real one (if any) for this test."""
     package = root / "vllm"
     (package / "entrypoints").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     if scale_out:
         (package / "entrypoints" / "scale_out" / "token_in_token_out").mkdir(parents=True)
+    if weight_transfer:
+        (package / "distributed" / "weight_transfer").mkdir(parents=True)
+        (package / "distributed" / "weight_transfer" / "factory.py").write_text("")
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     monkeypatch.syspath_prepend(str(root))
 
@@ -117,10 +122,38 @@ def test_the_installed_vllm_server_accepts_the_command_line(device):
     assert args.enable_prefix_caching is False and args.max_num_batched_tokens == 8192
     assert args.enable_scale_out is True and args.stream_interval == 64
     assert args.logprobs_mode == "processed_logprobs" and args.generation_config == "vllm"
+    assert "astraflow_buffer" in str(args.weight_transfer_config)  # the installed vLLM has the engines
     if device == "cuda":
         assert args.gpu_memory_utilization == 0.85
     else:
         assert args.enforce_eager is True
+
+
+def test_versions_load_from_the_buffer_where_vllm_has_weight_transfer_engines(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=True, weight_transfer=True)
+    monkeypatch.setattr(vllm_plugin, "installed", lambda: False)
+    cmd, _ = server_command(EngineSettings(), 8001, "cpu")
+    assert json.loads(flag(cmd, "--weight-transfer-config")) == {"backend": "astraflow_buffer"}
+    # no plugin in this environment: the workers import the engine as their extension, which registers it
+    assert flag(cmd, "--worker-extension-cls") == "astraflow.engines.vllm_buffer.WorkerRegistration"
+    monkeypatch.setattr(vllm_plugin, "installed", lambda: True)
+    cmd, _ = server_command(EngineSettings(), 8001, "cpu")
+    assert "--weight-transfer-config" in cmd and "--worker-extension-cls" not in cmd
+    files = EngineSettings(vllm={"weight_transfer": "files"})
+    assert (
+        weight_transfer(files) == "files"
+        and "--weight-transfer-config" not in server_command(files, 1, "cpu")[0]
+    )
+
+
+def test_an_installed_vllm_without_weight_transfer_engines_reloads_files(tmp_path, monkeypatch):
+    install_vllm(tmp_path, monkeypatch, scale_out=True, weight_transfer=False)
+    assert weight_transfer(EngineSettings()) == "files"
+    assert "--weight-transfer-config" not in server_command(EngineSettings(), 8001, "cpu")[0]
+    with pytest.raises(
+        ConfigError, match="weight_transfer=buffer: the installed vllm has no weight-transfer"
+    ):
+        server_command(EngineSettings(vllm={"weight_transfer": "buffer"}), 8001, "cpu")
 
 
 def test_pause_sync_needs_every_endpoint_and_version_spans():

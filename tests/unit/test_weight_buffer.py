@@ -92,3 +92,24 @@ def test_tied_weights_are_served_once_and_cast_where_they_live(tmp_path):
     served = torch.frombuffer(half.data, dtype=torch.bfloat16, count=64)
     assert torch.equal(served.view(16, 4), embed.detach().to(torch.bfloat16))
     buffer.close()
+
+
+def test_a_half_is_a_safetensors_file_whose_header_gives_the_layout_back(tmp_path):
+    from astraflow.weights import layout
+
+    specs = [
+        TensorSpec(name="a", dtype="bfloat16", shape=[2, 3], offset=0, nbytes=12),
+        TensorSpec(name="b", dtype="bfloat16", shape=[4], offset=12, nbytes=8),
+    ]
+    buffer = DoubleBuffer(tmp_path, specs)
+    data = buffer.idle.path.read_bytes()
+    base, read = layout.read_header(data)
+    assert base == buffer.idle.data_offset and [vars(s) for s in read] == [vars(s) for s in specs]
+    buffer.close()
+    with pytest.raises(ValueError, match="do not fit"):  # past the end of the file
+        layout.read_header(data[:-1])
+    head = layout.header([TensorSpec(name="i", dtype="float32", shape=[1], offset=0, nbytes=4)])
+    with pytest.raises(ValueError, match="not a tensor of a served dtype"):
+        layout.read_header(head.replace(b'"F32"', b'"I32"') + bytes(4))
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        layout.read_header(b"\xff" * 16)

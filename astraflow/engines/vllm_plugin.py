@@ -1,0 +1,41 @@
+"""astraflow's vLLM plugin: registers the weight-transfer engine `astraflow_buffer`
+(`engines/vllm_buffer.py`) with vLLM's factory in every vLLM process.
+
+vLLM calls `register` in each of its processes (API server, engine core, workers) through the entry point
+`astraflow = "astraflow.engines.vllm_plugin:register"` of the group `vllm.general_plugins`
+(pyproject.toml). Where that entry point is not installed (an editable install made before it existed) or
+`VLLM_PLUGINS` leaves it out, the server is started with the engine module as its workers' extension class
+(`--worker-extension-cls`, `WORKER_EXTENSION`), whose import registers the same engine. Nothing here
+imports vllm until `register` runs.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import entry_points
+
+BACKEND = "astraflow_buffer"
+"""The name of the engine in vLLM's weight-transfer factory (`--weight-transfer-config`)."""
+PLUGIN = "astraflow"
+"""The plugin's name in the `vllm.general_plugins` group (what `VLLM_PLUGINS` selects)."""
+WORKER_EXTENSION = "astraflow.engines.vllm_buffer.WorkerRegistration"
+"""The workers' extension class that registers the engine where the plugin is not installed."""
+
+
+def register() -> None:
+    """Register `BACKEND` with vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than
+    once per process), and the engine module is imported only when a worker creates the engine."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(
+            BACKEND, "astraflow.engines.vllm_buffer", "BufferTransferEngine"
+        )
+
+
+def installed() -> bool:
+    """Whether vLLM processes started from this environment load the plugin: its entry point is installed
+    and `VLLM_PLUGINS` (a comma-separated allow-list, where set) names it."""
+    ours = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith(f"{__name__}:")]
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return bool(ours) and (allowed is None or any(ep.name in allowed.split(",") for ep in ours))
