@@ -33,6 +33,7 @@ from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
 from astraflow.streams import Bus
 from astraflow.streams.identity import mark_stopped
 from astraflow.tracking.tracker import follow
+from astraflow.workflows import sandbox
 
 
 def place_threads(settings: Settings) -> None:
@@ -110,13 +111,15 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
     0 at the reward target, or at a step or time limit when no target is set; EXIT_TARGET_MISSED at a
     limit before the target; EXIT_FAILED when a worker keeps dying; the signal's for Ctrl-C, SIGTERM or
     SIGHUP (`processes.exit_status`: 130, 143, 129). A run directory that holds anything is refused
-    unless `resume` or `overwrite` (RunDirError), as is one a live launcher holds."""
+    unless `resume` or `overwrite` (RunDirError), as is one a live launcher holds; a machine whose tools
+    cannot be sandboxed, unless the recipe allows it (SandboxUnavailable)."""
     local = LocalRun(settings, keep_redis)  # the stop signals raise Stopped until the watch takes them
     logs.configure("warning", run=settings.run.name, worker="launcher")  # the terminal is the progress view
     run_dir = settings.run.path
     held = None
     try:
         held = claim(run_dir, resume=resume, overwrite=overwrite)  # refused before anything is touched
+        sandbox.require(settings.raas.sandbox)  # as each RaaS would refuse, once and before anything starts
         if settings.redis.url:  # a shared Redis: may this run start there? (before changing its directory)
             asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
         if overwrite:  # `--resume` keeps Redis (AOF), checkpoints and metrics

@@ -16,6 +16,7 @@ import structlog
 
 from astraflow.config import load_settings
 from astraflow.errors import SandboxUnavailable
+from astraflow.launch import launcher
 from astraflow.launch.build import build_raas
 from astraflow.workflows import isolation, sandbox
 from astraflow.workflows.sandbox import run_python
@@ -237,3 +238,13 @@ async def test_a_raas_that_should_sandbox_and_cannot_refuses_to_start_naming_why
             pass
     assert not (tmp_path / "logs").exists()  # refused before anything was made
     assert sandbox.require("none").name == isolation.NONE  # the recipe allowed it, in so many words
+
+
+def test_astraflow_run_refuses_at_once_where_its_raas_would(monkeypatch, tmp_path):
+    """One line before anything starts, rather than each RaaS start failing until the restart budget ends."""
+    why = "user-namespaces: unshare: unshare failed: Operation not permitted"
+    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
+    settings = load_settings(None, [f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SandboxUnavailable, match=r"set raas.sandbox: none"):
+        launcher.main(settings)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [".lock"]  # no Redis, no worker, no mark
