@@ -22,6 +22,7 @@ from astraflow.metrics_server import serve_stream_metrics
 from astraflow.policies import PolicySettings
 from astraflow.streams import Bus
 from astraflow.workflows import sandbox
+from astraflow.workflows.api import runs_tools
 
 if TYPE_CHECKING:
     from astraflow.raas.worker import RaasSetup, RaasWorker
@@ -139,7 +140,8 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
     from astraflow.weights.receiver import WeightReceiver
     from astraflow.weights.server import WeightServer
 
-    await asyncio.to_thread(sandbox.require, settings.raas.sandbox)  # refused before anything slow starts
+    tools = runs_tools(settings.dataflow.feeder.workflow, settings.raas.workflow_options)
+    await asyncio.to_thread(sandbox.require, settings.raas.sandbox, tools)  # before anything slow starts
     log_dir = settings.run.path / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     policies = [settings.policy(m) for m in settings.run.models]

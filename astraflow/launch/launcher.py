@@ -34,6 +34,7 @@ from astraflow.streams import Bus
 from astraflow.streams.identity import mark_stopped
 from astraflow.tracking.tracker import follow
 from astraflow.workflows import sandbox
+from astraflow.workflows.api import runs_tools
 
 
 def place_threads(settings: Settings) -> None:
@@ -119,7 +120,8 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
     held = None
     try:
         held = claim(run_dir, resume=resume, overwrite=overwrite)  # refused before anything is touched
-        sandbox.require(settings.raas.sandbox)  # as each RaaS would refuse, once and before anything starts
+        tools = runs_tools(settings.dataflow.feeder.workflow, settings.raas.workflow_options)
+        sandbox.require(settings.raas.sandbox, tools)  # as each RaaS would refuse, once, before all else
         if settings.redis.url:  # a shared Redis: may this run start there? (before changing its directory)
             asyncio.run(check_start(settings.redis.url, settings, fresh=not resume, resume=resume))
         if overwrite:  # `--resume` keeps Redis (AOF), checkpoints and metrics

@@ -43,6 +43,7 @@ from astraflow.streams import Bus
 from astraflow.streams.identity import existing
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
 from astraflow.workflows import isolation
+from astraflow.workflows.api import runs_tools
 
 ROLES = ("raas", "dataflow", "trainer")
 PROBE_BUDGET_S = 3.0
@@ -104,7 +105,8 @@ async def check(
             )
         if role == "raas":
             await _heartbeat(bus, settings, consumer)
-            suffix = f"; tool sandbox: {await _sandbox(settings.raas.sandbox)}"
+            tools = runs_tools(settings.dataflow.feeder.workflow, settings.raas.workflow_options)
+            suffix = f"; tool sandbox: {await _sandbox(settings.raas.sandbox, tools)}"
     except BusConnectionError as e:
         if live:
             return f"alive: not judged, {e} (the worker waits Redis out)"
@@ -115,12 +117,14 @@ async def check(
     return line + suffix
 
 
-async def _sandbox(wanted: str) -> str:
+async def _sandbox(wanted: str, tools: bool) -> str:
     """The mode tool calls run in on this host (the probe runs beside the worker, with its rights), and
-    whether the worker refuses to start for want of one (`raas.sandbox`)."""
+    whether the worker refuses to start for want of one (`raas.sandbox`, its workflow running `tools`) or
+    refuses each tool call."""
     mode = await asyncio.to_thread(isolation.mode)
     if mode.name == isolation.NONE and wanted != isolation.NONE:
-        return f"{isolation.NONE}, refused (a RaaS will not start: raas.sandbox is {wanted}): {mode.reason}"
+        refused = "a RaaS will not start" if tools else "tool calls are refused"
+        return f"{isolation.NONE}, refused ({refused}: raas.sandbox is {wanted}): {mode.reason}"
     return mode.describe()
 
 

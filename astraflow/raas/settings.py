@@ -48,8 +48,9 @@ class RaasSettings(BaseModel):
     Its process goes on, unless the call was stopped in an import, or gave no answer within this plus a
     minute (a hang in C): then the reward processes are replaced."""
     sandbox: Literal["namespaces", "none"] = "namespaces"
-    """How tool calls are isolated: `namespaces` (the worker refuses to start where they cannot be made,
-    naming why), or `none`, which lets tools run as the worker's own user where they cannot."""
+    """How tool calls are isolated: `namespaces` (where they cannot be made, a worker whose workflow runs
+    tools refuses to start, naming why, and any other refuses each tool call), or `none`, which lets tools
+    run as the worker's own user where they cannot."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """Port of the worker's Prometheus /metrics endpoint (labels run, worker, policy); 0 = not served.
     Two RaaS on one host need two ports."""

@@ -85,7 +85,7 @@ class RaasWorker:
         self.ctx = WorkflowContext(
             tokenizers,
             sampling,
-            RewardRunner(r.reward_processes, r.reward_timeout_s, self.allowed),
+            RewardRunner(r.reward_processes, r.reward_timeout_s, self.allowed, sandbox=r.sandbox),
             dict(r.workflow_options),
             self.endpoint,
         )

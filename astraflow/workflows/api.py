@@ -16,6 +16,10 @@ WORKFLOWS: dict[str, type[RolloutWorkflow]] = {}
 REWARDS: dict[str, Callable[..., float]] = {}
 INLINE_REWARDS: set[str] = set()
 """Rewards cheap and safe enough to run in the worker's event loop (no process round trip)."""
+TOOL_FREE_WORKFLOWS: set[str] = set()
+"""Registered workflows that run no tool (no code in the tool sandbox); any other may."""
+TOOL_REWARDS: set[str] = set()
+"""Registered rewards that run code in the tool sandbox."""
 
 
 @dataclass
@@ -54,29 +58,45 @@ class RolloutWorkflow(ABC):
         """Run one episode of `sample`; None means it produced nothing worth training on."""
 
 
-def workflow(name: str):
-    """Class decorator: register a RolloutWorkflow under `name`."""
+def workflow(name: str, tools: bool = True):
+    """Class decorator: register a RolloutWorkflow under `name`; `tools=False` for one that never runs a
+    tool (a worker running only such workflows needs no sandbox)."""
 
     def register(cls: type[RolloutWorkflow]) -> type[RolloutWorkflow]:
         WORKFLOWS[name] = cls
+        if not tools:
+            TOOL_FREE_WORKFLOWS.add(name)
         return cls
 
     return register
 
 
-def reward(name: str, inline: bool = False):
+def reward(name: str, inline: bool = False, tools: bool = False):
     """Function decorator: register `fn(prompt, completion, **sample) -> float` under `name`.
 
     `inline=True` only for code that cannot block, hang or crash (a string comparison): it then runs in
-    the worker itself. Everything else runs in the reward process pool, with a timeout."""
+    the worker itself. Everything else runs in the reward process pool, with a timeout. `tools=True` for
+    one that runs code in the tool sandbox."""
 
     def register(fn: Callable[..., float]) -> Callable[..., float]:
         REWARDS[name] = fn
         if inline:
             INLINE_REWARDS.add(name)
+        if tools:
+            TOOL_REWARDS.add(name)
         return fn
 
     return register
+
+
+def runs_tools(workflow: str, options: Mapping[str, Any]) -> bool:
+    """Whether a worker running `workflow` with these `workflow_options` runs tools as the recipe says: its
+    workflow is not one registered tool-free (a user's `module:Name` may run any), or its reward is one
+    that runs code. (A dataset row may still name another reward: `sandbox.run_python` refuses that call
+    where tools cannot be sandboxed.)"""
+    _load_builtins()
+    reward = options.get("reward")
+    return workflow not in TOOL_FREE_WORKFLOWS or (isinstance(reward, str) and reward in TOOL_REWARDS)
 
 
 class UnknownName(DecodeError, ValueError):

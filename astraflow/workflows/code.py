@@ -60,7 +60,7 @@ def solution(completion: str) -> str:
     return fenced.group(1) if fenced else completion
 
 
-@reward("code_tests")
+@reward("code_tests", tools=True)
 def code_tests(prompt: str, completion: str, tests: Any = None, **sample: Any) -> float:
     """The share of `tests` that pass against the completion's code, run in the tool sandbox."""
     if isinstance(tests, str):

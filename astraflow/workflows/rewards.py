@@ -24,6 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from astraflow.workflows import sandbox
 from astraflow.workflows.api import INLINE_REWARDS, load, resolve_reward, reward
 
 START_GRACE_S = 60.0
@@ -141,8 +142,11 @@ class RewardRunner:
         timeout_s: float = 10.0,
         allowed: Collection[str] = (),
         start_grace_s: float = START_GRACE_S,
+        sandbox: str = "namespaces",
     ) -> None:
         self.processes, self.timeout_s, self.allowed = processes, timeout_s, frozenset(allowed)
+        self.sandbox = sandbox
+        """`raas.sandbox`, taken by the pool's processes for the tool calls of rewards that run code."""
         self.start_grace_s = start_grace_s
         # A call is submitted only when a process is free, so its timeout measures running, not queueing.
         self._free = asyncio.Semaphore(processes)
@@ -151,7 +155,9 @@ class RewardRunner:
     def _new_pool(self) -> ProcessPoolExecutor:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload([__name__, "math_verify"])  # processes start with these imported
-        return ProcessPoolExecutor(self.processes, mp_context=ctx)
+        return ProcessPoolExecutor(
+            self.processes, mp_context=ctx, initializer=sandbox.allow, initargs=(self.sandbox,)
+        )
 
     async def score(
         self,

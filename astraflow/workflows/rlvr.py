@@ -47,7 +47,7 @@ def trajectory(
     )
 
 
-@workflow("rlvr")
+@workflow("rlvr", tools=False)
 class RLVR(RolloutWorkflow):
     """Options: `chat` (apply the chat template, default False), `reward` (default: the sample's
     `reward` field, else exact_match)."""

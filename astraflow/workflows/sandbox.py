@@ -8,9 +8,10 @@ worker's processes, environment, files, shared memory or network, writes at most
 never the host's disk), and ending it ends everything it started. Memory is bounded per call by
 RLIMIT_AS (`memory_mb`) on each of its processes and RLIMIT_NPROC (`max_processes`, counted per call:
 its own uid, or its own user namespace), so a call holds at most `memory_mb x max_processes + disk_mb`.
-Elsewhere (`none`) it runs as the worker's user in a process group of its own, with the CPU, memory and
-output limits, and a warning is logged once: then it can read what the worker can (its /proc/PID/environ
-too), reach the network, write the worker's disk, and a child that leaves the group survives it.
+Elsewhere (`none`) a call is refused unless `raas.sandbox` is none (`allow`); then it runs as the worker's
+user in a process group of its own, with the CPU, memory and output limits, and a warning is logged once:
+it can read what the worker can (its /proc/PID/environ too), reach the network, write the worker's disk,
+and a child that leaves the group survives it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ async def run_python(
     `max_processes` (RLIMIT_NPROC) counts threads too, and in user-namespaces the call's two setup
     processes; where not isolated, every process of the worker's user."""
     mode = await _mode()
+    if mode.name == isolation.NONE and _policy != isolation.NONE:
+        return ToolResult(False, f"refused: {_unavailable(mode)}")
     isolated = mode.name != isolation.NONE if namespaces is None else namespaces
     with tempfile.TemporaryDirectory(prefix="astraflow-tool-") as scratch:
         source, output = Path(scratch) / "tool.py", Path(scratch) / "output"
@@ -126,17 +129,34 @@ async def _run(argv: list[str], source: Path, output: Path, wall_s: float) -> tu
 _warned = False
 
 
-def require(sandbox: str) -> isolation.Mode:
-    """The mode tool calls run in here (`isolation.mode`, probed once per process). Raises
-    SandboxUnavailable, naming the probe's error, when it is NONE and `sandbox` (`raas.sandbox`) is not
-    "none": a worker that should confine its tools never runs them unconfined."""
+_policy = "namespaces"
+"""This process's `raas.sandbox` (`allow`): anything but "none" and a tool call is never run unconfined."""
+
+
+def allow(policy: str) -> None:
+    """Take `raas.sandbox` for this process's tool calls (a RaaS's own, its reward processes')."""
+    global _policy
+    _policy = policy
+
+
+def require(policy: str, tools: bool = True) -> isolation.Mode:
+    """The mode tool calls run in here (`isolation.mode`, probed once per process), taking `policy`
+    (`raas.sandbox`) for them. Raises SandboxUnavailable, naming the probe's error, when the mode is NONE,
+    `policy` is not "none" and the worker runs `tools` (`api.runs_tools`): a worker that should confine its
+    tools refuses to start rather than run them unconfined. One that runs none starts; a tool call it is
+    asked for all the same (a dataset row naming a reward that runs code) is refused (`run_python`)."""
+    allow(policy)
     mode = isolation.mode()
-    if mode.name == isolation.NONE and sandbox != isolation.NONE:
-        raise SandboxUnavailable(
-            f"tool calls cannot be sandboxed here ({mode.reason}); set raas.sandbox: none to run tools"
-            " unconfined as the worker's user"
-        )
+    if mode.name == isolation.NONE and policy != isolation.NONE and tools:
+        raise SandboxUnavailable(_unavailable(mode))
     return mode
+
+
+def _unavailable(mode: isolation.Mode) -> str:
+    return (
+        f"tool calls cannot be sandboxed here ({mode.reason}); set raas.sandbox: none to run tools"
+        " unconfined as the worker's user"
+    )
 
 
 async def _mode() -> isolation.Mode:

@@ -93,6 +93,10 @@ async def test_a_raas_line_says_when_the_sandbox_would_refuse_the_worker(bus, se
     why = "user-namespaces: unshare: unshare failed: Operation not permitted"
     monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
     assert (await check(bus, settings, "raas")).endswith(
+        f"tool sandbox: none, refused (tool calls are refused: raas.sandbox is namespaces): {why}"
+    )  # the default recipe's workflow runs no tool: the worker starts, a tool call it gets is refused
+    settings.dataflow.feeder.workflow = "multi_turn"
+    assert (await check(bus, settings, "raas")).endswith(
         f"tool sandbox: none, refused (a RaaS will not start: raas.sandbox is namespaces): {why}"
     )
     settings.raas.sandbox = "none"

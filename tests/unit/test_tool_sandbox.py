@@ -185,9 +185,10 @@ async def test_limits_hold_with_and_without_namespaces(namespaces):
     assert not failed.ok and failed.output == "exited with 3"
 
 
-async def test_without_namespaces_tools_still_run_and_a_warning_is_logged_once(monkeypatch):
+async def test_without_namespaces_tools_run_where_the_recipe_allows_and_a_warning_is_logged_once(monkeypatch):
     monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, "unshare: not permitted"))
     monkeypatch.setattr(sandbox, "_warned", False)
+    monkeypatch.setattr(sandbox, "_policy", "none")  # raas.sandbox: none
     with structlog.testing.capture_logs() as logs:
         results = [await run_python("import os; print(os.getuid())") for _ in range(2)]
     assert [r.output for r in results] == [f"{os.getuid()}\n"] * 2
@@ -226,13 +227,23 @@ def test_an_interpreter_under_tmp_is_seen_in_the_tools_root(tmp_path):
     assert done.stdout == f"{isolation.mode().name} None\n", done.stdout + done.stderr
 
 
-async def test_a_raas_that_should_sandbox_and_cannot_refuses_to_start_naming_why(monkeypatch, tmp_path):
-    """Tools ran unconfined where the probe failed (health said `none`); now the RaaS does not start, before
-    any engine or weight server, unless the recipe sets `raas.sandbox: none`."""
-    why = "user-namespaces: unshare: unshare failed: Operation not permitted"
-    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
-    settings = load_settings(None, [*SMALL_RUN, f"run.dir={tmp_path}"])
-    refused = rf"cannot be sandboxed here \({why}\); set raas.sandbox: none"
+WHY = "user-namespaces: unshare: unshare failed: Operation not permitted"
+TOOLS = ["dataflow.feeder.workflow=multi_turn", "dataflow.dataset.task=calculator"]
+"""A recipe whose workflow runs tools (the calculator's)."""
+
+
+@pytest.fixture
+def no_namespaces(monkeypatch):
+    """A machine whose kernel refuses the sandbox's namespaces; this process's `raas.sandbox` restored."""
+    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, WHY))
+    monkeypatch.setattr(sandbox, "_policy", sandbox._policy)
+
+
+async def test_a_raas_that_should_sandbox_and_cannot_refuses_to_start_naming_why(no_namespaces, tmp_path):
+    """Tools ran unconfined where the probe failed (health said `none`); now a RaaS whose workflow runs
+    tools does not start, before any engine or weight server, unless the recipe sets `raas.sandbox: none`."""
+    settings = load_settings(None, [*SMALL_RUN, *TOOLS, f"run.dir={tmp_path}"])
+    refused = rf"cannot be sandboxed here \({WHY}\); set raas.sandbox: none"
     with pytest.raises(SandboxUnavailable, match=refused):
         async with build_raas(settings, fake_bus(settings), "raas-0"):
             pass
@@ -240,11 +251,22 @@ async def test_a_raas_that_should_sandbox_and_cannot_refuses_to_start_naming_why
     assert sandbox.require("none").name == isolation.NONE  # the recipe allowed it, in so many words
 
 
-def test_astraflow_run_refuses_at_once_where_its_raas_would(monkeypatch, tmp_path):
+def test_astraflow_run_refuses_at_once_where_its_raas_would(no_namespaces, tmp_path):
     """One line before anything starts, rather than each RaaS start failing until the restart budget ends."""
-    why = "user-namespaces: unshare: unshare failed: Operation not permitted"
-    monkeypatch.setattr(isolation, "mode", lambda: isolation.Mode(isolation.NONE, why))
-    settings = load_settings(None, [f"run.dir={tmp_path / 'run'}"])
+    settings = load_settings(None, [*TOOLS, f"run.dir={tmp_path / 'run'}"])
     with pytest.raises(SandboxUnavailable, match=r"set raas.sandbox: none"):
         launcher.main(settings)
     assert [p.name for p in (tmp_path / "run").iterdir()] == [".lock"]  # no Redis, no worker, no mark
+
+
+async def test_a_worker_without_tools_starts_and_still_never_runs_one_unconfined(no_namespaces):
+    """The default recipe (rlvr, exact_match) runs no tool: it starts on such a machine, as `make run`
+    must. A tool call it is asked for all the same (a dataset row naming a reward that runs code) is
+    refused, not run as the worker's user, unless the recipe says `raas.sandbox: none`."""
+    settings = load_settings(None, [])
+    assert sandbox.require(settings.raas.sandbox, tools=False).name == isolation.NONE
+    refused = await run_python("print('ran')")
+    assert not refused.ok
+    assert refused.output.startswith(f"refused: tool calls cannot be sandboxed here ({WHY})")
+    sandbox.allow("none")
+    assert (await run_python("print('ran')")).output.strip() == "ran"
