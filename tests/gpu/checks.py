@@ -268,7 +268,7 @@ def fsdp(device: str, tmp: Path, ranks: int = 1) -> list[Row]:
         reference, limit, what = torch.load(fsdp_step.served_path(one), weights_only=True), 1.0, "rounding"
     else:  # fp32 sums in another order across ranks: the gathered shards must be its own state, cast
         reference, limit, what = {k: b[k].to(torch.bfloat16) for k in served}, 0.0, "its fp32 state, cast"
-    ulps = max(bf16_ulps(reference[k], served[k]) for k in served)
+    ulps = max(bf16_ulps(reference[k], served[k]) for k in reference)
     return [
         Row(f"{name}: fp32 parameters", f"max |diff| {fp32:.1e}", "<= 1e-5", fp32 <= 1e-5),
         Row(
