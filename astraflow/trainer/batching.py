@@ -15,6 +15,8 @@ import numpy as np
 import torch
 
 from astraflow.messages import Batch
+from astraflow.trainer import head
+from astraflow.trainer.head import LOGPROB_CHUNK_ROWS, target_logprobs
 from astraflow.trainer.prefix import Counted, SharedMicroBatch, shared_logits, shared_micro_batches
 
 
@@ -96,15 +98,10 @@ def collate(items: list[Sample], pad_id: int = 0) -> MicroBatch:
     )
 
 
-LOGPROB_CHUNK_ROWS = 512
-"""Positions whose log-softmax is computed at once: the transient float32 memory of the logprobs is at
-most about 2 x this x the vocabulary x 4 bytes (0.6 GB at a 151,936-token vocabulary), whatever the size
-of the micro-batch; each chunk is still large enough to keep a GPU busy."""
-
-
 def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False, chunk_rows: int = LOGPROB_CHUNK_ROWS):
     """log pi(target) at every position, and (optionally) the entropy of each predicted distribution
-    (detached); float32, computed `chunk_rows` positions at a time (see `target_logprobs`)."""
+    (detached); float32, computed `chunk_rows` positions at a time (see `target_logprobs`), the logits a
+    few thousand positions at a time (`head.logprobs`)."""
     if isinstance(mb, SharedMicroBatch):
         parts, start = [], 0
         for logits in shared_logits(model, mb):  # the pieces of the targets' columns, in order
@@ -113,63 +110,7 @@ def token_logprobs(model, mb: MicroBatch, with_entropy: bool = False, chunk_rows
             start = end
         logp = torch.cat([p for p, _ in parts], 1)
         return logp, torch.cat([e for _, e in parts], 1) if with_entropy else None
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-    # The last position predicts nothing; a dummy target there keeps `logits` a contiguous view (slicing
-    # it off first would copy the whole tensor).
+    # The last position predicts nothing: a dummy target there (the hidden states stay one contiguous view).
     targets = torch.nn.functional.pad(mb.targets, (0, 1))
-    logp, entropy = target_logprobs(logits, targets, with_entropy, chunk_rows)
+    logp, entropy = head.logprobs(model, mb.input_ids, mb.attention_mask, targets, with_entropy, chunk_rows)
     return logp[:, :-1], entropy[:, :-1] if with_entropy else None
-
-
-def target_logprobs(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    with_entropy: bool = False,
-    chunk_rows: int = LOGPROB_CHUNK_ROWS,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(logits)[target] = logit[target] - logsumexp(logits) for `logits` [..., V] in any dtype
-    and `targets` [...]: float32 [...], with the value and gradient of `log_softmax(logits.float())
-    .gather(targets)`. Only `chunk_rows` positions at a time are upcast, in the forward and the backward;
-    what the backward keeps is `logits` itself (no copy) and one float per position. With `with_entropy`
-    also the entropy of each distribution, detached."""
-    vocab = logits.shape[-1]
-    logp, entropy = _TargetLogprob.apply(
-        logits.reshape(-1, vocab), targets.reshape(-1), chunk_rows, with_entropy
-    )
-    return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else None
-
-
-class _TargetLogprob(torch.autograd.Function):
-    """[N, V] logits, [N] targets -> [N] float32 logprobs and entropies (empty unless asked for)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, chunk_rows: int, with_entropy: bool):
-        n = logits.shape[0]
-        logp = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty_like(logp)
-        entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=logits.device)
-        for a in range(0, n, chunk_rows):
-            b = min(a + chunk_rows, n)
-            x = logits[a:b].to(torch.float32, copy=True)
-            lse[a:b] = torch.logsumexp(x, -1)
-            logp[a:b] = x.gather(-1, targets[a:b, None]).squeeze(-1) - lse[a:b]
-            if with_entropy:
-                x -= lse[a:b, None]  # log p
-                entropy[a:b] = -x.exp().mul_(x).sum(-1)
-        ctx.save_for_backward(logits, targets, lse)
-        ctx.chunk_rows = chunk_rows
-        ctx.mark_non_differentiable(entropy)
-        return logp, entropy
-
-    @staticmethod
-    def backward(ctx, grad_logp, _grad_entropy):
-        # d logp_i / d logit_ij = [j == target_i] - softmax_ij, one chunk of rows at a time.
-        logits, targets, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
-        for a in range(0, logits.shape[0], ctx.chunk_rows):
-            b = min(a + ctx.chunk_rows, logits.shape[0])
-            g = grad_logp[a:b, None]
-            x = logits[a:b].to(torch.float32, copy=True)
-            x.sub_(lse[a:b, None]).exp_().mul_(-g)
-            grad[a:b] = x.scatter_add_(-1, targets[a:b, None], g)
-        return grad, None, None, None

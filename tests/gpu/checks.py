@@ -22,8 +22,9 @@ TFLOPS_FLOOR = 100.0
 TFLOP/s), which a step computing in fp32 (67 TFLOP/s peak without TF32) cannot reach."""
 ACTIVATIONS_GIB = 8.0
 """Peak memory a step may use beyond its 16 B per parameter (fp32 weights, gradients, AdamW's two
-moments): checkpointed activations of one 16,384-token micro-batch. A full-vocabulary fp32 logits tensor
-of that micro-batch alone (151,936 x 16,384 x 4 B) is 9.3 GiB."""
+moments): checkpointed activations of one 16,384-token micro-batch, autocast's bf16 weight copies, one
+chunk of the lm_head's logits (`trainer.head`; the whole micro-batch's, 151,936 x 16,384 in bf16, would
+be 4.6 GiB and their gradient as much again)."""
 
 
 @dataclass
