@@ -93,3 +93,18 @@ def test_auto_without_a_visible_gpu_is_refused(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ConfigError, match=r"layout.gpus: is auto but no GPU is visible"):
         load_settings(overrides=["layout.gpus=auto"])
+
+
+def test_auto_counts_the_drivers_gpus_when_nothing_narrows_them(monkeypatch, tmp_path):
+    from astraflow import layout
+
+    for pci in ("0000:17:00.0", "0000:65:00.0"):
+        (tmp_path / pci).mkdir()
+    monkeypatch.setattr(layout, "NVIDIA_GPUS", tmp_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    s, ws = laid_out("layout.gpus=auto")
+    assert (s.layout.gpus, s.layout.gpu_ids) == (2, ["0", "1"])
+    assert (ws["trainer-policy"].env["CUDA_VISIBLE_DEVICES"], ws["raas-0"].env["CUDA_VISIBLE_DEVICES"]) == (
+        "0",
+        "1",
+    )
