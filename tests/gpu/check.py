@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from astraflow.trainer import torch_range
 from tests.gpu import checks
 from tests.gpu.checks import Row
+from tests.gpu.children import ChildError
 
 LIMIT_S = 8 * 60
 DRY = dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=704, vocab_size=512)
@@ -94,7 +95,7 @@ def attempt(rows: list[Row], name: str, fn, *args) -> None:
     """`fn`'s rows, or one FAIL row naming the error: the other checks still report."""
     try:
         rows.extend(fn(*args))
-    except checks.ChildError as e:  # the child's own exception, already one line
+    except ChildError as e:  # the child's own exception, already one line
         rows.append(Row(name, f"error: {e}", "runs", False))
     except Exception as e:
         rows.append(Row(name, f"error: {e!r}"[:300].replace("\n", " | "), "runs", False))

@@ -114,7 +114,8 @@ def test_a_failed_rank_is_reported_by_its_own_exception(tiny_model):
     import subprocess
     import sys
 
-    from tests.gpu.checks import child_env, child_error, free_port
+    from tests.gpu.checks import child_env
+    from tests.gpu.children import child_error, free_port
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
     torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
