@@ -27,10 +27,12 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from astraflow import layout
 from astraflow.dataflow.evaluation import EvalSettings
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
+from astraflow.layout import LayoutSettings
 from astraflow.policies import (
     PolicySettings,
     PolicySpec,
@@ -200,6 +202,8 @@ class Settings(BaseSettings):
     """Experiment trackers (TensorBoard, W&B, MLflow) fed from the run's metrics stream."""
     log: LogSettings = Field(default_factory=LogSettings)
     """Logging: JSON lines when not on a terminal, at `log.level`."""
+    layout: LayoutSettings = Field(default_factory=LayoutSettings)
+    """One node's GPUs for `astraflow run`: the trainer's ranks and the RaaS engines (`astraflow.layout`)."""
 
     @model_validator(mode="after")
     def _rules(self) -> Settings:
@@ -212,7 +216,22 @@ class Settings(BaseSettings):
             raise RuleError(
                 "raas.openai_api", "workflow agent runs programs against the RaaS's endpoint: set it true"
             )
+        self._lay_out()
         return self
+
+    def _lay_out(self) -> None:
+        """`layout` applied: resolved (`auto` counted here, once; the children get the count), the RaaS
+        workers one per engine, tensor parallel as wide as an engine's GPUs."""
+        if self.layout.gpus == 0:
+            return
+        self.layout = layout.resolve(self.layout)
+        engines = layout.plan(self.layout).engines
+        if len(self.trained) != 1:
+            raise RuleError("layout", f"lays out one trained policy, this run trains {len(self.trained)}")
+        if self.layout.engine_gpus > 1 and self.engine.type == "hf":
+            raise RuleError("layout.engine_gpus", "the hf engine runs on one GPU: tensor parallel needs vllm")
+        self.run.raas_workers = len(engines)
+        self.engine.vllm.tensor_parallel_size = self.layout.engine_gpus
 
     def policy(self, name: str) -> PolicySettings:
         """The effective settings of policy `name`: the shared `engine`/`trainer` with its own over them."""

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from astraflow import logs, redis_server
+from astraflow import layout, logs, redis_server
 from astraflow.config import Settings, redact_url, to_env
 from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
@@ -61,15 +61,18 @@ def workers(settings: Settings) -> list[Worker]:
             setattr(getattr(s, section), key, value)
         return {**base, **to_env(s)}
 
+    plan = layout.plan(settings.layout) if settings.layout.gpus else None
     out = [
         Worker(
             "dataflow", "workers.dataflow", env(dataflow__id="dataflow-0"), run_dir / "logs" / "dataflow.log"
         )
     ]
     for i in range(settings.run.raas_workers):
-        out.append(
-            Worker(f"raas-{i}", "workers.raas", env(raas__id=f"raas-{i}"), run_dir / "logs" / f"raas-{i}.log")
-        )
+        gpus = {} if plan is None else {"engine__devices": ",".join(plan.engines[i])}
+        raas = env(raas__id=f"raas-{i}", **gpus)
+        if plan is not None:  # the engine's GPUs only (a vllm server inherits them)
+            raas["CUDA_VISIBLE_DEVICES"] = gpus["engine__devices"]
+        out.append(Worker(f"raas-{i}", "workers.raas", raas, run_dir / "logs" / f"raas-{i}.log"))
     for m in settings.trained:
         w = Worker(
             f"trainer-{m}",
@@ -77,6 +80,12 @@ def workers(settings: Settings) -> list[Worker]:
             {**base, "ASTRAFLOW_POLICY": m},
             run_dir / "logs" / f"trainer-{m}.log",
         )
+        if plan is not None:  # one rank per GPU, under torchrun when more than one
+            ids = ",".join(plan.trainer)
+            w.env = {**env(trainer__devices=ids), "ASTRAFLOW_POLICY": m, "CUDA_VISIBLE_DEVICES": ids}
+            if len(plan.trainer) > 1:
+                w.module = "torch.distributed.run"
+                w.args = ["--standalone", "--nproc_per_node", str(len(plan.trainer)), "-m", "workers.trainer"]
         out.append(w)
     return out
 
@@ -135,6 +144,8 @@ def main(settings: Settings, keep_redis: bool = False, resume: bool = False, ove
         if not settings.redis.url:
             asyncio.run(check_start(local.start_redis(), settings, fresh=not resume, resume=resume))
         print(f"run {settings.run.name!r} in {run_dir} on {redact_url(settings.redis.url)}", flush=True)
+        for text in _layout_lines(settings):
+            print(text, flush=True)
         for w in workers(settings):
             local.supervisor.start(w)
         return asyncio.run(_watch(settings, local.supervisor, resume, local.redis_pid))
@@ -194,7 +205,7 @@ async def _watch(settings: Settings, supervisor: Supervisor, resume: bool, redis
             snap = await _unless_failing("progress", progress.poll)  # (a view that failed this second
             if snap is not None:  # must not end the run, nor keep it past its time limit)
                 if live is not None:
-                    live.update(render(snap, r.reward_window, r.target_reward))
+                    live.update(_with_layout(render(snap, r.reward_window, r.target_reward), settings))
                 elif time.monotonic() - last_line >= 5:
                     print(line(snap, r.reward_window), flush=True)
                     last_line = time.monotonic()
@@ -258,6 +269,19 @@ async def _unless_failing(what: str, call):
     except Exception as e:
         print(f"{what} unavailable: {e!r}", flush=True)
         return None
+
+
+def _layout_lines(settings: Settings) -> list[str]:
+    """Each trainer rank's and RaaS engine's GPUs, a line per process (none without a layout)."""
+    return layout.plan(settings.layout).lines() if settings.layout.gpus else []
+
+
+def _with_layout(view, settings: Settings):
+    """The live view with the node's layout under it."""
+    from rich.console import Group
+
+    lines = _layout_lines(settings)
+    return Group(view, "layout: " + "; ".join(lines)) if lines else view
 
 
 def _live():

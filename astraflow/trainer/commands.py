@@ -35,13 +35,19 @@ def _store():
     return dist.PrefixStore(PREFIX, dist.distributed_c10d._get_default_store())
 
 
+def _own_client(store):
+    """A client of `store` for another thread: its own connection (`Store.clone`) where torch has it;
+    before (torch 2.7), the same one, whose TCPStore client serialises the threads' operations."""
+    return store.clone() if hasattr(store, "clone") else store
+
+
 class Heartbeat:
     """Rank 0's sign of life on the job's store, from a thread, from joining the job (`distributed.setup`)
     to leaving it: it beats while rank 0 still connects to Redis, waits for a batch, or executes."""
 
     def __init__(self, timeout_s: float) -> None:
         self._stopped = threading.Event()
-        beat_args = (_store().clone(), timeout_s / BEATS_PER_TIMEOUT)  # a store client per thread
+        beat_args = (_own_client(_store()), timeout_s / BEATS_PER_TIMEOUT)
         self._thread = threading.Thread(target=self._loop, args=beat_args, name="heartbeat", daemon=True)
         self._thread.start()
 

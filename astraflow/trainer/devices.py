@@ -51,6 +51,23 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device.type, dtype=dtype)
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start `peak_memory_gib`'s count afresh (CUDA; the CPU's high-water mark cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: the most memory torch allocated on `device` since `reset_peak_memory` (a step's peak, what
+    the 16 B/param + 8 GiB budget counts). CPU: the process's peak resident memory so far (getrusage's
+    high-water mark: a step shows its own peak only when it is the highest yet)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30  # Linux: KiB
+
+
 def to_device(mb, device: torch.device):
     """A micro-batch (a dataclass of tensors) on `device`; itself when already there."""
     if device.type == "cpu":

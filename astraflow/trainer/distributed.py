@@ -210,7 +210,7 @@ def _gather_bucket(tensors: list, dtype: torch.dtype) -> dict[int, torch.Tensor]
         local[offset + shard.numel() : offset + n].zero_()  # padding rows
         offset += n
     gathered = local.new_empty(mesh.size() * local.numel())
-    dist.all_gather_single(gathered, local, group=mesh.get_group())
+    dist.all_gather_into_tensor(gathered, local, group=mesh.get_group())
     if not _rank0():
         return out
     per_rank, offset = gathered.view(mesh.size(), -1), 0

@@ -55,6 +55,7 @@ class PolicyTrainer:
         returned statistics are `{"skipped": 1.0}`. Every rank decides alike (the data is the same on
         all; the loss verdict is reduced over the ranks)."""
         started = time.perf_counter()
+        devices.reset_peak_memory(self.device)
         items = samples(batch, version)
         self.skipped = refusal(items, self.vocab)
         if self.skipped is not None:
@@ -133,6 +134,7 @@ class PolicyTrainer:
             tokens_per_s=tokens / elapsed if elapsed else 0.0,
             step_s=elapsed,
             lr=float(self.scheduler.get_last_lr()[0]),
+            peak_memory_gib=devices.peak_memory_gib(self.device),  # the CPU's: the process's so far
         )
         values, counts = np.unique(lags, return_counts=True)
         for lag, count in zip(values, counts, strict=True):  # the distribution: staleness_<lag>

@@ -38,6 +38,7 @@ FIGURES = {
     "real_shape_run": r"^real-shape run tiny: \d+ versions trained \(run.max_steps 2\), completed, no OOM",
     "replica_ack": rf"^1 +\d+ +{NUMBER}$",
     "settle_bytes": rf"^settle bytes: passed/multi redis cpu {NUMBER}, client cpu {NUMBER} at \d+ KiB",
+    "step_memory": rf"^step peak above the model: whole logits {NUMBER} GiB, chunked {NUMBER} GiB .*s$",
     "staleness": rf"^staleness: fastest to {NUMBER}: .+ \(\d+ cells\)$",
     "tool_sandbox": rf"^process group +{NUMBER} +{NUMBER}$",
     "trace_growth": rf"^trace growth: shipped \d+ keys {NUMBER} MiB, before -, none \d+ keys {NUMBER} MiB "

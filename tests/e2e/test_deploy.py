@@ -218,6 +218,8 @@ SBATCH_ENV = {
     "ASTRAFLOW_REDIS__PASSWORD": "from-the-password-file",
     "ASTRAFLOW_WEIGHTS__HOST": "node002",
     "ASTRAFLOW_RAAS__ID": "raas-0",
+    "ASTRAFLOW_TRAINER__DEVICE": "cuda",
+    "ASTRAFLOW_ENGINE__VLLM__TENSOR_PARALLEL_SIZE": "1",
 }
 
 
@@ -227,10 +229,18 @@ def test_the_sbatch_script_parses_and_its_commands_pass_astraflow_config():
     recipe = re.search(r"RECIPE=\$\{1:-([^}]+)\}", script).group(1)
     assert set(re.findall(r"\b(ASTRAFLOW_\w+)=", script)) <= set(SBATCH_ENV)
     assert "af:{$ASTRAFLOW_RUN__NAME}:run" in script and Keys("x").identity == "af:{x}:run"
-    found = re.findall(r'astraflow (\w+) "\$(?:RECIPE|0)"([^>\n\']*)', script)
+    found = re.findall(r'astraflow(?:\.cli)? (\w+) "\$(?:RECIPE|0)"([^>\n\'\\]*)', script)
     assert {sub for sub, _ in found} == {"trainer", "dataflow", "raas", "health"}, found
     for sub, rest in found:
         rest = rest.replace('"${RESUME[@]}"', "--resume").replace('"$@"', "--resume").split()
         _parser().parse_args([sub, recipe, *rest])
     settings = effective_settings(recipe, SBATCH_ENV)
     assert settings["run"]["dir"] == SBATCH_ENV["ASTRAFLOW_RUN__DIR"]  # checkpoints on shared storage
+    # GPU nodes: the job asks for GPUs; the trainer runs under torchrun, a rank per GPU of its step's
+    # gres; each RaaS task gets its engine's GPUs.
+    assert re.search(r"^#SBATCH --gres=gpu:(\d+)$", script, re.M)
+    trainer = next(line for line in script.split("srun ")[1:] if " trainer " in line)
+    assert '--gres=gpu:"$TRAINER_GPUS"' in trainer
+    assert 'torchrun --standalone --nproc_per_node "$TRAINER_GPUS" -m astraflow.cli trainer' in trainer
+    raas = next(line for line in script.split("srun ")[1:] if " raas " in line)
+    assert '--gpus-per-task="$ENGINE_GPUS"' in raas

@@ -262,3 +262,55 @@ def test_every_raas_may_make_the_user_namespaces_its_tool_sandbox_needs():
     for spec in workers:
         assert {"seccomp=unconfined", "apparmor=unconfined"} <= set(spec["security_opt"])
         assert spec["cap_drop"] == ["ALL"]
+
+
+def gpu_overlay() -> list[dict]:
+    """The resources `kubectl apply -k deploy/k8s/gpu` makes: the base with the overlay's JSON 6902
+    patches applied as kustomize applies them (`add` and `replace` of a path)."""
+    import copy
+
+    overlay = yaml.safe_load((deploy.DEPLOY / "k8s" / "gpu" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == [".."] and overlay["images"][0]["newTag"] == "gpu"
+    docs = copy.deepcopy(k8s_docs())
+    for patch in overlay["patches"]:
+        target = patch["target"]
+        (doc,) = [d for d in docs if (d["kind"], d["metadata"]["name"]) == (target["kind"], target["name"])]
+        for op in yaml.safe_load(patch["patch"]):
+            *parents, last = [int(p) if p.isdigit() else p for p in op["path"].strip("/").split("/")]
+            node = doc
+            for p in parents:
+                node = node[p]
+            assert op["op"] in ("add", "replace") and (op["op"] == "add" or last in node), op
+            node[last] = op["value"]
+    return docs
+
+
+def gib(quantity: str) -> float:
+    return float(quantity.removesuffix("Gi"))
+
+
+def test_the_gpu_overlay_requests_gpus_and_sizes_dev_shm_by_the_served_bytes():
+    """On GPU nodes every RaaS and the trainer get a GPU (`nvidia.com/gpu`), and /dev/shm as deploy/README.md
+    sizes it for the overlay's model, Qwen2.5-1.5B (RaaS 2.5 x S, trainer 3.2 x S), inside the pod's
+    memory request (a memory emptyDir counts against it); the result still validates."""
+    import kubernetes_validate
+
+    s = served_gib("qwen2.5-1.5b")
+    assert 2.8 < s < 2.95
+    need = {"raas": 2.5 * s, "trainer": 3.2 * s}
+    docs = gpu_overlay()
+    holders = 0
+    for d, c in containers(docs):
+        role = c.get("command", [])[1:2]
+        if role not in (["raas"], ["trainer"]):
+            assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}), d["metadata"]
+            continue
+        holders += 1
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        assert c["resources"]["limits"]["nvidia.com/gpu"] >= 1, d["metadata"]
+        pod = d["spec"]["template"]["spec"]
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        shm = gib(volume["emptyDir"]["sizeLimit"])
+        assert need[role[0]] <= shm < gib(c["resources"]["requests"]["memory"]), d["metadata"]
+    assert holders == 2

