@@ -38,14 +38,15 @@ def logprobs(model, input_ids, attention_mask, targets, with_entropy: bool, logp
     rows = targets.reshape(-1)
     per_position = ()  # each row's sampling at each of its positions, flat as `rows`
     if sampling is not None:
-        per_position = tuple(x.to(targets.device)[:, None].expand(targets.shape).reshape(-1) for x in sampling)
+        shape = targets.shape
+        per_position = tuple(x.to(targets.device)[:, None].expand(shape).reshape(-1) for x in sampling)
     entropies: list[torch.Tensor] = []
     recording = [True]  # the backward recomputes each chunk: its entropy is not taken again
 
-    def chunk(hidden: torch.Tensor, chunk_targets: torch.Tensor, *chunk_sampling: torch.Tensor) -> torch.Tensor:
+    def chunk(hidden: torch.Tensor, chunk_targets: torch.Tensor, *at: torch.Tensor) -> torch.Tensor:
         logits = torch.nn.functional.linear(hidden, head.weight, head.bias)
         entropy_too = with_entropy and recording[0]  # not again when the backward recomputes the chunk
-        logp, entropy = target_logprobs(logits, chunk_targets, entropy_too, logprob_rows, chunk_sampling or None)
+        logp, entropy = target_logprobs(logits, chunk_targets, entropy_too, logprob_rows, at or None)
         if entropy_too:
             entropies.append(entropy)
         return logp
