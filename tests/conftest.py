@@ -21,6 +21,17 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"{len(missing)} tests skipped: {NO_REDIS7} ({INSTALL})", yellow=True)
 
 
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """A test that configures structlog (`launcher.main` does: warnings only) leaves the next test the
+    configuration it found, so `capture_logs` there still sees every level."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
 @pytest.fixture
 def streams_settings() -> StreamsSettings:
     """Short durations so lease and reclaim behaviour shows within a test."""
