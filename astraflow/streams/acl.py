@@ -108,9 +108,9 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
             "the dataflow's streams and state (its scripts)",
             "prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
             "formed:* trace:* traces batches:* scale completed",
-            _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists expire "
-            "del sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem zrevrange "
-            "zremrangebyrank",
+            _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists hlen "
+            "expire del sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
+            "zrevrange zremrangebyrank",
         ),
         _g("in-flight set (feeder, strays)", "in_flight", "sadd smembers scard"),
         _g("ledger (`astraflow scale`)", "ledger", "hgetall hmget hget", write=False),
