@@ -36,17 +36,20 @@ def logprobs(model, input_ids, attention_mask, targets, with_entropy: bool, logp
     `target_logprobs(model(...).logits, targets, sampling=sampling)`."""
     head = model.get_output_embeddings()
     rows = targets.reshape(-1)
+    vocab = head.weight.shape[0]
+    sampling, width = _plan(sampling, vocab)  # once per micro-batch, not once per chunk
     per_position = ()  # each row's sampling at each of its positions, flat as `rows`
     if sampling is not None:
-        shape = targets.shape
-        per_position = tuple(x.to(targets.device)[:, None].expand(shape).reshape(-1) for x in sampling)
+        per_position = _per_position(sampling, targets.shape, targets.device)
     entropies: list[torch.Tensor] = []
     recording = [True]  # the backward recomputes each chunk: its entropy is not taken again
 
     def chunk(hidden: torch.Tensor, chunk_targets: torch.Tensor, *at: torch.Tensor) -> torch.Tensor:
         logits = torch.nn.functional.linear(hidden, head.weight, head.bias)
         entropy_too = with_entropy and recording[0]  # not again when the backward recomputes the chunk
-        logp, entropy = target_logprobs(logits, chunk_targets, entropy_too, logprob_rows, at or None)
+        logp, entropy = _TargetLogprob.apply(
+            logits, chunk_targets, logprob_rows, entropy_too, at or None, width
+        )
         if entropy_too:
             entropies.append(entropy)
         return logp
@@ -99,22 +102,33 @@ def target_logprobs(
     own cut may leave it out, and its logprob is then taken over the cut and the target (finite, so a
     drifted token is weighted and clipped like any other rather than turning the loss infinite)."""
     vocab = logits.shape[-1]
-    rows = None
-    width = None
-    if sampling is not None:
-        temperature, top_k, top_p = sampling
-        shape = targets.shape
-        rows = tuple(
-            x.to(logits.device).reshape(-1, *[1] * (len(shape) - 1)).expand(shape).reshape(-1)
-            for x in (temperature.float(), top_k, top_p.float())
-        )
-        width = cut_width(top_k.tolist(), top_p.tolist(), vocab)
-        if width is None and bool((temperature == 1).all()):
-            rows = None  # plain sampling: the plain path
+    sampling, width = _plan(sampling, vocab)
+    rows = None if sampling is None else _per_position(sampling, targets.shape, logits.device)
     logp, entropy = _TargetLogprob.apply(
         logits.reshape(-1, vocab), targets.reshape(-1), chunk_rows, with_entropy, rows, width
     )
     return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else None
+
+
+def _plan(sampling, vocab: int):
+    """(`sampling`, or None where every row samples plainly at temperature 1, the cut width as
+    `logits.kept` takes it) of the rows' [B] settings: the one read of them on the host."""
+    if sampling is None:
+        return None, None
+    temperature, top_k, top_p = sampling
+    width = cut_width(top_k.tolist(), top_p.tolist(), vocab)
+    if width is None and bool((temperature == 1).all()):
+        return None, None
+    return sampling, width
+
+
+def _per_position(sampling, shape, device) -> tuple[torch.Tensor, ...]:
+    """Each row's (temperature, top_k, top_p) at each of its positions of `shape` [B, ...], flat."""
+    temperature, top_k, top_p = sampling
+    return tuple(
+        x.to(device).reshape(-1, *[1] * (len(shape) - 1)).expand(shape).reshape(-1)
+        for x in (temperature.float(), top_k, top_p.float())
+    )
 
 
 class _TargetLogprob(torch.autograd.Function):
