@@ -2,10 +2,13 @@
 
 Each user may touch only its run's keys (`af:{RUN}:...`), and each command only on the key families it is
 granted for (`GRANTS`: one Redis 7 selector per grant), so the RaaS may trim its input but not `rollouts`.
-Lua scripts are no way around it: Redis checks every `redis.call` of a script against the caller's user,
-and EVALSHA needs write access to every key a script declares - which also means a role may send by hand
-whatever its scripts send (no write is possible "only through a script"). The run identity and the weight
-secret are read only to every role: `apply` creates them. docs/security.md's role table is `role_table()`.
+The project's Lua scripts run as Redis functions that `apply` loads (`functions`), and a role may call
+only its own (`ROLE_SCRIPTS`: FCALL of each one's versioned name), never load or run a script of its own.
+Functions are no way around the grants: Redis checks every `redis.call` of a function against the caller's
+user, and FCALL needs write access to every key a function is handed - which also means a role may send by
+hand whatever its functions send (no write is possible "only through a function"). The run identity and
+the weight secret are read only to every role: `apply` creates them. docs/security.md's role table is
+`role_table()`.
 
 What ACLs cannot hide: SCAN is not filtered by key patterns, so a user allowed SCAN (dataflow, observer)
 can list the names - not the values - of other runs' keys.
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from astraflow.errors import ConfigError
-from astraflow.streams.connection import make_client
+from astraflow.streams import functions
+from astraflow.streams.connection import SCRIPT_NAMES, make_client, script_source
 from astraflow.streams.identity import provision
 from astraflow.streams.keys import Keys
 
@@ -48,15 +52,40 @@ def _g(what: str, families: str, commands: str, write: bool = True) -> Grant:
     return Grant(what, tuple(families.split()), tuple(commands.split()), write)
 
 
-# Commands without keys every process may send: SELECT for a URL with a database number, the scripts'
-# loading (redis-py reloads a script lost to a restart), transactions, TIME, WAIT (replicated writes).
-_BASE = "select script|load script|exists multi exec discard time wait".split()
+# Commands without keys every process may send: SELECT for a URL with a database number, transactions,
+# TIME, WAIT (replicated writes). No SCRIPT LOAD, EVAL or EVALSHA: a worker runs its functions only.
+_BASE = "select multi exec discard time wait".split()
 # A consumer of an input stream through the bus's scripts (handoff, claim, renew, release, trim): its
 # group on its input, and only there may it trim, create the group or remove consumers.
 _CONSUMER = (
     "xreadgroup xack xpending xclaim xrange xinfo|groups xinfo|consumers xgroup|create xgroup|delconsumer "
     "xtrim exists type"
 )
+
+
+_DATAFLOW = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
+_BUS = ("astraflow.streams", None, (*SCRIPT_NAMES, "name_take", "name_free", "heartbeat"))
+ROLE_SCRIPTS: dict[str, tuple[tuple[str, str | None, tuple[str, ...]], ...]] = {
+    "raas": (_BUS, ("astraflow.weights", None, ("elect", "resign"))),
+    "dataflow": (
+        _BUS,
+        ("astraflow.streams", None, ("strays",)),
+        ("astraflow.dataflow", "common.lua", _DATAFLOW),
+    ),
+    "trainer": (
+        _BUS,
+        ("astraflow.weights", None, ("manifest",)),
+        ("astraflow.dataflow", "common.lua", ("set_aside",)),
+    ),
+}
+"""The scripts each worker role calls, as `connection.register_scripts` takes them (package, prelude file,
+names): the functions its user may call (FCALL), loaded by `apply`."""
+
+
+def role_sources(role: str) -> list[str]:
+    """The whole source of each script `role` calls (`connection.script_source`)."""
+    scripts = ROLE_SCRIPTS.get(role, ())
+    return [script_source(name, pkg, prelude) for pkg, prelude, names in scripts for name in names]
 
 
 DEDUP = {"raas": "dedup:rollout:* dedup:dead:*", "trainer": "dedup:version:* dedup:dead:*"}
@@ -150,8 +179,8 @@ KEYLESS: dict[str, tuple[str, ...]] = {
 
 
 def script_families(role: str) -> set[str]:
-    """The keys `role`'s scripts declare (EVALSHA needs write access to them; Redis then checks every
-    command a script sends against the grants): its writable families and the run identity."""
+    """The keys `role`'s functions are handed (FCALL needs write access to them; Redis then checks every
+    command a function sends against the grants): its writable families and the run identity."""
     return families(role, write=True) - {"run:stop"} | {"run"}  # (no script writes the stop notice)
 
 
@@ -163,7 +192,7 @@ def families(role: str, write: bool | None = None) -> set[str]:
 def allowed(role: str) -> set[tuple[str, str]]:
     """Every (command, key family) `role` may send; a keyless command with family ''."""
     base = {(c, "") for c in (*KEYLESS[role], *([] if role == "observer" else _BASE))}
-    script = {("evalsha", f) for f in script_families(role)} if role in WORKERS else set()
+    script = {("fcall", f) for f in script_families(role)} if role in WORKERS else set()
     return base | script | {(c, f) for g in GRANTS[role] for c in g.commands for f in g.families}
 
 
@@ -180,7 +209,9 @@ def role_table() -> str:
             rows.append(f"| {role} | {g.what} | {keys} | {cmds(g.commands)} |")
         if role in WORKERS:
             keys = ", ".join(f"`{f}`" for f in sorted(script_families(role)))
-            rows.append(f"| {role} | its Lua scripts (each command checked as above) | {keys} | evalsha |")
+            scripts = ", ".join(n for _, _, names in ROLE_SCRIPTS[role] for n in names)
+            what = f"its functions only: {scripts} (each command checked as above)"
+            rows.append(f"| {role} | {what} | {keys} | fcall |")
         keyless = sorted({*KEYLESS[role], *([] if role == "observer" else _BASE)})
         rows.append(f"| {role} | without keys | - | {cmds(keyless)} |")
     return "\n".join(rows)
@@ -218,8 +249,9 @@ def acl_user(run: str, role: str, password: str) -> AclUser:
     prefix = Keys(run).prefix
     keyless = sorted({*KEYLESS[role], *([] if role == "observer" else _BASE)})
     selectors = [_selector(prefix, g.families, g.commands, g.write) for g in GRANTS[role]]
-    if role in WORKERS:  # the scripts: Redis checks each command a script sends against the grants above
-        selectors.append(_selector(prefix, tuple(sorted(script_families(role))), ("evalsha",), True))
+    if role in WORKERS:  # its functions: Redis checks each command one sends against the grants above
+        calls = tuple(f"fcall|{functions.function_name(s)}" for s in role_sources(role))
+        selectors.append(_selector(prefix, tuple(sorted(script_families(role))), calls, True))
     digest = hashlib.sha256(password.encode()).hexdigest()
     rules = ("reset", "on", f"#{digest}", "resetchannels", *(f"+{c}" for c in keyless), *selectors)
     return AclUser(role, user_name(run, role), rules)
@@ -252,19 +284,24 @@ def render(users: list[AclUser]) -> str:
     return "\n".join(" ".join(u.command()) for u in users)
 
 
-async def apply(client, users: list[AclUser], run: str | None = None) -> None:
-    """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them. With
-    `run`, create the run's identity and weight secret first (unless they exist; on a primary only): no
+async def apply(client, users: list[AclUser], run: str | None = None) -> int:
+    """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them. First,
+    on a primary (a replica copies them), load the functions of every role (`functions.load`; returns how
+    many were new) and with `run` create the run's identity and weight secret (unless they exist): no
     worker user may.
     Selectors and read-only key patterns (`%R~`) need Redis 7: an older server is refused with that
     reason."""
     version = (await client.info("server"))["redis_version"]
     if int(str(version).split(".")[0]) < 7:
         raise ConfigError(f"redis acl needs Redis 7 or newer (read-only key patterns); this one is {version}")
-    if run is not None and (await client.info("replication"))["role"] == "master":  # a replica copies it
-        await provision(client, Keys(run))
+    loaded = 0
+    if (await client.info("replication"))["role"] == "master":  # a replica copies them
+        loaded = await functions.load(client, [s for role in WORKERS for s in role_sources(role)])
+        if run is not None:
+            await provision(client, Keys(run))
     for u in users:
         await client.execute_command(*u.command())
+    return loaded
 
 
 async def command(settings: Settings, url: str | None, passwords_file: Path | None) -> int:
@@ -283,8 +320,9 @@ async def command(settings: Settings, url: str | None, passwords_file: Path | No
     if url is not None:
         client = make_client(url, settings.redis)
         try:
-            await apply(client, users, run)
+            loaded = await apply(client, users, run)
         finally:
             await client.aclose()
-        print(f"# installed {len(users)} users; the run's identity and weight secret are in place")
+        print(f"# installed {len(users)} users and {loaded} new functions; the run's identity and weight")
+        print("# secret are in place")
     return 0

@@ -109,20 +109,20 @@ def _rare(pairs: str) -> set[tuple[str, str]]:
 
 # What a role's ACL allows that a short healthy run does not send (`command@family`), by why.
 _START = "exists@state exists@ledger exists@versions"  # open_run's checks of a run without an identity
-_KEYLESS = "discard script|exists select wait time"  # aborts, reloads, a db number, replicas, claims
+_KEYLESS = "discard select wait time"  # aborts, a db number, replicas, claims
 _STRANDED = "xclaim@{0} xrange@{0} xgroup|delconsumer@{0} type@{0}"  # claim.lua, trim.lua, handoff.lua
 _DEAD = (  # dead letters, released entries
     "xadd@dead xrange@dead hset@errors hincrby@ledger srem@in_flight"
-    " get@dedup:dead:* set@dedup:dead:* evalsha@dedup:dead:*"
+    " get@dedup:dead:* set@dedup:dead:* fcall@dedup:dead:*"
 )
 RARE = {
     "raas": _rare(
         f"{_START} {_KEYLESS} {_STRANDED.format('prompts')} {_DEAD} hget@errors"
-        " exists@run evalsha@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
+        " exists@run fcall@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
         " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
-        " del@weights:*:*:relay:* zrem@weights:*:*:peers evalsha@weights:*:*:peers"  # relays, peers leaving
+        " del@weights:*:*:relay:* zrem@weights:*:*:peers fcall@weights:*:*:peers"  # relays, peers leaving
         " zrevrange@weights:*:*:peers"  # choosing a peer to pull from (on the trainer's host: its file)
     ),
     "trainer": _rare(
@@ -130,7 +130,7 @@ RARE = {
         " del@name:trainer:*"  # its name freed by a stop (this one exits at max_steps)
         " xrange@metrics hset@run:stop del@run:stop"  # judging stop conditions, stopping, resuming
         " hgetall@weights:*:*"  # a restarted trainer re-reading its newest manifest
-        " evalsha@metrics"  # a writable family its scripts may declare
+        " fcall@metrics"  # a writable family its scripts may declare
     ),
 }
 
