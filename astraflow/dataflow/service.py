@@ -224,7 +224,7 @@ class Dataflow:
         keys = self.bus.keys
         while True:
             await asyncio.sleep(self.bus.settings.trim_interval_ms / 1000)
-            for stream in (keys.rollouts, keys.versions, keys.dead):
+            for stream in (keys.prompts, keys.rollouts, keys.versions, keys.dead):  # (no RaaS may trim)
                 await self.bus.trim(stream)
 
 

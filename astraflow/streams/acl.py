@@ -55,12 +55,10 @@ def _g(what: str, families: str, commands: str, write: bool = True) -> Grant:
 # Commands without keys every process may send: SELECT for a URL with a database number, transactions,
 # TIME, WAIT (replicated writes). No SCRIPT LOAD, EVAL or EVALSHA: a worker runs its functions only.
 _BASE = "select multi exec discard time wait".split()
-# A consumer of an input stream through the bus's scripts (handoff, claim, renew, release, trim): its
-# group on its input, and only there may it trim, create the group or remove consumers.
-_CONSUMER = (
-    "xreadgroup xack xpending xclaim xrange xinfo|groups xinfo|consumers xgroup|create xgroup|delconsumer "
-    "xtrim exists type"
-)
+# A consumer of an input stream through the bus's scripts (handoff, claim, renew, release): its group on
+# its input, which it may create; and one that trims it too (trim.lua) may remove idle consumers.
+_READER = "xreadgroup xack xpending xclaim xrange xinfo|groups xgroup|create exists type"
+_CONSUMER = _READER + " xinfo|consumers xgroup|delconsumer xtrim"
 
 
 _DATAFLOW = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
@@ -99,7 +97,7 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
     names.py's ownership-checking scripts), the run identity (read only: `create_run.lua` reads it where it
     exists) and the start checks (`runs.open_run`: which of the run's first keys exist)."""
     return (
-        _g("dead letters", "dead", "xadd xtrim xrange"),
+        _g("dead letters", "dead", "xadd xrange" if role == "raas" else "xadd xtrim xrange"),
         _g("entry errors", "errors", errors),
         _g("ledger counts", "ledger", "hincrby"),
         _g("in-flight groups", "in_flight", "srem"),
@@ -114,7 +112,7 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
 
 GRANTS: dict[str, tuple[Grant, ...]] = {
     "raas": (
-        _g("prompts (its consumer group)", "prompts", _CONSUMER),
+        _g("prompts (its consumer group; the dataflow trims it)", "prompts", _READER),
         _g("rollouts (hand-off)", "rollouts", "xadd type"),
         _g(
             "its heartbeat (ownership script; `astraflow health` reads it)",
@@ -138,9 +136,10 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
             "prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
             "formed:* trace:* traces batches:* scale completed",
             _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists hlen "
-            "expire del sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
+            "expire sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
             "zrevrange zremrangebyrank",
         ),
+        _g("lineage records aged out (no stream: it may delete no other key)", "trace:*", "del"),
         _g("in-flight set (feeder, strays)", "in_flight", "sadd smembers scard"),
         _g("ledger (`astraflow scale`)", "ledger", "hgetall hmget hget", write=False),
         _g("live pool: RaaS heartbeats", "raas:*", "hgetall", write=False),

@@ -117,7 +117,8 @@ _DEAD = (  # dead letters, released entries
 )
 RARE = {
     "raas": _rare(
-        f"{_START} {_KEYLESS} {_STRANDED.format('prompts')} {_DEAD} hget@errors"
+        f"{_START} {_KEYLESS} {_STRANDED.format('prompts').replace('xgroup|delconsumer@prompts', '')}"
+        f" {_DEAD} hget@errors exists@prompts xinfo|groups@prompts"  # (an entry it lost: common.lua)
         " exists@run fcall@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
@@ -243,6 +244,11 @@ def _attacks(k: Keys) -> dict[str, tuple]:
         "set_trainer_name_key": ("SET", k.consumer_name("trainer:trainer-policy"), "me"),
         "set_dataflow_name_key": ("SET", k.consumer_name("dataflow:df"), "me"),
         "forge_version_dedup_marker": ("SET", k.dedup("version:policy:5"), "x"),  # would hide version 5
+        "xtrim_prompts_to_0": ("XTRIM", k.prompts, "MAXLEN", 0),
+        "xtrim_dead_to_0": ("XTRIM", k.dead, "MAXLEN", 0),
+        "xgroup_delconsumer_prompts": ("XGROUP", "DELCONSUMER", k.prompts, GROUP_RAAS, "raas-1"),  # its 1
+        "eval_a_spinning_script": ("EVAL", "while true do end", 0),
+        "script_load": ("SCRIPT", "LOAD", "while true do end"),
     }
 
 
@@ -251,9 +257,12 @@ async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack
     passwords = await install(admin, RUN)  # creates the run identity and weight secret
     k = Keys(RUN)
     await admin.xadd(k.prompts, {"kind": "prompt"})
+    await admin.xgroup_create(k.prompts, GROUP_RAAS, "0")
+    await admin.xreadgroup(GROUP_RAAS, "raas-1", {k.prompts: ">"})  # another RaaS's pending prompt
     await admin.xadd(k.rollouts, {"kind": "rollout"})
+    await admin.xadd(k.dead, {"kind": "dead"})
     await admin.hset(k.ledger, "submitted", 1)
-    before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger)}
+    before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger, k.dead)}
     raas = aioredis.Redis.from_url(
         server.display_url, username=acl.user_name(RUN, "raas"), password=passwords["raas"]
     )
@@ -264,6 +273,25 @@ async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack
         await raas.aclose()
     assert {key: await admin.dump(key) for key in before} == before
     assert await admin.xinfo_groups(k.rollouts) == []
+
+
+async def test_the_dataflow_credentials_delete_no_stream(admin, server):
+    passwords = await install(admin, RUN)
+    k = Keys(RUN)
+    streams = (k.prompts, k.rollouts, k.versions, k.batches("policy"), k.dead)
+    for stream in streams:
+        await admin.xadd(stream, {"kind": "x"})
+    await admin.hset(k.prefix + "trace:u1", "kind", "x")
+    dataflow = aioredis.Redis.from_url(
+        server.display_url, username=acl.user_name(RUN, "dataflow"), password=passwords["dataflow"]
+    )
+    try:
+        assert [await refused(partial(dataflow.delete, s)) for s in streams] == [True] * len(streams)
+        assert [await refused(partial(dataflow.unlink, s)) for s in streams] == [True] * len(streams)
+        assert await dataflow.delete(k.prefix + "trace:u1") == 1  # (it ages out lineage records)
+    finally:
+        await dataflow.aclose()
+    assert [await admin.xlen(s) for s in streams] == [1] * len(streams)
 
 
 async def test_the_trainer_cannot_rewrite_the_run_identity_or_the_weight_secret(admin, server):

@@ -48,9 +48,9 @@ def test_each_role_may_write_only_its_own_consumer_names():
         assert names == {f"name:{role}:*"}
 
 
-def test_the_raas_may_trim_create_groups_and_delete_only_where_its_work_is():
+def test_the_raas_may_neither_trim_nor_remove_consumers_and_deletes_only_where_its_work_is():
     raas = acl.allowed("raas")
-    assert {f for c, f in raas if c == "xtrim"} == {"prompts", "dead"}
+    assert {f for c, f in raas if c in ("xtrim", "xgroup|delconsumer", "xsetid", "xdel")} == set()
     assert {f for c, f in raas if c == "xgroup|create"} == {"prompts"}
     assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*"}
     assert {f for c, f in raas if c == "set"} == {
@@ -60,6 +60,11 @@ def test_the_raas_may_trim_create_groups_and_delete_only_where_its_work_is():
         "weights:*:*:relay:*",
     }
     assert not {f for c, f in raas if c == "hset"} - {"raas:*", "errors"}
+
+
+def test_the_dataflow_deletes_no_stream():
+    deletes = {f for c, f in acl.allowed("dataflow") if c in ("del", "unlink")}
+    assert deletes == {"trace:*", "name:dataflow:*", "run:stop"}  # (a resumed run's stop notice)
 
 
 def test_the_role_table_in_the_docs_is_the_acl_s(tmp_path):
