@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 
 ROLES = ("raas", "dataflow", "trainer", "observer")
 WORKERS = ("raas", "dataflow", "trainer")
+RAAS_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+OWN = ("raas:*", "name:raas:*")
+"""A RaaS's own keys (its heartbeat, its consumer name): a per-RaaS user (`accounts`) has them for its
+id only, so no RaaS can take over another's name or write its heartbeat."""
 
 
 @dataclass(frozen=True)
@@ -237,23 +242,36 @@ class AclUser:
         return ["ACL", "SETUSER", self.name, *self.rules]
 
 
-def user_name(run: str, role: str) -> str:
-    return f"af-{run}-{role}"
+def accounts(raas_ids: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The users to make, by label: one `raas:<id>` per RaaS id (each holds only its own name and
+    heartbeat: OWN) where ids are given, else one `raas` user that every RaaS shares; then the others."""
+    bad = [i for i in raas_ids if not RAAS_ID.fullmatch(i)]
+    if bad:
+        raise ConfigError(f"RaaS id {bad[0]!r}: letters, digits, '_', '.' and '-' only (at most 64)")
+    return (*(f"raas:{i}" for i in raas_ids), *ROLES[1:]) if raas_ids else ROLES
 
 
-def acl_user(run: str, role: str, password: str) -> AclUser:
-    """The user of `role` in `run`: reset, then enabled with `password`, its key patterns and commands."""
-    if role not in ROLES:
-        raise ValueError(f"unknown role: {role!r}")
+def user_name(run: str, label: str) -> str:
+    """The user of `label` (a role, or `raas:<id>`) in `run`: `af-RUN-raas`, `af-RUN-raas-raas-0`."""
+    return f"af-{run}-{label.replace(':', '-')}"
+
+
+def acl_user(run: str, label: str, password: str) -> AclUser:
+    """The user of `label` (a role, or `raas:<id>`: `accounts`) in `run`: reset, then enabled with
+    `password`, its key patterns and commands."""
+    role, _, worker = label.partition(":")
+    if role not in ROLES or (worker and role != "raas"):
+        raise ValueError(f"unknown role: {label!r}")
+    bind = lambda fs: tuple(f.replace("*", worker) if worker and f in OWN else f for f in fs)  # noqa: E731
     prefix = Keys(run).prefix
     keyless = sorted({*KEYLESS[role], *([] if role == "observer" else _BASE)})
-    selectors = [_selector(prefix, g.families, g.commands, g.write) for g in GRANTS[role]]
+    selectors = [_selector(prefix, bind(g.families), g.commands, g.write) for g in GRANTS[role]]
     if role in WORKERS:  # its functions: Redis checks each command one sends against the grants above
         calls = tuple(f"fcall|{functions.function_name(s)}" for s in role_sources(role))
-        selectors.append(_selector(prefix, tuple(sorted(script_families(role))), calls, True))
+        selectors.append(_selector(prefix, bind(sorted(script_families(role))), calls, True))
     digest = hashlib.sha256(password.encode()).hexdigest()
     rules = ("reset", "on", f"#{digest}", "resetchannels", *(f"+{c}" for c in keyless), *selectors)
-    return AclUser(role, user_name(run, role), rules)
+    return AclUser(label, user_name(run, label), rules)
 
 
 def _selector(prefix: str, families: tuple[str, ...], commands: tuple[str, ...], write: bool) -> str:
@@ -262,16 +280,17 @@ def _selector(prefix: str, families: tuple[str, ...], commands: tuple[str, ...],
     return "(" + " ".join([*(f"{mark}{prefix}{f}" for f in families), *(f"+{c}" for c in commands)]) + ")"
 
 
-def passwords(path: Path | None) -> tuple[dict[str, str], bool]:
-    """The roles' passwords: read from `path` (`role=password` lines) when it exists, else generated (and
-    written to `path`, owner-readable only, when given). Returns them and whether they are new."""
+def passwords(path: Path | None, labels: tuple[str, ...] = ROLES) -> tuple[dict[str, str], bool]:
+    """The users' passwords by label (`accounts`): read from `path` (`label=password` lines) when it
+    exists, else generated (and written to `path`, owner-readable only, when given). Returns them and
+    whether they are new."""
     if path is not None and path.exists():
         found = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-        missing = [r for r in ROLES if not found.get(r)]
+        missing = [r for r in labels if not found.get(r)]
         if missing:
             raise ConfigError(f"{path}: no password for {', '.join(missing)} (lines role=password)")
-        return {r: found[r] for r in ROLES}, False
-    made = {r: secrets.token_urlsafe(32) for r in ROLES}
+        return {r: found[r] for r in labels}, False
+    made = {r: secrets.token_urlsafe(32) for r in labels}
     if path is not None:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write("".join(f"{r}={p}\n" for r, p in made.items()))
@@ -298,22 +317,27 @@ async def apply(client, users: list[AclUser], run: str | None = None) -> int:
         loaded = await functions.load(client, [s for role in WORKERS for s in role_sources(role)])
         if run is not None:
             await provision(client, Keys(run))
+    if run is not None and any(":" in u.role for u in users):  # per-RaaS users: none shared any more
+        await client.execute_command("ACL", "DELUSER", user_name(run, "raas"))
     for u in users:
         await client.execute_command(*u.command())
     return loaded
 
 
-async def command(settings: Settings, url: str | None, passwords_file: Path | None) -> int:
-    """`astraflow redis acl`: print the run's users (and, once, passwords just generated and not written
-    to a file); with `url`, install them there."""
+async def command(
+    settings: Settings, url: str | None, passwords_file: Path | None, raas_ids: tuple[str, ...] = ()
+) -> int:
+    """`astraflow redis acl`: print the run's users (one per RaaS id of `raas_ids`, else one RaaS user;
+    and, once, passwords just generated and not written to a file); with `url`, install them there."""
     run = settings.run.name
-    secrets_, new = passwords(passwords_file)
-    users = [acl_user(run, role, secrets_[role]) for role in ROLES]
+    labels = accounts(raas_ids)
+    secrets_, new = passwords(passwords_file, labels)
+    users = [acl_user(run, label, secrets_[label]) for label in labels]
     print(render(users))
     if new and passwords_file is None:
         print("# passwords (shown once; each worker takes its role's user and password):")
-        for role in ROLES:
-            print(f"# {user_name(run, role)} {secrets_[role]}")
+        for label in labels:
+            print(f"# {user_name(run, label)} {secrets_[label]}")
     elif new:
         print(f"# passwords written to {passwords_file}")
     if url is not None:

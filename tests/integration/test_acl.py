@@ -458,3 +458,39 @@ async def test_a_judging_worker_stops_the_run_and_the_raas_follows_under_their_u
     finally:
         await trainer.close()
         await raas.close()
+
+
+async def test_a_raas_of_its_own_user_cannot_take_another_raas_s_name(admin, server, tmp_path):
+    """`--raas-ids raas-0,raas-1`: one user per RaaS, each may hold only its own name and write only its
+    own heartbeat (a shared user let one RaaS hold `name:raas:raas-0`: the restart waited, the trainer
+    stood still); the shared RaaS user is gone."""
+    from astraflow.streams.names import hold_name, write_heartbeat
+
+    await install(admin, RUN)  # the shared `af-it-raas` of an earlier apply ...
+    labels = acl.accounts(("raas-0", "raas-1"))
+    await acl.apply(admin, [acl.acl_user(RUN, label, f"{label}-pw") for label in labels], RUN)
+    assert acl.user_name(RUN, "raas").encode() not in await admin.execute_command("ACL", "USERS")  # ... gone
+    base = run_settings(server.display_url, "unused", tmp_path)
+    buses = {}
+    for i in ("raas-0", "raas-1"):
+        s = base.model_copy(deep=True)
+        s.redis.username, s.redis.password = acl.user_name(RUN, f"raas:{i}"), SecretStr(f"raas:{i}-pw")
+        buses[i] = connect(server.display_url, s)
+    k = Keys(RUN)
+    try:
+        mine, thief = buses["raas-0"], buses["raas-1"]
+        with pytest.raises(NoPermissionError):  # the takeover, through the name script ...
+            async with hold_name(thief, "raas-0", role="raas"):
+                pass
+        for attack in (
+            ("SET", k.consumer_name("raas:raas-0"), "me"),
+            ("HSET", k.raas("raas-0"), "slots", 1024),
+        ):
+            assert await refused(partial(thief.redis.execute_command, *attack))  # ... and by hand
+        async with hold_name(mine, "raas-0", role="raas"), hold_name(thief, "raas-1", role="raas"):
+            assert await write_heartbeat(mine, "raas-0", {"slots": 4}, 3000)
+            assert await write_heartbeat(thief, "raas-1", {"slots": 4}, 3000)
+            assert await admin.hget(k.raas("raas-0"), "slots") == b"4"
+    finally:
+        for bus in buses.values():
+            await bus.close()
