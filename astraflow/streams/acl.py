@@ -72,7 +72,7 @@ ROLE_SCRIPTS: dict[str, tuple[tuple[str, str | None, tuple[str, ...]], ...]] = {
     "raas": (_BUS, ("astraflow.weights", None, ("elect", "resign"))),
     "dataflow": (
         _BUS,
-        ("astraflow.streams", None, ("strays",)),
+        ("astraflow.streams", None, ("strays", "repair")),
         ("astraflow.dataflow", "common.lua", _DATAFLOW),
     ),
     "trainer": (
@@ -145,6 +145,11 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
             "zrevrange zremrangebyrank",
         ),
         _g("lineage records aged out (no stream: it may delete no other key)", "trace:*", "del"),
+        _g(
+            "streams with forged ids repaired (repair.lua)",
+            "rollouts versions dead",
+            "exists xinfo|stream xrange xrevrange xdel xsetid xgroup|setid",
+        ),
         _g("in-flight set (feeder, strays)", "in_flight", "sadd smembers scard"),
         _g("ledger (`astraflow scale`)", "ledger", "hgetall hmget hget", write=False),
         _g("live pool: RaaS heartbeats", "raas:*", "hgetall", write=False),

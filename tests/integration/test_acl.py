@@ -26,7 +26,7 @@ from astraflow.launch.progress import Progress
 from astraflow.ops.inspect import report
 from astraflow.streams import Bus, Out, acl
 from astraflow.streams.identity import open_run, provision
-from astraflow.streams.keys import GROUP_RAAS, Keys
+from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
 from astraflow.streams.views import inspect_run
 from tests.integration.acl_record import Recorder, beyond, unused
@@ -494,3 +494,29 @@ async def test_a_raas_of_its_own_user_cannot_take_another_raas_s_name(admin, ser
     finally:
         for bus in buses.values():
             await bus.close()
+
+
+async def test_the_dataflow_repairs_what_a_raas_credential_exhausted_under_their_users(
+    admin, server, tmp_path
+):
+    """A RaaS may XADD to `rollouts` and `dead` (its hand-off and dead letters do), an id of its choosing
+    too: the dataflow's user repairs them (`streams.repair`), and may delete nothing else by it."""
+    from astraflow.streams.repair import repair
+
+    passwords = await install(admin, RUN)
+    base = run_settings(server.display_url, "unused", tmp_path)
+    raas = connect(server.display_url, as_role(base, RUN, "raas", passwords["raas"]))
+    dataflow = connect(server.display_url, as_role(base, RUN, "dataflow", passwords["dataflow"]))
+    k, last = Keys(RUN), "18446744073709551615-18446744073709551615"
+    try:
+        await dataflow.ensure_group(k.rollouts, GROUP_DATAFLOW)
+        for stream in (k.rollouts, k.dead):
+            await raas.redis.xadd(stream, {"kind": "forged"}, id=last)  # (allowed: no grant can refuse it)
+            assert await repair(dataflow, stream) == 1
+            assert await raas.redis.xadd(stream, {"kind": "next"}) is not None
+        assert await repair(dataflow, k.prompts) == 0
+        assert [g["last-delivered-id"] for g in await admin.xinfo_groups(k.rollouts)] == [b"0-0"]
+        assert await refused(lambda: dataflow.redis.xdel(k.prompts, "1-0"))
+    finally:
+        await raas.close()
+        await dataflow.close()
