@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 
 from astraflow.streams import acl
 from astraflow.streams.connection import script_source
-from astraflow.streams.functions import PREFIX, Script, function_name, library
+from astraflow.streams.functions import PREFIX, FunctionMissing, Script, function_name, library
 
 
 def test_a_function_is_named_by_its_source_so_a_changed_script_is_another_function():
@@ -45,3 +45,23 @@ def test_only_a_per_role_user_calls_functions():
     assert not script("redis://127.0.0.1:1").functions  # one password, the embedded Redis, 6.2: EVALSHA
     assert not script("redis://default:pw@127.0.0.1:1").functions
     assert not script("redis://:pw@127.0.0.1:1").functions
+
+
+def test_a_missing_or_ungranted_function_is_waited_out_with_the_fix_and_nothing_else_is():
+    from redis.exceptions import NoPermissionError, ResponseError
+
+    from astraflow.streams.connection import is_transient
+
+    fcall = Script(aioredis.Redis.from_url("redis://af-r-raas:pw@127.0.0.1:1"), "return 1")
+    for e in (
+        ResponseError("Function not found"),
+        NoPermissionError("no permissions to run the 'fcall' command"),
+    ):
+        missing = fcall.missing(e)
+        assert isinstance(missing, FunctionMissing) and "astraflow redis acl --apply" in str(missing)
+        assert is_transient(missing)
+    key = NoPermissionError("No permissions to access a key")
+    assert fcall.missing(key) is key and not is_transient(key)  # a grant it lacks: fatal, as before
+    evalsha = Script(aioredis.Redis.from_url("redis://127.0.0.1:1"), "return 1")
+    other = ResponseError("Function not found")
+    assert evalsha.missing(other) is other
