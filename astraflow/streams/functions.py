@@ -18,12 +18,14 @@ fix (`astraflow redis acl --apply`), so the run goes on once the admin has run i
 from __future__ import annotations
 
 import hashlib
+import re
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from astraflow.errors import BusError
 
 PREFIX = "af_"
+FLAGS = re.compile(r"^-- function flags: ([a-z -]+?)(?: \(|$)", re.MULTILINE)
 FIX = "run `astraflow redis acl --apply` as the admin (it loads the functions of this astraflow version)"
 
 
@@ -39,10 +41,17 @@ def function_name(source: str) -> str:
 
 def library(source: str) -> str:
     """The FUNCTION LOAD code of the library of script `source` (a script written for EVAL: its `KEYS` and
-    `ARGV` become the function's arguments), one function named as the library (`function_name`)."""
+    `ARGV` become the function's arguments), one function named as the library (`function_name`).
+
+    Redis refuses a function at once while it is out of memory, where an EVAL script failed only at its
+    first command that may grow memory: a script whose header says `-- function flags: allow-oom` (one that
+    frees memory or grows none: trim, renew, ...) is flagged so, and runs then, as it did under EVALSHA."""
     name = function_name(source)
+    flags = sorted({f for line in FLAGS.findall(source) for f in line.split()})
     body = f"local function run(KEYS, ARGV)\n{source}\nend\n"
-    return f"#!lua name={name}\n{body}redis.register_function('{name}', run)\n"
+    listed = ", ".join(f"'{f}'" for f in flags)
+    register = f"redis.register_function{{function_name='{name}', callback=run, flags={{{listed}}}}}\n"
+    return f"#!lua name={name}\n{body}{register}"
 
 
 async def load(client, sources: list[str]) -> int:

@@ -100,3 +100,28 @@ async def test_a_changed_script_never_runs_the_loaded_version(admin, server):
             await changed(keys=[key], args=["me"])
     finally:
         await raas.aclose()
+
+
+async def test_while_redis_is_full_the_functions_that_free_memory_still_run(admin, server, tmp_path):
+    """Redis refuses a function at once while out of memory (an EVAL script only at its first write that
+    may grow memory): trimming and lease renewals must run then, as they did, and nothing else may."""
+    from astraflow.streams.connection import is_transient
+
+    passwords = await install(admin, RUN)
+    settings = as_role(run_settings(server.display_url, "-", tmp_path), RUN, "trainer", passwords["trainer"])
+    bus = connect(server.display_url, settings)
+    stream = bus.keys.batches("policy")
+    await admin.xgroup_create(stream, "trainer", mkstream=True)
+    await admin.xadd(stream, {"kind": "x"})
+    await admin.config_set("maxmemory", 1)
+    try:
+        bus.reconnect_max_s = 0.5
+        assert await bus.renew(stream, "trainer", "t-0", ["1-0"]) == ["1-0"]  # (runs: not its entry)
+        assert await bus.trim(stream) == 0
+        take = register_scripts(bus.redis, names=("name_take",))["name_take"]
+        with pytest.raises(Exception, match="maxmemory") as refused_:
+            await take(keys=[bus.keys.consumer_name("trainer:t-0")], args=["me", 1000, "me"])
+        assert is_transient(refused_.value)  # waited out, as a write refused for memory always was
+    finally:
+        await admin.config_set("maxmemory", 0)
+        await bus.close()

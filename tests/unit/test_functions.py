@@ -17,7 +17,11 @@ def test_a_function_is_named_by_its_source_so_a_changed_script_is_another_functi
     assert function_name(source).startswith(PREFIX)
     code = library(source)
     assert code.startswith(f"#!lua name={function_name(source)}\n")
-    assert f"redis.register_function('{function_name(source)}', run)" in code
+    name = function_name(source)
+    assert f"redis.register_function{{function_name='{name}', callback=run, flags={{'allow-oom'}}}}" in code
+    assert "flags={}" in library(
+        script_source("handoff")
+    )  # (it may grow memory: refused while Redis is full)
 
 
 def test_every_shipped_script_is_some_roles_function():

@@ -5,6 +5,7 @@
 -- beyond. A stream whose last id is within the horizon is left alone.
 -- KEYS[1] stream; ARGV[1] the run's group on it ('' for none), ARGV[2] horizon_ms.
 -- Returns the number of entries deleted, or -1 where nothing was wrong.
+-- function flags: allow-oom (it frees memory or grows none: it must run while Redis is full)
 local stream, group, horizon = KEYS[1], ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', stream) == 0 then return -1 end
 local now = redis.call('TIME')
