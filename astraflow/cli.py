@@ -135,6 +135,11 @@ def _parser() -> argparse.ArgumentParser:
     redis.add_argument("action", choices=["start", "stop", "status", "acl"])
     redis.add_argument("--apply", action="store_true", help="acl: install the users on the configured Redis")
     redis.add_argument("--passwords", metavar="FILE", help="acl: role=password lines (made if missing)")
+    redis.add_argument(
+        "--raas-ids",
+        metavar="ID,...",
+        help="acl: one user per RaaS id (raas.id), each holding only its own name, instead of one shared",
+    )
     raas = command(
         "raas", "astraflow.ops.start:cmd_raas", "run a RaaS worker: prompts in, rollout groups out"
     )

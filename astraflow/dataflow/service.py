@@ -26,6 +26,7 @@ from astraflow.dataflow.store import Store
 from astraflow.errors import describe
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.streams.repair import repair
 from astraflow.workflows.api import check_row_rewards
 from astraflow.workflows.datasets import load_rows
 
@@ -224,7 +225,9 @@ class Dataflow:
         keys = self.bus.keys
         while True:
             await asyncio.sleep(self.bus.settings.trim_interval_ms / 1000)
-            for stream in (keys.rollouts, keys.versions, keys.dead):
+            for stream in (keys.rollouts, keys.versions, keys.dead):  # (ids forged by a writer)
+                await repair(self.bus, stream)
+            for stream in (keys.prompts, keys.rollouts, keys.versions, keys.dead):  # (no RaaS may trim)
                 await self.bus.trim(stream)
 
 

@@ -25,7 +25,9 @@ def cmd_redis(args) -> int:
     settings = settings_from(args)
     if args.action == "acl":
         url = redis_url(settings) if args.apply else None
-        return asyncio.run(acl.command(settings, url, Path(args.passwords) if args.passwords else None))
+        pw_file = Path(args.passwords) if args.passwords else None
+        raas_ids = tuple(i for i in (args.raas_ids or "").split(",") if i)
+        return asyncio.run(acl.command(settings, url, pw_file, raas_ids))
     where = settings.run.path / "redis"
     server = redis_server.load(where)
     if args.action == "start":

@@ -95,7 +95,8 @@ class RaasWorker:
         self._workflows: dict[tuple, RolloutWorkflow] = {}
         self._pushed = PushedWorkflows(bus, r)
         self.weights = NoticeFollower(bus, engines, self.receivers, self.metrics)
-        self.runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, worker_id), self.handle, r.slots)
+        consumer = Consumer(bus, bus.keys.prompts, GROUP_RAAS, worker_id)
+        self.runner = Runner(consumer, self.handle, r.slots, trims=False)  # (the dataflow trims prompts)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop`; then finish within `raas.grace_s`, release the rest, deregister."""

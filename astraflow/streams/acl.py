@@ -2,10 +2,13 @@
 
 Each user may touch only its run's keys (`af:{RUN}:...`), and each command only on the key families it is
 granted for (`GRANTS`: one Redis 7 selector per grant), so the RaaS may trim its input but not `rollouts`.
-Lua scripts are no way around it: Redis checks every `redis.call` of a script against the caller's user,
-and EVALSHA needs write access to every key a script declares - which also means a role may send by hand
-whatever its scripts send (no write is possible "only through a script"). The run identity and the weight
-secret are read only to every role: `apply` creates them. docs/security.md's role table is `role_table()`.
+The project's Lua scripts run as Redis functions that `apply` loads (`functions`), and a role may call
+only its own (`ROLE_SCRIPTS`: FCALL of each one's versioned name), never load or run a script of its own.
+Functions are no way around the grants: Redis checks every `redis.call` of a function against the caller's
+user, and FCALL needs write access to every key a function is handed - which also means a role may send by
+hand whatever its functions send (no write is possible "only through a function"). The run identity and
+the weight secret are read only to every role: `apply` creates them. docs/security.md's role table is
+`role_table()`.
 
 What ACLs cannot hide: SCAN is not filtered by key patterns, so a user allowed SCAN (dataflow, observer)
 can list the names - not the values - of other runs' keys.
@@ -15,13 +18,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from astraflow.errors import ConfigError
-from astraflow.streams.connection import make_client
+from astraflow.streams import functions
+from astraflow.streams.connection import SCRIPT_NAMES, make_client, script_source
 from astraflow.streams.identity import provision
 from astraflow.streams.keys import Keys
 
@@ -30,6 +35,10 @@ if TYPE_CHECKING:
 
 ROLES = ("raas", "dataflow", "trainer", "observer")
 WORKERS = ("raas", "dataflow", "trainer")
+RAAS_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+OWN = ("raas:*", "name:raas:*")
+"""A RaaS's own keys (its heartbeat, its consumer name): a per-RaaS user (`accounts`) has them for its
+id only, so no RaaS can take over another's name or write its heartbeat."""
 
 
 @dataclass(frozen=True)
@@ -48,15 +57,38 @@ def _g(what: str, families: str, commands: str, write: bool = True) -> Grant:
     return Grant(what, tuple(families.split()), tuple(commands.split()), write)
 
 
-# Commands without keys every process may send: SELECT for a URL with a database number, the scripts'
-# loading (redis-py reloads a script lost to a restart), transactions, TIME, WAIT (replicated writes).
-_BASE = "select script|load script|exists multi exec discard time wait".split()
-# A consumer of an input stream through the bus's scripts (handoff, claim, renew, release, trim): its
-# group on its input, and only there may it trim, create the group or remove consumers.
-_CONSUMER = (
-    "xreadgroup xack xpending xclaim xrange xinfo|groups xinfo|consumers xgroup|create xgroup|delconsumer "
-    "xtrim exists type"
-)
+# Commands without keys every process may send: SELECT for a URL with a database number, transactions,
+# TIME, WAIT (replicated writes). No SCRIPT LOAD, EVAL or EVALSHA: a worker runs its functions only.
+_BASE = "select multi exec discard time wait".split()
+# A consumer of an input stream through the bus's scripts (handoff, claim, renew, release): its group on
+# its input, which it may create; and one that trims it too (trim.lua) may remove idle consumers.
+_READER = "xreadgroup xack xpending xclaim xrange xinfo|groups xgroup|create exists type"
+_CONSUMER = _READER + " xinfo|consumers xgroup|delconsumer xtrim"
+
+
+_DATAFLOW = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
+_BUS = ("astraflow.streams", None, (*SCRIPT_NAMES, "name_take", "name_free", "heartbeat"))
+ROLE_SCRIPTS: dict[str, tuple[tuple[str, str | None, tuple[str, ...]], ...]] = {
+    "raas": (_BUS, ("astraflow.weights", None, ("elect", "resign"))),
+    "dataflow": (
+        _BUS,
+        ("astraflow.streams", None, ("strays", "repair")),
+        ("astraflow.dataflow", "common.lua", _DATAFLOW),
+    ),
+    "trainer": (
+        _BUS,
+        ("astraflow.weights", None, ("manifest",)),
+        ("astraflow.dataflow", "common.lua", ("set_aside",)),
+    ),
+}
+"""The scripts each worker role calls, as `connection.register_scripts` takes them (package, prelude file,
+names): the functions its user may call (FCALL), loaded by `apply`."""
+
+
+def role_sources(role: str) -> list[str]:
+    """The whole source of each script `role` calls (`connection.script_source`)."""
+    scripts = ROLE_SCRIPTS.get(role, ())
+    return [script_source(name, pkg, prelude) for pkg, prelude, names in scripts for name in names]
 
 
 DEDUP = {"raas": "dedup:rollout:* dedup:dead:*", "trainer": "dedup:version:* dedup:dead:*"}
@@ -70,7 +102,7 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
     names.py's ownership-checking scripts), the run identity (read only: `create_run.lua` reads it where it
     exists) and the start checks (`runs.open_run`: which of the run's first keys exist)."""
     return (
-        _g("dead letters", "dead", "xadd xtrim xrange"),
+        _g("dead letters", "dead", "xadd xrange" if role == "raas" else "xadd xtrim xrange"),
         _g("entry errors", "errors", errors),
         _g("ledger counts", "ledger", "hincrby"),
         _g("in-flight groups", "in_flight", "srem"),
@@ -85,7 +117,7 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
 
 GRANTS: dict[str, tuple[Grant, ...]] = {
     "raas": (
-        _g("prompts (its consumer group)", "prompts", _CONSUMER),
+        _g("prompts (its consumer group; the dataflow trims it)", "prompts", _READER),
         _g("rollouts (hand-off)", "rollouts", "xadd type"),
         _g(
             "its heartbeat (ownership script; `astraflow health` reads it)",
@@ -109,8 +141,14 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
             "prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
             "formed:* trace:* traces batches:* scale completed",
             _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists hlen "
-            "expire del sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
+            "expire sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
             "zrevrange zremrangebyrank",
+        ),
+        _g("lineage records aged out (no stream: it may delete no other key)", "trace:*", "del"),
+        _g(
+            "streams with forged ids repaired (repair.lua)",
+            "rollouts versions dead",
+            "exists xinfo|stream xrange xrevrange xdel xsetid xgroup|setid",
         ),
         _g("in-flight set (feeder, strays)", "in_flight", "sadd smembers scard"),
         _g("ledger (`astraflow scale`)", "ledger", "hgetall hmget hget", write=False),
@@ -150,8 +188,8 @@ KEYLESS: dict[str, tuple[str, ...]] = {
 
 
 def script_families(role: str) -> set[str]:
-    """The keys `role`'s scripts declare (EVALSHA needs write access to them; Redis then checks every
-    command a script sends against the grants): its writable families and the run identity."""
+    """The keys `role`'s functions are handed (FCALL needs write access to them; Redis then checks every
+    command a function sends against the grants): its writable families and the run identity."""
     return families(role, write=True) - {"run:stop"} | {"run"}  # (no script writes the stop notice)
 
 
@@ -163,7 +201,7 @@ def families(role: str, write: bool | None = None) -> set[str]:
 def allowed(role: str) -> set[tuple[str, str]]:
     """Every (command, key family) `role` may send; a keyless command with family ''."""
     base = {(c, "") for c in (*KEYLESS[role], *([] if role == "observer" else _BASE))}
-    script = {("evalsha", f) for f in script_families(role)} if role in WORKERS else set()
+    script = {("fcall", f) for f in script_families(role)} if role in WORKERS else set()
     return base | script | {(c, f) for g in GRANTS[role] for c in g.commands for f in g.families}
 
 
@@ -180,7 +218,9 @@ def role_table() -> str:
             rows.append(f"| {role} | {g.what} | {keys} | {cmds(g.commands)} |")
         if role in WORKERS:
             keys = ", ".join(f"`{f}`" for f in sorted(script_families(role)))
-            rows.append(f"| {role} | its Lua scripts (each command checked as above) | {keys} | evalsha |")
+            scripts = ", ".join(n for _, _, names in ROLE_SCRIPTS[role] for n in names)
+            what = f"its functions only: {scripts} (each command checked as above)"
+            rows.append(f"| {role} | {what} | {keys} | fcall |")
         keyless = sorted({*KEYLESS[role], *([] if role == "observer" else _BASE)})
         rows.append(f"| {role} | without keys | - | {cmds(keyless)} |")
     return "\n".join(rows)
@@ -207,22 +247,36 @@ class AclUser:
         return ["ACL", "SETUSER", self.name, *self.rules]
 
 
-def user_name(run: str, role: str) -> str:
-    return f"af-{run}-{role}"
+def accounts(raas_ids: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The users to make, by label: one `raas:<id>` per RaaS id (each holds only its own name and
+    heartbeat: OWN) where ids are given, else one `raas` user that every RaaS shares; then the others."""
+    bad = [i for i in raas_ids if not RAAS_ID.fullmatch(i)]
+    if bad:
+        raise ConfigError(f"RaaS id {bad[0]!r}: letters, digits, '_', '.' and '-' only (at most 64)")
+    return (*(f"raas:{i}" for i in raas_ids), *ROLES[1:]) if raas_ids else ROLES
 
 
-def acl_user(run: str, role: str, password: str) -> AclUser:
-    """The user of `role` in `run`: reset, then enabled with `password`, its key patterns and commands."""
-    if role not in ROLES:
-        raise ValueError(f"unknown role: {role!r}")
+def user_name(run: str, label: str) -> str:
+    """The user of `label` (a role, or `raas:<id>`) in `run`: `af-RUN-raas`, `af-RUN-raas-raas-0`."""
+    return f"af-{run}-{label.replace(':', '-')}"
+
+
+def acl_user(run: str, label: str, password: str) -> AclUser:
+    """The user of `label` (a role, or `raas:<id>`: `accounts`) in `run`: reset, then enabled with
+    `password`, its key patterns and commands."""
+    role, _, worker = label.partition(":")
+    if role not in ROLES or (worker and role != "raas"):
+        raise ValueError(f"unknown role: {label!r}")
+    bind = lambda fs: tuple(f.replace("*", worker) if worker and f in OWN else f for f in fs)  # noqa: E731
     prefix = Keys(run).prefix
     keyless = sorted({*KEYLESS[role], *([] if role == "observer" else _BASE)})
-    selectors = [_selector(prefix, g.families, g.commands, g.write) for g in GRANTS[role]]
-    if role in WORKERS:  # the scripts: Redis checks each command a script sends against the grants above
-        selectors.append(_selector(prefix, tuple(sorted(script_families(role))), ("evalsha",), True))
+    selectors = [_selector(prefix, bind(g.families), g.commands, g.write) for g in GRANTS[role]]
+    if role in WORKERS:  # its functions: Redis checks each command one sends against the grants above
+        calls = tuple(f"fcall|{functions.function_name(s)}" for s in role_sources(role))
+        selectors.append(_selector(prefix, bind(sorted(script_families(role))), calls, True))
     digest = hashlib.sha256(password.encode()).hexdigest()
     rules = ("reset", "on", f"#{digest}", "resetchannels", *(f"+{c}" for c in keyless), *selectors)
-    return AclUser(role, user_name(run, role), rules)
+    return AclUser(label, user_name(run, label), rules)
 
 
 def _selector(prefix: str, families: tuple[str, ...], commands: tuple[str, ...], write: bool) -> str:
@@ -231,16 +285,17 @@ def _selector(prefix: str, families: tuple[str, ...], commands: tuple[str, ...],
     return "(" + " ".join([*(f"{mark}{prefix}{f}" for f in families), *(f"+{c}" for c in commands)]) + ")"
 
 
-def passwords(path: Path | None) -> tuple[dict[str, str], bool]:
-    """The roles' passwords: read from `path` (`role=password` lines) when it exists, else generated (and
-    written to `path`, owner-readable only, when given). Returns them and whether they are new."""
+def passwords(path: Path | None, labels: tuple[str, ...] = ROLES) -> tuple[dict[str, str], bool]:
+    """The users' passwords by label (`accounts`): read from `path` (`label=password` lines) when it
+    exists, else generated (and written to `path`, owner-readable only, when given). Returns them and
+    whether they are new."""
     if path is not None and path.exists():
         found = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-        missing = [r for r in ROLES if not found.get(r)]
+        missing = [r for r in labels if not found.get(r)]
         if missing:
             raise ConfigError(f"{path}: no password for {', '.join(missing)} (lines role=password)")
-        return {r: found[r] for r in ROLES}, False
-    made = {r: secrets.token_urlsafe(32) for r in ROLES}
+        return {r: found[r] for r in labels}, False
+    made = {r: secrets.token_urlsafe(32) for r in labels}
     if path is not None:
         with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             f.write("".join(f"{r}={p}\n" for r, p in made.items()))
@@ -252,39 +307,50 @@ def render(users: list[AclUser]) -> str:
     return "\n".join(" ".join(u.command()) for u in users)
 
 
-async def apply(client, users: list[AclUser], run: str | None = None) -> None:
-    """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them. With
-    `run`, create the run's identity and weight secret first (unless they exist; on a primary only): no
+async def apply(client, users: list[AclUser], run: str | None = None) -> int:
+    """Install `users` on the Redis behind `client` (an admin connection); re-running replaces them. First,
+    on a primary (a replica copies them), load the functions of every role (`functions.load`; returns how
+    many were new) and with `run` create the run's identity and weight secret (unless they exist): no
     worker user may.
     Selectors and read-only key patterns (`%R~`) need Redis 7: an older server is refused with that
     reason."""
     version = (await client.info("server"))["redis_version"]
     if int(str(version).split(".")[0]) < 7:
         raise ConfigError(f"redis acl needs Redis 7 or newer (read-only key patterns); this one is {version}")
-    if run is not None and (await client.info("replication"))["role"] == "master":  # a replica copies it
-        await provision(client, Keys(run))
+    loaded = 0
+    if (await client.info("replication"))["role"] == "master":  # a replica copies them
+        loaded = await functions.load(client, [s for role in WORKERS for s in role_sources(role)])
+        if run is not None:
+            await provision(client, Keys(run))
+    if run is not None and any(":" in u.role for u in users):  # per-RaaS users: none shared any more
+        await client.execute_command("ACL", "DELUSER", user_name(run, "raas"))
     for u in users:
         await client.execute_command(*u.command())
+    return loaded
 
 
-async def command(settings: Settings, url: str | None, passwords_file: Path | None) -> int:
-    """`astraflow redis acl`: print the run's users (and, once, passwords just generated and not written
-    to a file); with `url`, install them there."""
+async def command(
+    settings: Settings, url: str | None, passwords_file: Path | None, raas_ids: tuple[str, ...] = ()
+) -> int:
+    """`astraflow redis acl`: print the run's users (one per RaaS id of `raas_ids`, else one RaaS user;
+    and, once, passwords just generated and not written to a file); with `url`, install them there."""
     run = settings.run.name
-    secrets_, new = passwords(passwords_file)
-    users = [acl_user(run, role, secrets_[role]) for role in ROLES]
+    labels = accounts(raas_ids)
+    secrets_, new = passwords(passwords_file, labels)
+    users = [acl_user(run, label, secrets_[label]) for label in labels]
     print(render(users))
     if new and passwords_file is None:
         print("# passwords (shown once; each worker takes its role's user and password):")
-        for role in ROLES:
-            print(f"# {user_name(run, role)} {secrets_[role]}")
+        for label in labels:
+            print(f"# {user_name(run, label)} {secrets_[label]}")
     elif new:
         print(f"# passwords written to {passwords_file}")
     if url is not None:
         client = make_client(url, settings.redis)
         try:
-            await apply(client, users, run)
+            loaded = await apply(client, users, run)
         finally:
             await client.aclose()
-        print(f"# installed {len(users)} users; the run's identity and weight secret are in place")
+        print(f"# installed {len(users)} users and {loaded} new functions; the run's identity and weight")
+        print("# secret are in place")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 import time
@@ -24,6 +25,7 @@ from redis.exceptions import (
 )
 
 from astraflow.errors import BusConnectionError, BusError, describe
+from astraflow.streams.functions import FunctionMissing, Script
 from astraflow.streams.lean import LeanRedis, lean_connections
 from astraflow.streams.schema import lua_prelude
 from astraflow.streams.settings import RedisSettings
@@ -68,29 +70,40 @@ def client_kwargs(settings: RedisSettings, read_timeout_s: float | None) -> dict
     }
 
 
+@functools.cache
+def script_source(name: str, package: str = "astraflow.streams", prelude: str | None = None) -> str:
+    """The whole source of script `<package>/lua/<name>.lua` as Redis runs it: the schema's names
+    (`schema.lua_prelude`), the helpers every script shares (`astraflow/streams/lua/common.lua`) and the
+    package's `prelude` file prepended. The same text is registered here and loaded as a function by
+    `astraflow redis acl --apply` (`functions.load`): its digest names both."""
+    lua = resources.files(package) / "lua"
+    head = (resources.files("astraflow.streams") / "lua" / "common.lua").read_text() + "\n"
+    head += (lua / prelude).read_text() + "\n" if prelude else ""
+    text = head + (lua / f"{name}.lua").read_text()
+    return lua_prelude(text) + text
+
+
 def register_scripts(
     client: aioredis.Redis,
     package: str = "astraflow.streams",
     names: tuple[str, ...] = SCRIPT_NAMES,
     prelude: str | None = None,
-) -> dict[str, object]:
-    """Load `<package>/lua/<name>.lua` once each, with the schema's names (`schema.lua_prelude`), the
-    helpers every script shares (`astraflow/streams/lua/common.lua`) and the package's `prelude` file's
-    prepended; a script lost to a Redis restart is reloaded on NOSCRIPT."""
-    lua = resources.files(package) / "lua"
-    head = (resources.files("astraflow.streams") / "lua" / "common.lua").read_text() + "\n"
-    head += (lua / prelude).read_text() + "\n" if prelude else ""
-    scripts = {name: head + (lua / f"{name}.lua").read_text() for name in names}
-    return {name: client.register_script(lua_prelude(text) + text) for name, text in scripts.items()}
+) -> dict[str, Script]:
+    """`<package>/lua/<name>.lua` (`script_source`) as a callable each, `await script(keys=..., args=...)`:
+    FCALL of its function under a per-role user, else EVALSHA, reloaded on NOSCRIPT (`functions.Script`)."""
+    return {name: Script(client, script_source(name, package, prelude)) for name in names}
 
 
 async def with_script(
-    client: aioredis.Redis, script, fill: Callable[[aioredis.client.Pipeline], None], transaction: bool
+    client: aioredis.Redis,
+    script: Script,
+    fill: Callable[[aioredis.client.Pipeline], None],
+    transaction: bool,
 ) -> list:
     """Execute one pipeline that `fill` queues, `script` among its commands by `queue_script`: the replies.
-    A pipeline handed a registered script asks Redis whether it is loaded (`SCRIPT EXISTS`) before every
-    execute, a round trip each call; this one loads it only when Redis answers NOSCRIPT (it restarted),
-    then runs the pipeline again, so whatever else `fill` queues must be idempotent."""
+    The script goes by its name alone (no `SCRIPT EXISTS` round trip before every execute); under EVALSHA it
+    is loaded only when Redis answers NOSCRIPT (it restarted), then the pipeline runs again, so whatever
+    else `fill` queues must be idempotent. A missing function raises `FunctionMissing` (waited out)."""
 
     async def execute() -> list:
         async with client.pipeline(transaction=transaction) as pipe:
@@ -98,15 +111,21 @@ async def with_script(
             return await pipe.execute()
 
     try:
-        return await execute()
-    except NoScriptError:
-        await client.script_load(script.script)
-        return await execute()
+        try:
+            return await execute()
+        except NoScriptError:
+            await script.reload(client)
+            return await execute()
+    except ResponseError as e:
+        missing = script.missing(e)
+        if missing is e:
+            raise
+        raise missing from None
 
 
-def queue_script(pipe: aioredis.client.Pipeline, script, keys: list, args: list) -> None:
-    """Queue `script` (a registered one) on `pipe` by its SHA alone (see `with_script`)."""
-    pipe.evalsha(script.sha, len(keys), *keys, *args)
+def queue_script(pipe: aioredis.client.Pipeline, script: Script, keys: list, args: list) -> None:
+    """Queue `script` (a registered one) on `pipe` by its name alone (see `with_script`)."""
+    script.queue(pipe, keys, args)
 
 
 TRANSIENT_CODES = frozenset(
@@ -138,7 +157,7 @@ def is_transient(e: BaseException) -> bool:
     that this client may not use it)."""
     if isinstance(e, AuthenticationError | AuthorizationError):  # WRONGPASS, NOAUTH: fatal, though
         return False  # redis-py makes them ConnectionErrors (NOPERM is a reply: never transient either)
-    if isinstance(e, ConnectionError | TimeoutError | BusConnectionError):
+    if isinstance(e, ConnectionError | TimeoutError | BusConnectionError | FunctionMissing):
         return True
     if not isinstance(e, ResponseError):
         return False

@@ -27,27 +27,11 @@ import structlog
 from astraflow import processes
 from astraflow.errors import AstraflowError, describe
 from astraflow.streams.bus import Bus
-from astraflow.streams.connection import raise_if_cancelled
+from astraflow.streams.connection import raise_if_cancelled, register_scripts
 
 log = structlog.get_logger(__name__)
 
-# Set the name to ARGV[1] (PX ARGV[2]) if it is free or still holds ARGV[3] (our own, or a dead holder's).
-_TAKE = """
-local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[3] then return held end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return false
-"""
-_FREE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
-# Write the heartbeat hash KEYS[2] (fields ARGV[3..], plus `holder`), expiring in ARGV[2] ms, only while
-# the name KEYS[1] holds ARGV[1]. Returns 1 if written.
-_BEAT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'holder', ARGV[1], unpack(ARGV, 3))
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
-"""
+NAME_SCRIPTS = ("name_take", "name_free", "heartbeat")
 HOLDER_FIELD = "holder"
 _held: dict[str, str] = {}
 """Name key -> this process's holder value, for each name it holds now."""
@@ -71,7 +55,7 @@ async def hold_name(
     key = name_key(bus, role, name)
     me = f"{processes.pid_space()} {os.getpid()} {secrets.token_hex(4)}"
     ttl_ms = bus.settings.lease_ms
-    take = bus.redis.register_script(_TAKE)
+    take = _scripts(bus)["name_take"]
     deadline = time.monotonic() + 1.5 * ttl_ms / 1000
     expected = me
     while True:
@@ -106,7 +90,7 @@ async def hold_name(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await renew
         with contextlib.suppress(Exception):
-            await bus.redis.register_script(_FREE)(keys=[key], args=[me])
+            await _scripts(bus)["name_free"](keys=[key], args=[me])
 
 
 async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: list[str]) -> None:
@@ -127,6 +111,10 @@ async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: li
             return
 
 
+def _scripts(bus: Bus) -> dict:
+    return register_scripts(bus.redis, names=NAME_SCRIPTS)
+
+
 def name_key(bus: Bus, role: str, name: str) -> str:
     """The key of consumer name `name` of a `role` worker (`raas`, `dataflow`, `trainer`)."""
     return bus.keys.consumer_name(f"{role}:{name}")
@@ -144,8 +132,8 @@ async def write_heartbeat(bus: Bus, name: str, fields: dict, ttl_ms: int) -> boo
     if me is None:
         return False
     keys = [name_key(bus, "raas", name), bus.keys.raas(name)]
-    args = [me, ttl_ms, *(x for kv in fields.items() for x in kv)]
-    return bool(await bus.redis.register_script(_BEAT)(keys=keys, args=args))
+    args = [me, ttl_ms, *(x for kv in {**fields, HOLDER_FIELD: me}.items() for x in kv)]
+    return bool(await _scripts(bus)["heartbeat"](keys=keys, args=args))
 
 
 async def heartbeat_holder(bus: Bus, name: str, fields: dict) -> bool:

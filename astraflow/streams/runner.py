@@ -33,8 +33,11 @@ class Runner:
       drains and raises WorkerUnhealthy, so the process exits non-zero and its supervisor restarts it.
     """
 
-    def __init__(self, consumer: Consumer, handler: Handler, capacity: int) -> None:
+    def __init__(self, consumer: Consumer, handler: Handler, capacity: int, *, trims: bool = True) -> None:
         self.consumer, self.handler, self.capacity = consumer, handler, capacity
+        self.trims = trims
+        """Whether it trims its input and the dead letters (`_trim_loop`); a RaaS does not: its user may
+        not trim (the dataflow trims `prompts` and `dead`)."""
         self.stats: Counter[str] = Counter()
         self._tasks: dict[str, asyncio.Task] = {}
         """Per held entry: its handler, or the release or dead letter settling its failure."""
@@ -71,7 +74,7 @@ class Runner:
         loops = [
             self._commit_loop(),
             self._lease_loop(),
-            self._trim_loop(),
+            *([self._trim_loop()] if self.trims else []),
             self._timeouts(),
             self._watch(stop),
         ]

@@ -53,7 +53,7 @@ def name_and_keys(args: list[str]) -> tuple[str, list[str]]:
         return name, keys
     if cmd in _NO_KEYS or cmd.startswith("script"):
         return cmd, []
-    if cmd in ("evalsha", "eval"):
+    if cmd in ("evalsha", "eval", "fcall"):
         return cmd, args[3 : 3 + int(args[2])]
     if cmd in ("xread", "xreadgroup"):
         rest = args[[a.lower() for a in args].index("streams") + 1 :]

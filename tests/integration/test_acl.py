@@ -26,7 +26,7 @@ from astraflow.launch.progress import Progress
 from astraflow.ops.inspect import report
 from astraflow.streams import Bus, Out, acl
 from astraflow.streams.identity import open_run, provision
-from astraflow.streams.keys import GROUP_RAAS, Keys
+from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
 from astraflow.streams.views import inspect_run
 from tests.integration.acl_record import Recorder, beyond, unused
@@ -109,20 +109,21 @@ def _rare(pairs: str) -> set[tuple[str, str]]:
 
 # What a role's ACL allows that a short healthy run does not send (`command@family`), by why.
 _START = "exists@state exists@ledger exists@versions"  # open_run's checks of a run without an identity
-_KEYLESS = "discard script|exists select wait time"  # aborts, reloads, a db number, replicas, claims
+_KEYLESS = "discard select wait time"  # aborts, a db number, replicas, claims
 _STRANDED = "xclaim@{0} xrange@{0} xgroup|delconsumer@{0} type@{0}"  # claim.lua, trim.lua, handoff.lua
 _DEAD = (  # dead letters, released entries
     "xadd@dead xrange@dead hset@errors hincrby@ledger srem@in_flight"
-    " get@dedup:dead:* set@dedup:dead:* evalsha@dedup:dead:*"
+    " get@dedup:dead:* set@dedup:dead:* fcall@dedup:dead:*"
 )
 RARE = {
     "raas": _rare(
-        f"{_START} {_KEYLESS} {_STRANDED.format('prompts')} {_DEAD} hget@errors"
-        " exists@run evalsha@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
+        f"{_START} {_KEYLESS} {_STRANDED.format('prompts').replace('xgroup|delconsumer@prompts', '')}"
+        f" {_DEAD} hget@errors exists@prompts xinfo|groups@prompts"  # (an entry it lost: common.lua)
+        " exists@run fcall@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
         " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
-        " del@weights:*:*:relay:* zrem@weights:*:*:peers evalsha@weights:*:*:peers"  # relays, peers leaving
+        " del@weights:*:*:relay:* zrem@weights:*:*:peers fcall@weights:*:*:peers"  # relays, peers leaving
         " zrevrange@weights:*:*:peers"  # choosing a peer to pull from (on the trainer's host: its file)
     ),
     "trainer": _rare(
@@ -130,7 +131,7 @@ RARE = {
         " del@name:trainer:*"  # its name freed by a stop (this one exits at max_steps)
         " xrange@metrics hset@run:stop del@run:stop"  # judging stop conditions, stopping, resuming
         " hgetall@weights:*:*"  # a restarted trainer re-reading its newest manifest
-        " evalsha@metrics"  # a writable family its scripts may declare
+        " fcall@metrics"  # a writable family its scripts may declare
     ),
 }
 
@@ -243,6 +244,11 @@ def _attacks(k: Keys) -> dict[str, tuple]:
         "set_trainer_name_key": ("SET", k.consumer_name("trainer:trainer-policy"), "me"),
         "set_dataflow_name_key": ("SET", k.consumer_name("dataflow:df"), "me"),
         "forge_version_dedup_marker": ("SET", k.dedup("version:policy:5"), "x"),  # would hide version 5
+        "xtrim_prompts_to_0": ("XTRIM", k.prompts, "MAXLEN", 0),
+        "xtrim_dead_to_0": ("XTRIM", k.dead, "MAXLEN", 0),
+        "xgroup_delconsumer_prompts": ("XGROUP", "DELCONSUMER", k.prompts, GROUP_RAAS, "raas-1"),  # its 1
+        "eval_a_spinning_script": ("EVAL", "while true do end", 0),
+        "script_load": ("SCRIPT", "LOAD", "while true do end"),
     }
 
 
@@ -251,9 +257,12 @@ async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack
     passwords = await install(admin, RUN)  # creates the run identity and weight secret
     k = Keys(RUN)
     await admin.xadd(k.prompts, {"kind": "prompt"})
+    await admin.xgroup_create(k.prompts, GROUP_RAAS, "0")
+    await admin.xreadgroup(GROUP_RAAS, "raas-1", {k.prompts: ">"})  # another RaaS's pending prompt
     await admin.xadd(k.rollouts, {"kind": "rollout"})
+    await admin.xadd(k.dead, {"kind": "dead"})
     await admin.hset(k.ledger, "submitted", 1)
-    before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger)}
+    before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger, k.dead)}
     raas = aioredis.Redis.from_url(
         server.display_url, username=acl.user_name(RUN, "raas"), password=passwords["raas"]
     )
@@ -264,6 +273,25 @@ async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack
         await raas.aclose()
     assert {key: await admin.dump(key) for key in before} == before
     assert await admin.xinfo_groups(k.rollouts) == []
+
+
+async def test_the_dataflow_credentials_delete_no_stream(admin, server):
+    passwords = await install(admin, RUN)
+    k = Keys(RUN)
+    streams = (k.prompts, k.rollouts, k.versions, k.batches("policy"), k.dead)
+    for stream in streams:
+        await admin.xadd(stream, {"kind": "x"})
+    await admin.hset(k.prefix + "trace:u1", "kind", "x")
+    dataflow = aioredis.Redis.from_url(
+        server.display_url, username=acl.user_name(RUN, "dataflow"), password=passwords["dataflow"]
+    )
+    try:
+        assert [await refused(partial(dataflow.delete, s)) for s in streams] == [True] * len(streams)
+        assert [await refused(partial(dataflow.unlink, s)) for s in streams] == [True] * len(streams)
+        assert await dataflow.delete(k.prefix + "trace:u1") == 1  # (it ages out lineage records)
+    finally:
+        await dataflow.aclose()
+    assert [await admin.xlen(s) for s in streams] == [1] * len(streams)
 
 
 async def test_the_trainer_cannot_rewrite_the_run_identity_or_the_weight_secret(admin, server):
@@ -430,3 +458,65 @@ async def test_a_judging_worker_stops_the_run_and_the_raas_follows_under_their_u
     finally:
         await trainer.close()
         await raas.close()
+
+
+async def test_a_raas_of_its_own_user_cannot_take_another_raas_s_name(admin, server, tmp_path):
+    """`--raas-ids raas-0,raas-1`: one user per RaaS, each may hold only its own name and write only its
+    own heartbeat (a shared user let one RaaS hold `name:raas:raas-0`: the restart waited, the trainer
+    stood still); the shared RaaS user is gone."""
+    from astraflow.streams.names import hold_name, write_heartbeat
+
+    await install(admin, RUN)  # the shared `af-it-raas` of an earlier apply ...
+    labels = acl.accounts(("raas-0", "raas-1"))
+    await acl.apply(admin, [acl.acl_user(RUN, label, f"{label}-pw") for label in labels], RUN)
+    assert acl.user_name(RUN, "raas").encode() not in await admin.execute_command("ACL", "USERS")  # ... gone
+    base = run_settings(server.display_url, "unused", tmp_path)
+    buses = {}
+    for i in ("raas-0", "raas-1"):
+        s = base.model_copy(deep=True)
+        s.redis.username, s.redis.password = acl.user_name(RUN, f"raas:{i}"), SecretStr(f"raas:{i}-pw")
+        buses[i] = connect(server.display_url, s)
+    k = Keys(RUN)
+    try:
+        mine, thief = buses["raas-0"], buses["raas-1"]
+        with pytest.raises(NoPermissionError):  # the takeover, through the name script ...
+            async with hold_name(thief, "raas-0", role="raas"):
+                pass
+        for attack in (
+            ("SET", k.consumer_name("raas:raas-0"), "me"),
+            ("HSET", k.raas("raas-0"), "slots", 1024),
+        ):
+            assert await refused(partial(thief.redis.execute_command, *attack))  # ... and by hand
+        async with hold_name(mine, "raas-0", role="raas"), hold_name(thief, "raas-1", role="raas"):
+            assert await write_heartbeat(mine, "raas-0", {"slots": 4}, 3000)
+            assert await write_heartbeat(thief, "raas-1", {"slots": 4}, 3000)
+            assert await admin.hget(k.raas("raas-0"), "slots") == b"4"
+    finally:
+        for bus in buses.values():
+            await bus.close()
+
+
+async def test_the_dataflow_repairs_what_a_raas_credential_exhausted_under_their_users(
+    admin, server, tmp_path
+):
+    """A RaaS may XADD to `rollouts` and `dead` (its hand-off and dead letters do), an id of its choosing
+    too: the dataflow's user repairs them (`streams.repair`), and may delete nothing else by it."""
+    from astraflow.streams.repair import repair
+
+    passwords = await install(admin, RUN)
+    base = run_settings(server.display_url, "unused", tmp_path)
+    raas = connect(server.display_url, as_role(base, RUN, "raas", passwords["raas"]))
+    dataflow = connect(server.display_url, as_role(base, RUN, "dataflow", passwords["dataflow"]))
+    k, last = Keys(RUN), "18446744073709551615-18446744073709551615"
+    try:
+        await dataflow.ensure_group(k.rollouts, GROUP_DATAFLOW)
+        for stream in (k.rollouts, k.dead):
+            await raas.redis.xadd(stream, {"kind": "forged"}, id=last)  # (allowed: no grant can refuse it)
+            assert await repair(dataflow, stream) == 1
+            assert await raas.redis.xadd(stream, {"kind": "next"}) is not None
+        assert await repair(dataflow, k.prompts) == 0
+        assert [g["last-delivered-id"] for g in await admin.xinfo_groups(k.rollouts)] == [b"0-0"]
+        assert await refused(lambda: dataflow.redis.xdel(k.prompts, "1-0"))
+    finally:
+        await raas.close()
+        await dataflow.close()

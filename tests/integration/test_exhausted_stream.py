@@ -10,6 +10,7 @@ import pytest
 from astraflow.errors import BusConnectionError
 from astraflow.streams import Consumer, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
+from astraflow.streams.repair import repair
 from astraflow.streams.strays import Strays
 from astraflow.streams.views import inspect_run
 
@@ -36,6 +37,32 @@ async def test_an_exhausted_stream_is_waited_out_and_the_group_survives_its_repa
         await bus.redis.execute_command("XGROUP", "SETID", key, GROUP_DATAFLOW, "0-1")
     assert await raas.complete([(entry, [out])]) == ["ok"]
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+@pytest.mark.parametrize("stream", ["rollouts", "dead"])
+async def test_the_dataflow_repairs_a_stream_whose_ids_were_pushed_past_the_present(bus, stream):
+    """What the admin had to do by hand, the dataflow does every trim interval: the forged entries go
+    (acknowledged in its group), the stream's and the group's last ids go back, and the waiting hand-off
+    goes through; an intact stream is left alone."""
+    await bus.bootstrap(["policy"])
+    key = getattr(bus.keys, stream)
+    real = (await bus.redis.xadd(key, {"uid": "real"})).decode()
+    await bus.redis.xadd(key, {"uid": "forged"}, id=LAST)
+    if stream == "rollouts":  # both delivered to the dataflow: its last delivered id is the largest
+        await bus.read(key, GROUP_DATAFLOW, "df", 10, None)
+    await bus.redis.xadd(bus.keys.prompts, {"uid": "u0", "data": b"p"})
+    raas = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "raas")
+    [entry] = await raas.read(1, block_ms=10)
+    assert await repair(bus, bus.keys.prompts) == 0  # (intact)
+    assert await repair(bus, key) == 1
+    assert [i.decode() for i, _ in await bus.redis.xrange(key)] == [real]
+    out = Out(key, {"uid": "u0", "data": b"r"}, "rollout:u0")
+    assert await raas.complete([(entry, [out])]) == ["ok"]
+    if stream == "rollouts":
+        assert (await bus.redis.xpending(key, GROUP_DATAFLOW))["pending"] == 1  # the real one only
+        [handed] = await bus.read(key, GROUP_DATAFLOW, "df", 10, None)
+        assert handed.fields["uid"] == b"u0"  # the hand-off's entry is delivered next
+    assert await repair(bus, key) == 0
 
 
 async def test_inspect_shows_a_stream_whose_group_delivered_the_last_possible_id(bus):

@@ -48,9 +48,9 @@ def test_each_role_may_write_only_its_own_consumer_names():
         assert names == {f"name:{role}:*"}
 
 
-def test_the_raas_may_trim_create_groups_and_delete_only_where_its_work_is():
+def test_the_raas_may_neither_trim_nor_remove_consumers_and_deletes_only_where_its_work_is():
     raas = acl.allowed("raas")
-    assert {f for c, f in raas if c == "xtrim"} == {"prompts", "dead"}
+    assert {f for c, f in raas if c in ("xtrim", "xgroup|delconsumer", "xsetid", "xdel")} == set()
     assert {f for c, f in raas if c == "xgroup|create"} == {"prompts"}
     assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*"}
     assert {f for c, f in raas if c == "set"} == {
@@ -60,6 +60,11 @@ def test_the_raas_may_trim_create_groups_and_delete_only_where_its_work_is():
         "weights:*:*:relay:*",
     }
     assert not {f for c, f in raas if c == "hset"} - {"raas:*", "errors"}
+
+
+def test_the_dataflow_deletes_no_stream():
+    deletes = {f for c, f in acl.allowed("dataflow") if c in ("del", "unlink")}
+    assert deletes == {"trace:*", "name:dataflow:*", "run:stop"}  # (a resumed run's stop notice)
 
 
 def test_the_role_table_in_the_docs_is_the_acl_s(tmp_path):
@@ -84,3 +89,37 @@ def test_passwords_are_generated_into_a_private_file_then_read_back(tmp_path):
 def test_unknown_role_is_refused():
     with pytest.raises(ValueError, match="unknown role"):
         acl.acl_user("r1", "admin", "pw")
+
+
+def test_a_per_raas_user_holds_only_its_own_name_and_heartbeat():
+    assert acl.accounts() == acl.ROLES
+    labels = acl.accounts(("raas-0", "raas-1"))
+    assert labels == ("raas:raas-0", "raas:raas-1", "dataflow", "trainer", "observer")
+    user = acl.acl_user("r1", "raas:raas-0", "pw")
+    assert user.name == "af-r1-raas-raas-0"
+    keys = set(_key_patterns(user.rules))
+    assert {"~af:{r1}:name:raas:raas-0", "~af:{r1}:raas:raas-0"} <= keys
+    assert not {"~af:{r1}:name:raas:*", "~af:{r1}:raas:*"} & keys
+    assert "~af:{r1}:name:raas:*" in _key_patterns(acl.acl_user("r1", "raas", "pw").rules)  # (one shared)
+    for bad in ("raas-*", "a b", "x]"):
+        with pytest.raises(ConfigError, match="RaaS id"):
+            acl.accounts((bad,))
+    with pytest.raises(ValueError, match="unknown role"):
+        acl.acl_user("r1", "trainer:t0", "pw")
+
+
+async def test_the_acl_command_makes_one_user_and_password_per_raas_id(tmp_path, capsys):
+    from astraflow.config import Settings
+
+    settings = Settings()
+    settings.run.name = "r1"
+    assert await acl.command(settings, None, tmp_path / "r1.pw", ("raas-0", "raas-1")) == 0
+    out = capsys.readouterr().out
+    assert out.count("ACL SETUSER af-r1-raas-raas-") == 2 and "ACL SETUSER af-r1-raas " not in out
+    assert sorted(line.split("=")[0] for line in (tmp_path / "r1.pw").read_text().splitlines()) == [
+        "dataflow",
+        "observer",
+        "raas:raas-0",
+        "raas:raas-1",
+        "trainer",
+    ]

@@ -3,6 +3,7 @@
 -- this consumer is releasing (release.lua marked it with RELEASED_IDLE) keeps its mark: a renewal racing
 -- the release must not turn the failed attempt into one that never happened.
 -- KEYS[1] stream; ARGV: group, consumer, ids... Returns the ids this consumer no longer owns.
+-- function flags: allow-oom (it frees memory or grows none: it must run while Redis is full)
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local lost = {}
 for i = 3, #ARGV do

@@ -7,6 +7,7 @@
 -- `forget_idle_ms`: every process start uses a new consumer name, and the old names would pile up in
 -- XINFO CONSUMERS. (A live consumer removed this way is recreated by its next read; it held nothing.)
 -- KEYS[1] stream; ARGV[1] forget_idle_ms, ARGV[2] the run's group. Returns the number of entries removed.
+-- function flags: allow-oom (it frees memory or grows none: it must run while Redis is full)
 local stream, forget_idle, run_group = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 
 local function parse(id)
