@@ -37,7 +37,7 @@ class FilterSolved(Curator):
         return [v is None or float(v) <= limit for v in await self._get("ewma", rows)]
 
 
-class Greso(Curator):
+class GresoCurator(Curator):
     """GRESO: a prompt whose last s groups all had zero reward variance is submitted with probability
     max(floor, p^s), p = p_easy (they were all right) or p_hard (all wrong). The p's adapt once per
     version toward target shares of zero-variance groups (announce.lua)."""
@@ -78,7 +78,7 @@ class SkipZeroVariance(Curator):
 CURATORS: dict[str, type[Curator]] = {
     "accept_all": AcceptAll,
     "filter_solved": FilterSolved,
-    "greso": Greso,
+    "greso": GresoCurator,
     "skip_zero_variance": SkipZeroVariance,
 }
 

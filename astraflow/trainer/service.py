@@ -74,7 +74,7 @@ class TrainerService:
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
-        self.state = checkpoint.State()
+        self.state = checkpoint.TrainerState()
         self.publisher: WeightPublisher | None = None
         self._evals = EvalCadence(settings.eval_every, settings.eval_every_s)
         self._unacked: list[Received] = []
