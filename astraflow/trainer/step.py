@@ -14,7 +14,7 @@ from astraflow.messages import Batch
 from astraflow.trainer import devices
 from astraflow.trainer.batching import MicroBatch, Sample, micro_batches, samples, split, token_logprobs
 from astraflow.trainer.distributed import sync_max, world
-from astraflow.trainer.losses import policy_loss
+from astraflow.trainer.losses import needs_prox, policy_loss
 from astraflow.trainer.settings import TrainerSettings
 
 
@@ -37,7 +37,7 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
-        self.needs_prox = settings.loss.needs_prox
+        self.needs_prox = needs_prox(settings.loss)
         self.vocab = model.get_input_embeddings().num_embeddings
         self.skipped: str | None = None
         """Why the last `step` applied nothing (None: it was applied)."""
