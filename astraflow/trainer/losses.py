@@ -23,9 +23,10 @@ LOG_RATIO_MAX.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from astraflow.trainer.settings import LossSettings
@@ -205,17 +206,38 @@ def sequence_mean(values: torch.Tensor, mask: torch.Tensor, denominator: float |
     return per_seq.sum() / (denominator or max(int((mask.sum(-1) > 0).sum()), 1))
 
 
-AGGREGATIONS = {"token_mean": token_mean, "sequence_mean": sequence_mean}
-"""`loss.aggregation` -> fn(values, mask, denominator)."""
+@dataclass(frozen=True)
+class Aggregation:
+    reduce: Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+    """fn(values, mask, denominator): the loss of a micro-batch."""
+    units: Callable[[np.ndarray], int]
+    """What one sample counts in the denominator, from its trained-token mask (tokens, or 1 sequence)."""
+
+
+AGGREGATIONS = {
+    "token_mean": Aggregation(token_mean, lambda mask: int(mask.sum())),
+    "sequence_mean": Aggregation(sequence_mean, lambda mask: int(mask.any())),
+}
+"""`loss.aggregation` -> how micro-batch losses add up to a minibatch's mean."""
+
+
+def _aggregation(how: str) -> Aggregation:
+    try:
+        return AGGREGATIONS[how]
+    except KeyError:
+        raise ValueError(f"unknown aggregation: {how!r}") from None
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, how: str, denominator: float | None) -> torch.Tensor:
     """The loss of masked `values` aggregated as `how` (a key of AGGREGATIONS)."""
-    try:
-        fn = AGGREGATIONS[how]
-    except KeyError:
-        raise ValueError(f"unknown aggregation: {how!r}") from None
-    return fn(values, mask, denominator)
+    return _aggregation(how).reduce(values, mask, denominator)
+
+
+def denominator(cfg: LossSettings, masks: Iterable[np.ndarray]) -> int:
+    """The units (tokens or sequences, by `cfg.aggregation`) that samples with trained-token `masks` count:
+    a minibatch's, so its micro-batch losses add up to its mean."""
+    units = _aggregation(cfg.aggregation).units
+    return sum(units(mask) for mask in masks)
 
 
 def m2po_keep(sq: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:

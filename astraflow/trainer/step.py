@@ -11,10 +11,9 @@ import numpy as np
 import torch
 
 from astraflow.messages import Batch
-from astraflow.trainer import devices
+from astraflow.trainer import devices, losses
 from astraflow.trainer.batching import MicroBatch, Sample, micro_batches, samples, split, token_logprobs
 from astraflow.trainer.distributed import sync_max, world
-from astraflow.trainer.losses import needs_prox, policy_loss
 from astraflow.trainer.settings import TrainerSettings
 
 
@@ -37,7 +36,7 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
-        self.needs_prox = needs_prox(settings.loss)
+        self.needs_prox = losses.needs_prox(settings.loss)
         self.vocab = model.get_input_embeddings().num_embeddings
         self.skipped: str | None = None
         """Why the last `step` applied nothing (None: it was applied)."""
@@ -92,11 +91,9 @@ class PolicyTrainer:
         """One optimizer step on minibatch `index` (its samples `part`, this rank's micro-batches `mbs`),
         its statistics added to `stats`: the tokens trained, or None when its loss or gradient norm is not
         finite on any rank (nothing applied; `skipped` says why)."""
-        size = world()[1]
-        by_token = self.settings.loss.aggregation == "token_mean"
         # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
         # ranks, so each rank's share of the mean is scaled by the world size.
-        denominator = sum(int(s.mask[1:].sum()) if by_token else int(s.mask[1:].any()) for s in part) / size
+        denominator = losses.denominator(self.settings.loss, (s.mask[1:] for s in part)) / world()[1]
         refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -124,7 +121,9 @@ class PolicyTrainer:
         added to `stats`; its loss."""
         with self.autocast():
             logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
-        loss, s = policy_loss(logp, mb.behav, mb.adv, mb.mask, self.settings.loss, prox, ref, denominator)
+        loss, s = losses.policy_loss(
+            logp, mb.behav, mb.adv, mb.mask, self.settings.loss, prox, ref, denominator
+        )
         loss.backward()
         n = mb.mask.sum().clamp(min=1)
         s["loss"] = float(loss.detach())
