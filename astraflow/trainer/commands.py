@@ -114,7 +114,7 @@ def _own_client(store):
     return store.clone() if hasattr(store, "clone") else store
 
 
-class Heartbeat:
+class RankHeartbeat:
     """Rank 0's sign of life on the job's store, from a thread, from joining the job (`distributed.setup`)
     to leaving it: it beats while rank 0 still connects to Redis, waits for a batch, or executes."""
 
