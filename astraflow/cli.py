@@ -5,9 +5,11 @@ command runs, so `astraflow --help` is instant."""
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 import traceback
+from collections.abc import Callable
 
 DEFAULT_RECIPE = "addition-tiny"
 
@@ -75,29 +77,46 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="astraflow", description="RL of LLMs as a dataflow on Redis Streams.")
     p.add_argument("--version", action="version", version=f"astraflow {_version()}")
     sub = p.add_subparsers(metavar="COMMAND")
+    command = functools.partial(_command, sub)
+    _run_commands(command)
+    _worker_commands(command)
+    _admin_commands(command)
+    _data_commands(command)
+    _model_commands(sub)
+    return p
 
-    def command(name: str, ref: str, help: str, recipe: bool = True) -> argparse.ArgumentParser:
-        c = sub.add_parser(name, help=help, description=help)
-        if recipe:
-            c.add_argument(
-                "recipe", nargs="?", help="recipe YAML, or a shipped recipe's name (addition-tiny)"
-            )
-            # the first positional in every command; `--recipe` as it was in `trace` and `workflow`
-            c.add_argument("--recipe", dest="recipe_flag", help=argparse.SUPPRESS)
-        c.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="SECTION.KEY=VALUE",
-            help="override a setting (repeatable)",
-        )
-        c.add_argument("--run", help="run name (run.name)")
-        c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
-        c.add_argument("--redis-file", metavar="PATH", help="read the --redis URL from PATH")
-        c.add_argument("--debug", action="store_true", help="show the traceback of an error")
-        c.set_defaults(handler=ref)
-        return c
 
+Command = Callable[..., argparse.ArgumentParser]
+"""`_command` bound to the parser's subcommands: (name, handler, help, recipe=True) -> its parser."""
+
+
+def _command(
+    sub: argparse._SubParsersAction, name: str, ref: str, help: str, recipe: bool = True
+) -> argparse.ArgumentParser:
+    """Add the command `name`, run by the handler `ref` (`module:function`), with the options every
+    command takes (and its recipe, with `recipe`)."""
+    c = sub.add_parser(name, help=help, description=help)
+    if recipe:
+        c.add_argument("recipe", nargs="?", help="recipe YAML, or a shipped recipe's name (addition-tiny)")
+        # the first positional in every command; `--recipe` as it was in `trace` and `workflow`
+        c.add_argument("--recipe", dest="recipe_flag", help=argparse.SUPPRESS)
+    c.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a setting (repeatable)",
+    )
+    c.add_argument("--run", help="run name (run.name)")
+    c.add_argument("--redis", help="redis://host:port/db of a shared Redis (default: the embedded one)")
+    c.add_argument("--redis-file", metavar="PATH", help="read the --redis URL from PATH")
+    c.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    c.set_defaults(handler=ref)
+    return c
+
+
+def _run_commands(command: Command) -> None:
+    """A run on this machine and what watches or records it."""
     run = command(
         "run",
         "astraflow.ops.start:cmd_run",
@@ -140,6 +159,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ID,...",
         help="acl: one user per RaaS id (raas.id), each holding only its own name, instead of one shared",
     )
+
+
+def _worker_commands(command: Command) -> None:
+    """The processes of a distributed run, and their health checks."""
     raas = command(
         "raas", "astraflow.ops.start:cmd_raas", "run a RaaS worker: prompts in, rollout groups out"
     )
@@ -168,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     health.add_argument("--model", help="trainer: the policy it trains (default: the first trained)")
     health.add_argument("--live", action="store_true", help="liveness: judge only the worker's own signal")
     health.add_argument("--max-idle-s", type=float, help="bound on the consumer's idle s (default: by role)")
+
+
+def _admin_commands(command: Command) -> None:
+    """Commands on a run's Redis state: clear, audit, scale, push."""
     clear = command(
         "clear", "astraflow.ops.admin:cmd_clear", "delete every Redis key of a run (--run NAME)", recipe=False
     )
@@ -199,6 +226,10 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("--name", help="the name prompt groups use (default: module:Class)")
     trace = command("trace", "astraflow.ops.audit:cmd_trace", "show the path of one prompt group")
     trace.add_argument("uid", help="the prompt group's uid (e.g. e0r123)")
+
+
+def _data_commands(command: Command) -> None:
+    """Reading a run's entries and metrics out, and its checkpoints."""
     peek = command(
         "peek",
         "astraflow.ops.peek:cmd_peek",
@@ -233,6 +264,10 @@ def _parser() -> argparse.ArgumentParser:
         "--model-dir", metavar="DIR", help="config and tokenizer (default: the policy's model)"
     )
     export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights' dtype")
+
+
+def _model_commands(sub: argparse._SubParsersAction) -> None:
+    """`astraflow model ...`: building models (no recipe, no Redis)."""
     model = sub.add_parser("model", help="build models", description="build models")
     model_sub = model.add_subparsers(metavar="KIND", required=True)
     tiny = model_sub.add_parser("tiny", help="a tiny Qwen2 model and BPE tokenizer, built locally")
@@ -242,7 +277,6 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--debug", action="store_true", help="show the traceback of an error")
     tiny.set_defaults(handler="astraflow.ops.models:cmd_model_tiny")
-    return p
 
 
 def _version() -> str:

@@ -18,9 +18,9 @@ import numpy as np
 from astraflow.decoding import Columns
 from astraflow.errors import DecodeError
 from astraflow.packing import pack, unpack
+from astraflow.streams.schema import SCHEMA_VERSION, BatchEntry, Entry, Plain
 
-SCHEMA = 2
-"""2: a rollout group's trajectories travel as columns (`decoding.Columns`); 1: as a list of maps."""
+__all__ = ["SCHEMA_VERSION"]  # re-exported: the version this codec writes and reads
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,8 +57,9 @@ class PromptGroup(Message):
     """Overrides of the RaaS's sampling for this group (eval: `temperature` 0, `max_new_tokens`)."""
 
     def readable(self) -> dict[str, str]:
-        out = {"policy": " ".join(self.models), "workflow": self.workflow, "n": str(self.n_samples)}
-        return out | ({"eval_version": str(self.eval_version)} if self.eval_version >= 0 else {})
+        out = {Plain.policy: " ".join(self.models), Plain.workflow: self.workflow}
+        out[Plain.samples] = str(self.n_samples)
+        return out | ({Plain.eval_version: str(self.eval_version)} if self.eval_version >= 0 else {})
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,17 +126,18 @@ class RolloutGroup(Message):
 
     def readable(self) -> dict[str, str]:
         trajs = self.trajectories
-        out = {"raas": self.raas, "n": str(len(trajs)), "status": "failed" if self.error else "ok"}
+        out = {Plain.raas: self.raas, Plain.samples: str(len(trajs))}
+        out[Plain.status] = "failed" if self.error else "ok"
         if trajs:
-            out["policy"] = " ".join(sorted({t.model for t in trajs}))
-            out["reward"] = f"{sum(t.reward for t in trajs) / len(trajs):.4g}"
-            out["tokens"] = str(sum(len(t.token_ids) for t in trajs))
+            out[Plain.policy] = " ".join(sorted({t.model for t in trajs}))
+            out[Plain.reward] = f"{sum(t.reward for t in trajs) / len(trajs):.4g}"
+            out[Plain.tokens] = str(sum(len(t.token_ids) for t in trajs))
             made = [v for t in trajs if len(v := t.versions[t.versions >= 0])]
             if made:
                 low, high = min(int(v.min()) for v in made), max(int(v.max()) for v in made)
-                out["token_versions"] = f"{low}..{high}"
+                out[Plain.token_versions] = f"{low}..{high}"
         if self.error:
-            out["error"] = self.error[:120]
+            out[Plain.error] = self.error[:120]
         return out
 
     def _check(self) -> None:
@@ -180,7 +182,7 @@ class SampleGroup(Message):
 @dataclass(frozen=True, eq=False)
 class Batch(Message):
     # dataflow -> trainer of `model`, stream `batches:<model>`
-    KIND: ClassVar[str] = "batch"
+    KIND: ClassVar[str] = BatchEntry.kind
     uid: str
     model: str
     version: int
@@ -210,7 +212,11 @@ class VersionPublished(Message):
     """A loadable checkpoint directory of this version on a shared file system ('' = none)."""
 
     def readable(self) -> dict[str, str]:
-        return {"step": str(self.step), "incarnation": self.incarnation, "eval": str(int(self.eval))}
+        return {
+            Plain.step: str(self.step),
+            Plain.incarnation: self.incarnation,
+            Plain.eval: str(int(self.eval)),
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,7 +238,7 @@ class VersionNotice(Message):
     restarted trainer rolled back to an older version and trains the next ones again, differently)."""
 
     def readable(self) -> dict[str, str]:
-        return {"load": _pairs(self.models), "eval": str(int(self.eval))}
+        return {Plain.load: _pairs(self.models), Plain.eval: str(int(self.eval))}
 
 
 @dataclass(frozen=True, eq=False)
@@ -291,7 +297,7 @@ class WeightManifest(Message):
 
     def readable(self) -> dict[str, str]:
         base = "" if self.base_version is None else str(self.base_version)
-        return {"sync": self.kind, "base_version": base, "nbytes": str(self.nbytes)}
+        return {Plain.sync: self.kind, Plain.base_version: base, Plain.nbytes: str(self.nbytes)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -317,12 +323,12 @@ class Heartbeat(Message):
 
     def readable(self) -> dict[str, str]:
         return {
-            "region": self.region,
-            "capacity": str(self.capacity),
-            "in_flight": str(self.in_flight),
-            "versions": _pairs(self.versions),
-            "engine": self.engine,
-            "groups": str(self.groups),
+            Plain.region: self.region,
+            Plain.capacity: str(self.capacity),
+            Plain.in_flight: str(self.in_flight),
+            Plain.versions: _pairs(self.versions),
+            Plain.engine: self.engine,
+            Plain.groups: str(self.groups),
         }
 
 
@@ -334,54 +340,53 @@ KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (PromptGroup, RolloutGroup, VersionPublished, VersionNotice, WeightManifest, Heartbeat)
 }
-HEADERS = ("uid", "model", "version")
+HEADERS = (Entry.uid, Entry.model, Entry.version)
+"""Header fields copied from the message's attribute of the same name, where it has one."""
 
 
 def encode(msg: Message) -> dict[str, bytes]:
     """The field map of `msg`: readable headers plus msgpack `data`."""
-    fields = {"kind": msg.KIND.encode(), "schema": str(SCHEMA).encode()}
+    fields = {Entry.kind: msg.KIND.encode(), Entry.schema: str(SCHEMA_VERSION).encode()}
     for name in HEADERS:
         value = getattr(msg, name, None)
         if value is not None:
             fields[name] = str(value).encode()
     fields.update((k, v.encode()) for k, v in msg.readable().items())
-    fields["data"] = pack(msg)
+    fields[Entry.data] = pack(msg)
     return fields
 
 
 def batch_refs(fields: dict[Any, Any]) -> list[str]:
-    """The sample references of a batch entry (written by the dataflow's form.lua: `groups` and `replayed`
-    are space-separated uids, `refs` where each group's packed SampleGroup is kept, in group order)."""
-    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-    return _text(fields, "refs").split()
+    """The sample references of a batch entry (`schema.BatchEntry`, written by the dataflow's form.lua):
+    where each group's packed SampleGroup is kept, in group order."""
+    return _text(_str_keys(fields), BatchEntry.refs).split()
 
 
 def decode_batch(
     fields: dict[Any, Any], payloads: Sequence[bytes | None], max_bytes: int | None = None
 ) -> Batch:
-    """Decode a batch entry and its groups' payloads (fetched by its `refs`, in order); DecodeError names
-    the bad field or group."""
-    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-    if _text(fields, "kind") != Batch.KIND:
-        raise DecodeError(f"kind: expected {Batch.KIND!r}, got {_text(fields, 'kind')!r}")
-    if _text(fields, "schema") != str(SCHEMA):
-        raise DecodeError(f"schema: unsupported schema {fields['schema']!r} (this build reads {SCHEMA})")
+    """Decode a batch entry (`schema.BatchEntry`) and its groups' payloads (fetched by its `refs`, in
+    order); DecodeError names the bad field or group."""
+    fields = _str_keys(fields)
+    if _text(fields, Entry.kind) != BatchEntry.kind:
+        raise DecodeError(f"{Entry.kind}: expected {BatchEntry.kind!r}, got {_text(fields, Entry.kind)!r}")
+    _check_schema(fields)
     try:
-        version = int(_text(fields, "version"))
+        version = int(_text(fields, Entry.version))
     except ValueError:
-        raise DecodeError("version: not an integer") from None
-    uids = _text(fields, "groups").split()
+        raise DecodeError(f"{Entry.version}: not an integer") from None
+    uids = _text(fields, BatchEntry.groups).split()
     if len(uids) != len(payloads):
-        raise DecodeError(f"refs: {len(payloads)} payloads for {len(uids)} groups")
+        raise DecodeError(f"{BatchEntry.refs}: {len(payloads)} payloads for {len(uids)} groups")
     groups = [
         unpack(SampleGroup, data, max_bytes, f"group {u}") for u, data in zip(uids, payloads, strict=True)
     ]
     return Batch(
-        uid=_text(fields, "uid"),
-        model=_text(fields, "model"),
+        uid=_text(fields, Entry.uid),
+        model=_text(fields, Entry.model),
         version=version,
         groups=groups,  # type: ignore[arg-type]
-        replayed_uids=_text(fields, "replayed").split(),
+        replayed_uids=_text(fields, BatchEntry.replayed).split(),
     )
 
 
@@ -389,16 +394,25 @@ def decode(
     fields: dict[Any, Any], expect: type[Message] | None = None, max_bytes: int | None = None
 ) -> Message:
     """Decode a field map produced by `encode`; raises DecodeError naming the first bad field."""
-    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-    kind = _text(fields, "kind")
+    fields = _str_keys(fields)
+    kind = _text(fields, Entry.kind)
     cls = KINDS.get(kind)
     if cls is None:
-        raise DecodeError(f"kind: unknown message kind {kind!r}")
+        raise DecodeError(f"{Entry.kind}: unknown message kind {kind!r}")
     if expect is not None and cls is not expect:
-        raise DecodeError(f"kind: expected {expect.KIND!r}, got {kind!r}")
-    if _text(fields, "schema") != str(SCHEMA):
-        raise DecodeError(f"schema: unsupported schema {fields['schema']!r} (this build reads {SCHEMA})")
-    return unpack(cls, fields.get("data"), max_bytes)
+        raise DecodeError(f"{Entry.kind}: expected {expect.KIND!r}, got {kind!r}")
+    _check_schema(fields)
+    return unpack(cls, fields.get(Entry.data), max_bytes)
+
+
+def _str_keys(fields: dict[Any, Any]) -> dict[str, Any]:
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+
+
+def _check_schema(fields: dict[str, Any]) -> None:
+    if _text(fields, Entry.schema) != str(SCHEMA_VERSION):
+        got = fields[Entry.schema]
+        raise DecodeError(f"{Entry.schema}: unsupported schema {got!r} (this build reads {SCHEMA_VERSION})")
 
 
 def _text(fields: dict[str, Any], name: str) -> str:

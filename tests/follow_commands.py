@@ -29,17 +29,17 @@ def main(mode: str, timeout_s: float) -> None:
     try:
         if rank > 0:
             follower = commands.Follower(timeout_s)
-            while (received := follower.receive())[0] != "stop":
-                print("received", *received, execute(), flush=True)
+            while not isinstance(cmd := follower.receive(), commands.Stop):
+                print("received", cmd.NAME, cmd.batch, execute(), flush=True)
             return
         leader = commands.Leader()
         for payload in ([1, 2], [3]):
             time.sleep(3 * timeout_s)  # rank 0 waits for a batch, the follower must not be in a collective
-            leader.send("train", payload)
+            leader.send(commands.Train(payload, 0))  # type: ignore[arg-type]  # (a list for a Batch)
             execute()
             if mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-        leader.send("stop")
+        leader.send(commands.Stop())
     finally:
         distributed.teardown()
 

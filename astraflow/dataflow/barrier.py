@@ -17,7 +17,7 @@ import structlog
 from astraflow.dataflow.store import Store
 from astraflow.errors import DecodeError
 from astraflow.messages import VersionNotice, VersionPublished, decode, encode
-from astraflow.streams import Consumer, Entry
+from astraflow.streams import Consumer, Delivery
 from astraflow.streams.keys import GROUP_DATAFLOW
 from astraflow.streams.runstate import MAX_VERSION_STEP, RunState
 
@@ -59,7 +59,7 @@ class Barrier:
         await self.announce()
         return len(entries)
 
-    async def _record(self, entry: Entry) -> None:
+    async def _record(self, entry: Delivery) -> None:
         try:
             msg = decode(entry.fields, VersionPublished)
             if msg.model not in self.store.models:

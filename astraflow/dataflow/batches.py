@@ -21,7 +21,7 @@ import structlog
 
 from astraflow.errors import DecodeError
 from astraflow.messages import Batch, batch_refs, decode_batch
-from astraflow.streams import LOST, Bus, Consumer, Entry
+from astraflow.streams import LOST, Bus, Consumer, Delivery
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES
 from astraflow.streams.keys import GROUP_TRAINER
@@ -96,7 +96,7 @@ class BatchReader:
         """Acknowledge `batches` (their samples may be dropped from then on); returns the ids refused
         because another consumer owns them now (or a failover lost their read: they are delivered again).
         Acknowledged entries are trimmed from the stream every `streams.trim_interval_ms`."""
-        done = [(Entry(self.stream, r.id, {}), ()) for r in batches]
+        done = [(Delivery(self.stream, r.id, {}), ()) for r in batches]
         statuses = await self._consumer.complete(done) if done else []
         refused = [r.id for r, status in zip(batches, statuses, strict=True) if status == LOST]
         if time.monotonic() >= self._next_trim:

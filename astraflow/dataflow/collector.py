@@ -18,7 +18,7 @@ from astraflow.dataflow.verdicts import Judge
 from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
 from astraflow.messages import RolloutGroup, decode
-from astraflow.streams import Consumer, Entry
+from astraflow.streams import Consumer, Delivery
 from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
 from astraflow.streams.records import MAX_METRIC_NAMES, EvalResult, Record, RolloutStats, encode_record
@@ -160,7 +160,7 @@ class Collector:
         self._newest_read = (time.monotonic(), newest)
         return newest
 
-    async def _handled(self, entry: Entry, step: Callable[[], T]) -> T | None:
+    async def _handled(self, entry: Delivery, step: Callable[[], T]) -> T | None:
         """`step()` for `entry`, or None when it raised: a DecodeError (InvalidRollout too: its values are
         bad) dead-letters the entry, any other error (a user filter raised) releases it (retried, dead
         after `max_deliveries`); when that fails too, the next read takes it back."""
@@ -179,7 +179,7 @@ class Collector:
             await self.consumer.give_back([entry.id], e)
         return None
 
-    def _decode(self, entry: Entry) -> RolloutGroup:
+    def _decode(self, entry: Delivery) -> RolloutGroup:
         group = decode(entry.fields, RolloutGroup, self.store.bus.settings.max_entry_bytes)
         if not UID.fullmatch(group.uid):
             raise DecodeError(f"uid: {group.uid[:40]!r} is not 1-200 non-space characters")
@@ -188,7 +188,7 @@ class Collector:
             raise DecodeError(f"trajectories.model: {sorted(unknown)} not trained in this run")
         return group
 
-    def _decide(self, entry: Entry, group: RolloutGroup, owned: Owned | Exception) -> Collected:
+    def _decide(self, entry: Delivery, group: RolloutGroup, owned: Owned | Exception) -> Collected:
         """The decision for `group`, whose values `check_groups` found to be `owned` (or raised)."""
         if isinstance(owned, Exception):
             raise owned

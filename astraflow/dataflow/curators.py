@@ -1,16 +1,43 @@
 """Prompt curators: whether the feeder submits a dataset row now. State lives in Redis (written by the
-collector, see collect.lua), so every replica decides the same way."""
+collector, see collect.lua), so every replica decides the same way.
+
+A curator registers here by name (`@curator("name")`), which is the value of `feeder.curator` (the
+settings' `Literal` is built from `CURATORS`) and selects its Lua half, `dataflow/lua/curators/<name>.lua`,
+the collector's update of its state. This module imports nothing at run time that imports the settings,
+so the settings can read the registry.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
-from astraflow.dataflow.settings import FeederSettings
-from astraflow.streams import Bus
+from astraflow.streams.schema import Greso
+
+if TYPE_CHECKING:
+    from astraflow.dataflow.settings import FeederSettings
+    from astraflow.streams import Bus
+
+CURATORS: dict[str, type[Curator]] = {}
+"""Registered name -> curator class, in registration order."""
+
+
+def curator(name: str) -> Callable[[type[Curator]], type[Curator]]:
+    """Register a curator class under `name` (a value of `feeder.curator`)."""
+
+    def register(cls: type[Curator]) -> type[Curator]:
+        CURATORS[name] = cls
+        cls.name = name
+        return cls
+
+    return register
 
 
 class Curator(ABC):
+    name: ClassVar[str] = ""
+    """The name it is registered under (`curator`)."""
+
     def __init__(self, bus: Bus, settings: FeederSettings) -> None:
         self.bus, self.settings = bus, settings
 
@@ -24,11 +51,15 @@ class Curator(ABC):
         return await self.bus.call(lambda: self.bus.redis.hmget(key, [str(r) for r in rows]))
 
 
+@curator("accept_all")
 class AcceptAll(Curator):
+    """Submit every row."""
+
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         return [True] * len(rows)
 
 
+@curator("filter_solved")
 class FilterSolved(Curator):
     """Skip prompts whose success-rate EWMA (mean reward of its groups) is above the threshold."""
 
@@ -37,16 +68,17 @@ class FilterSolved(Curator):
         return [v is None or float(v) <= limit for v in await self._get("ewma", rows)]
 
 
-class Greso(Curator):
+@curator("greso")
+class GresoCurator(Curator):
     """GRESO: a prompt whose last s groups all had zero reward variance is submitted with probability
     max(floor, p^s), p = p_easy (they were all right) or p_hard (all wrong). The p's adapt once per
     version toward target shares of zero-variance groups (announce.lua)."""
 
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         g = self.settings.greso
-        key = self.bus.keys.curator("greso")
-        p_easy, p_hard = await self.bus.call(lambda: self.bus.redis.hmget(key, ["p_easy", "p_hard"]))
-        p = {"easy": float(p_easy or g.p_init), "hard": float(p_hard or g.p_init)}
+        key, kinds = self.bus.keys.curator(self.name), ("easy", "hard")
+        ps = await self.bus.call(lambda: self.bus.redis.hmget(key, [Greso.p(k) for k in kinds]))
+        p = {k: float(v or g.p_init) for k, v in zip(kinds, ps, strict=True)}
         out = []
         for streak, u in zip(await self._get("streak", rows), randoms, strict=True):
             if streak is None:
@@ -57,6 +89,7 @@ class Greso(Curator):
         return out
 
 
+@curator("skip_zero_variance")
 class SkipZeroVariance(Curator):
     """Skip a prompt whose last `skip_after_groups` groups all had zero reward variance - every sample
     solved it, or every one failed it, so the collector dropped them unlearned - until `skip_versions`
@@ -73,14 +106,6 @@ class SkipZeroVariance(Curator):
             count, at = streak.decode().split()
             out.append(int(count) < after or version - int(at) >= wait)
         return out
-
-
-CURATORS: dict[str, type[Curator]] = {
-    "accept_all": AcceptAll,
-    "filter_solved": FilterSolved,
-    "greso": Greso,
-    "skip_zero_variance": SkipZeroVariance,
-}
 
 
 def make_curator(bus: Bus, settings: FeederSettings) -> Curator:

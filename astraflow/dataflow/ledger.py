@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import ResponseError
 
 from astraflow.streams import Bus
-from astraflow.streams.schema import Counters as C
+from astraflow.streams.schema import Counters
 from astraflow.streams.strays import stranded_at_least
 
 
@@ -158,26 +158,26 @@ async def read_ledger(bus: Bus, models: Sequence[str]) -> Ledger:
     counts = {key.decode(): int(v) for key, v in raw.items()}
     per_model = {}
     for m, ready_set in zip(models, ready_sets, strict=True):
-        parsed = ((C.dropped.parse(name), n) for name, n in counts.items())
+        parsed = ((Counters.dropped.parse(name), n) for name, n in counts.items())
         dropped = {args[1]: n for args, n in parsed if args and args[0] == m}
         per_model[m] = ModelLedger(
-            collected=counts.get(C.model_collected(m), 0),
-            ready=counts.get(C.model_ready(m), 0),
-            trained=counts.get(C.model_trained(m), 0),
-            replayed=counts.get(C.model_replayed(m), 0),
+            collected=counts.get(Counters.model_collected(m), 0),
+            ready=counts.get(Counters.model_ready(m), 0),
+            trained=counts.get(Counters.model_trained(m), 0),
+            replayed=counts.get(Counters.model_replayed(m), 0),
             dropped=dropped,
             ready_set=ready_set,
-            dead=counts.get(C.model_dead(m), 0),
+            dead=counts.get(Counters.model_dead(m), 0),
         )
     return Ledger(
-        submitted=counts.get(C.submitted, 0),
+        submitted=counts.get(Counters.submitted, 0),
         in_flight=in_flight,
-        dead=counts.get(C.dead, 0),
-        collected=counts.get(C.collected, 0),
-        skipped=counts.get(C.skipped, 0),
-        unknown=counts.get(C.unknown, 0),
-        eval=counts.get(C.eval, 0),
-        eval_dropped={args[0]: c for n, c in counts.items() if (args := C.eval_dropped.parse(n))},
+        dead=counts.get(Counters.dead, 0),
+        collected=counts.get(Counters.collected, 0),
+        skipped=counts.get(Counters.skipped, 0),
+        unknown=counts.get(Counters.unknown, 0),
+        eval=counts.get(Counters.eval, 0),
+        eval_dropped={args[0]: c for n, c in counts.items() if (args := Counters.eval_dropped.parse(n))},
         models=per_model,
         failover_offset=await failover_offset(bus),
         stranded=await stranded_at_least(bus),

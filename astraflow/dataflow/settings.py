@@ -7,7 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from astraflow.dataflow.curators import CURATORS
 from astraflow.workflows.datasets import DatasetSettings
+
+CuratorName = Literal[tuple(CURATORS)]  # type: ignore[valid-type]
+"""A registered curator (`dataflow.curators`): adding one there adds it here."""
 
 
 class GresoSettings(BaseModel):
@@ -32,10 +36,10 @@ class FeederSettings(BaseModel):
     """Workflow the RaaS runs for each prompt group (a registered name or `module:Class`)."""
     n_samples: int = Field(8, ge=1)
     """Samples per prompt group."""
-    curator: Literal["accept_all", "filter_solved", "greso", "skip_zero_variance"] = "accept_all"
-    """Which rows are submitted: all; `filter_solved` (skip prompts whose success-rate EWMA is high);
-    `greso` (skip prompts with a zero-variance streak, with an adaptive probability);
-    `skip_zero_variance` (skip prompts whose recent groups were all zero-variance for a while)."""
+    curator: CuratorName = "accept_all"
+    """Which rows are submitted: a curator registered in `dataflow.curators`, whose class says what it
+    skips (`accept_all`: none; `greso`: prompts with a zero-variance streak, with an adaptive
+    probability)."""
     backlog_factor: float = Field(2.0, gt=0)
     """Submit while undelivered + pending prompt groups < factor x the slots of the live RaaS pool."""
     min_backlog: int = Field(8, ge=1)

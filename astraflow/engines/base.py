@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from astraflow.engines.settings import EngineSettings
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,12 @@ class Engine(ABC):
     """
 
     version: int = 0
+
+    @classmethod
+    def create(cls, settings: EngineSettings, log_path: str | Path | None = None) -> Engine:
+        """The engine `settings` describe (not started); `log_path`: where an engine that runs a server
+        process writes that server's log."""
+        return cls(settings)  # type: ignore[call-arg]
 
     @abstractmethod
     async def start(self) -> None: ...

@@ -218,3 +218,7 @@ def _as_set(value) -> set:
     if value is None:
         return set()
     return set(value) if isinstance(value, list | tuple | set) else {value}
+
+
+ENGINE = HFEngine
+"""What `engine.type: hf` runs (`engines.make_engine`)."""

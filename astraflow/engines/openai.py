@@ -86,3 +86,7 @@ class OpenAIEngine(Engine):
 
     async def resume(self) -> None:
         """Nothing to resume."""
+
+
+ENGINE = OpenAIEngine
+"""What `engine.type: openai` runs (`engines.make_engine`)."""

@@ -43,10 +43,15 @@ class VLLMSettings(BaseModel):
     trainer on the same node; not built yet (refused at start)."""
 
 
+ENGINE_TYPES = ("vllm", "hf", "openai")
+"""The registered engines, by name: each is the module `astraflow/engines/<name>.py` whose `ENGINE` is its
+class (`engines.make_engine`)."""
+
+
 class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["auto", "vllm", "hf", "openai"] = "auto"
+    type: Literal[("auto", *ENGINE_TYPES)] = "auto"  # type: ignore[valid-type]
     """`auto` = vllm when installed, else hf."""
     model: str = ""
     """Model directory (Hugging Face layout) the engine serves; for `openai`, the served model name."""

@@ -62,6 +62,10 @@ CONTROL_CONNECTIONS = 4
 
 
 class VLLMEngine(Engine):
+    @classmethod
+    def create(cls, settings: EngineSettings, log_path: str | Path | None = None) -> VLLMEngine:
+        return cls(settings, log_path)
+
     def __init__(self, settings: EngineSettings, log_path: str | Path | None = None) -> None:
         self.settings = settings
         self.version = 0
@@ -334,3 +338,7 @@ class VLLMEngine(Engine):
     async def _control(self, path: str, body: dict | None = None) -> None:
         reply = await self._ctl.post(path, json=body)
         reply.raise_for_status()
+
+
+ENGINE = VLLMEngine
+"""What `engine.type: vllm` runs (`engines.make_engine`)."""

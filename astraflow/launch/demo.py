@@ -23,7 +23,7 @@ from astraflow.launch.local_run import LocalRun
 from astraflow.launch.worker_loop import run_until_signalled
 from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, encode
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
-from astraflow.streams import Bus, Consumer, Entry, Out, Runner
+from astraflow.streams import Bus, Consumer, Delivery, Out, Runner
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 
 log = structlog.get_logger("demo")
@@ -66,7 +66,7 @@ async def raas_worker(settings: Settings, name: str, bus: Bus, stop: asyncio.Eve
     """One demo RaaS: consume `prompts`, hand each group off to `rollouts`, until `stop` (SIGTERM)."""
     await bus.bootstrap(settings.trained)
 
-    async def handle(entry: Entry) -> list[Out]:
+    async def handle(entry: Delivery) -> list[Out]:
         group = decode(entry.fields, PromptGroup, settings.streams.max_entry_bytes)
         await asyncio.sleep(settings.demo.episode_ms / 1000)
         return [Out(bus.keys.rollouts, encode(rollout(group, name)), f"rollout:{group.uid}")]
@@ -112,7 +112,7 @@ async def _orchestrate(settings: Settings, local: LocalRun) -> int:
     )
     seen: Counter[str] = Counter()
 
-    async def collect(entry: Entry) -> list[Out]:
+    async def collect(entry: Delivery) -> list[Out]:
         seen[decode(entry.fields, RolloutGroup).uid] += 1
         return []
 

@@ -26,7 +26,7 @@ from astraflow.errors import DecodeError
 from astraflow.launch.progress import Progress
 from astraflow.streams import Bus
 from astraflow.streams.identity import existing, mark_stopped, stop_key
-from astraflow.streams.records import DeadLetter, decode_record
+from astraflow.streams.records import DeadLetterRecord, decode_record
 
 log = structlog.get_logger(__name__)
 FOLLOW_EVERY_S = 1.0
@@ -167,6 +167,6 @@ class AllDead:
         why = None
         with contextlib.suppress(DecodeError):
             letter = decode_record(last[0][1]) if last else None
-            why = _text(letter.reason.encode()) if isinstance(letter, DeadLetter) else None
+            why = _text(letter.reason.encode()) if isinstance(letter, DeadLetterRecord) else None
         reason = f"every prompt group dead-lettered ({dead} in a row, none collected); the last: {why}"
         return reason, EXIT_ALL_DEAD

@@ -12,8 +12,8 @@ from astraflow.config import Settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams import Bus
-from astraflow.streams.records import DeadLetter, decode_record
-from astraflow.streams.schema import Trace as T
+from astraflow.streams.records import DeadLetterRecord, decode_record
+from astraflow.streams.schema import Trace
 
 
 def cmd_ledger(args) -> int:
@@ -53,8 +53,10 @@ async def read_trace(bus: Bus, uid: str) -> dict[str, str] | None:
     trace = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
     for _, fields in await bus.redis.xrevrange(bus.keys.dead, count=DEAD_SCAN):
         letter = decode_record(fields)
-        if isinstance(letter, DeadLetter) and letter.settled == uid:  # (not its plain `uid`: see DeadLetter)
-            trace.setdefault(T.dead, f"{bus.keys.short(letter.source)}: {letter.reason}")
+        if (
+            isinstance(letter, DeadLetterRecord) and letter.settled == uid
+        ):  # (not its plain `uid`: see DeadLetter)
+            trace.setdefault(Trace.dead, f"{bus.keys.short(letter.source)}: {letter.reason}")
     return trace or None
 
 
@@ -64,33 +66,33 @@ def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
         return datetime.fromtimestamp(float(at), UTC).strftime(" at %H:%M:%S.%f")[:-3] + " UTC" if at else ""
 
     lines = [f"prompt group {uid}"]
-    if T.row in trace:
+    if Trace.row in trace:
         lines.append(
-            f"  submitted  at version {trace.get(T.submitted_version)}, dataset row {trace[T.row]}"
-            + when(T.submitted_at)
+            f"  submitted  at version {trace.get(Trace.submitted_version)}, dataset row {trace[Trace.row]}"
+            + when(Trace.submitted_at)
         )
-    if T.raas in trace:
+    if Trace.raas in trace:
         lines.append(
-            f"  rolled out by {trace[T.raas]}, token versions {trace.get(T.token_versions, 'none')}"
-            + when(T.collected_at)
+            f"  rolled out by {trace[Trace.raas]}, token versions {trace.get(Trace.token_versions, 'none')}"
+            + when(Trace.collected_at)
         )
-    if T.error in trace:
-        lines.append(f"  error      {trace[T.error]}")
+    if Trace.error in trace:
+        lines.append(f"  error      {trace[Trace.error]}")
     for m in models:
-        if T.outcome(m) not in trace:
+        if Trace.outcome(m) not in trace:
             continue
-        outcome = trace[T.outcome(m)]
+        outcome = trace[Trace.outcome(m)]
         if outcome == "trained":
             outcome = (
-                f"trained in batch {trace.get(T.batch(m))} (formed at trainer version "
-                f"{trace.get(T.batch_version(m))}, trained by the step to the next version)"
-                + when(T.batched_at(m))
+                f"trained in batch {trace.get(Trace.batch(m))} (formed at trainer version "
+                f"{trace.get(Trace.batch_version(m))}, trained by the step to the next version)"
+                + when(Trace.batched_at(m))
             )
         elif outcome == "ready":
-            outcome = f"ready, min token version {trace.get(T.min_version(m))}, waiting for a batch"
+            outcome = f"ready, min token version {trace.get(Trace.min_version(m))}, waiting for a batch"
         lines.append(f"  {m}: {outcome}")
-    if T.dead in trace:
-        lines.append(f"  dead-lettered from {trace[T.dead]}")
-    if T.raas not in trace and T.dead not in trace and T.row in trace:
+    if Trace.dead in trace:
+        lines.append(f"  dead-lettered from {trace[Trace.dead]}")
+    if Trace.raas not in trace and Trace.dead not in trace and Trace.row in trace:
         lines.append("  in flight (not collected yet)")
     return "\n".join(lines)

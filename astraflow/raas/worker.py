@@ -27,7 +27,7 @@ from astraflow.policies import PolicySettings
 from astraflow.raas.follow import NoticeFollower
 from astraflow.raas.metrics import BusyClock, Metrics
 from astraflow.raas.settings import RaasSettings
-from astraflow.streams import Bus, Consumer, Entry, Out, Runner
+from astraflow.streams import Bus, Consumer, Delivery, Out, Runner
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.streams.names import write_heartbeat
@@ -120,7 +120,7 @@ class RaasWorker:
             pulls = {m: dict(rx.stats) for m, rx in self.receivers.items()}  # full/delta/relay pulls, bytes
             log.info("raas_stopped", engines=engines, replica_reads=reads, weights=pulls, **self.runner.stats)
 
-    async def handle(self, entry: Entry) -> list[Out]:
+    async def handle(self, entry: Delivery) -> list[Out]:
         group = decode(entry.fields, PromptGroup, self.bus.settings.max_entry_bytes)
         flow = await self._workflow(group.workflow, group.sampling)  # refused unless known or pushed
         resolve_reward(reward_name(group.sample, self.ctx.options), self.allowed)

@@ -2,8 +2,8 @@
 
 from astraflow.streams.bus import Bus
 from astraflow.streams.consumer import Consumer
-from astraflow.streams.entries import DUP, LOST, OK, Entry, Out
+from astraflow.streams.entries import DUP, LOST, OK, Delivery, Out
 from astraflow.streams.keys import Keys
 from astraflow.streams.runner import Runner
 
-__all__ = ["DUP", "LOST", "OK", "Bus", "Consumer", "Entry", "Keys", "Out", "Runner"]
+__all__ = ["DUP", "LOST", "OK", "Bus", "Consumer", "Delivery", "Keys", "Out", "Runner"]

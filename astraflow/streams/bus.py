@@ -22,7 +22,7 @@ from astraflow.streams.connection import queue_script, reconnecting, register_sc
 from astraflow.streams.entries import (
     DEAD_FIELD_MAX_BYTES,
     MAX_FIELDS,
-    Entry,
+    Delivery,
     Item,
     Out,
     dead_field_value,
@@ -31,7 +31,7 @@ from astraflow.streams.entries import (
 from astraflow.streams.handoff import handoff_call, handoff_cost
 from astraflow.streams.identity import RunIdentity, new_identity_args
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
-from astraflow.streams.records import DeadLetter, encode_record
+from astraflow.streams.records import DeadLetterRecord, encode_record
 from astraflow.streams.replica import ReplicaReads, connect_clients
 from astraflow.streams.schema import Errors
 from astraflow.streams.settings import RedisSettings, StreamsSettings
@@ -246,11 +246,11 @@ class Bus:
 
     async def read(
         self, stream: str, group: str, consumer: str, count: int, block_ms: int | None
-    ) -> list[Entry]:
+    ) -> list[Delivery]:
         """XREADGROUP of new entries ('>') on the blocking pool."""
         reply = await self.blocking.xreadgroup(group, consumer, {stream: ">"}, count=count, block=block_ms)
         return [
-            Entry(stream, entry_id.decode(), {k.decode(): v for k, v in fields.items()})
+            Delivery(stream, entry_id.decode(), {k.decode(): v for k, v in fields.items()})
             for _, items in reply or []
             for entry_id, fields in items
         ]
@@ -291,7 +291,7 @@ class Bus:
         count: int,
         skip: Sequence[str] = (),
         since_ms: int = 0,
-    ) -> tuple[str, list[Entry]]:
+    ) -> tuple[str, list[Delivery]]:
         """Claim pending entries; an entry to be delivered once more than max_deliveries goes to `dead`.
 
         `own=False`: other consumers' entries idle past the lease (a delivery). `own=True`: this
@@ -319,10 +319,10 @@ class Bus:
         entries = []
         for r in reply[1:]:
             fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
-            entries.append(Entry(stream, r[0].decode(), fields, deliveries=int(r[1])))
+            entries.append(Delivery(stream, r[0].decode(), fields, deliveries=int(r[1])))
         return reply[0].decode() or "-", entries
 
-    async def dead_letter(self, entry: Entry, group: str, consumer: str, reason: str) -> str:
+    async def dead_letter(self, entry: Delivery, group: str, consumer: str, reason: str) -> str:
         """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it;
         an entry of a tracked stream also settles its prompt group as dead in the ledger: the group its
         `data` names (`entry_uid`), never one its plain `uid` field names, which is for people."""
@@ -330,7 +330,7 @@ class Bus:
         dead_uid = entry_uid(entry.fields) if tracked else ""
         copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
         where = (entry.stream, reason, entry.id, group, consumer, entry.deliveries)
-        letter = DeadLetter(*where, copied, settled=dead_uid)
+        letter = DeadLetterRecord(*where, copied, settled=dead_uid)
         out = Out(self.keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
         [(status, _)] = await self.handoff(entry.stream, group, consumer, [Item(entry, [out], dead_uid)])
         return status

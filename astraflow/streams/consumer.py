@@ -9,7 +9,7 @@ from redis.exceptions import ResponseError
 
 from astraflow.streams.bus import Bus
 from astraflow.streams.connection import BACKOFF_CAP_S, is_transient
-from astraflow.streams.entries import Entry, Out
+from astraflow.streams.entries import Delivery, Out
 
 RENEW_LAG_S = 1.5 * BACKOFF_CAP_S
 """How long after Redis is back a renewal in flight may still be backing off (the jittered cap)."""
@@ -36,7 +36,7 @@ class Consumer:
 
     def __init__(self, bus: Bus, stream: str, group: str, name: str) -> None:
         self.bus, self.stream, self.group, self.name = bus, stream, group, name
-        self.in_flight: dict[str, Entry] = {}
+        self.in_flight: dict[str, Delivery] = {}
         self._since_ms: int | None = None  # Redis time of the first read: deliveries before are not ours
         self._own_cursor: str | None = None
         self._rescan = True  # set from anywhere; the next read starts a new scan of own entries
@@ -49,7 +49,7 @@ class Consumer:
         """Take back own pending entries at the next read (after losing track of some)."""
         self._rescan = True
 
-    async def read(self, count: int, block_ms: int | None = None) -> list[Entry]:
+    async def read(self, count: int, block_ms: int | None = None) -> list[Delivery]:
         """Up to `count` entries: own lost ones, reclaimed ones, then new ones (blocking `block_ms`)."""
         if count <= 0:
             return []
@@ -59,7 +59,7 @@ class Consumer:
             self.in_flight[e.id] = e
         return entries
 
-    async def _read(self, count: int, block_ms: int) -> list[Entry]:
+    async def _read(self, count: int, block_ms: int) -> list[Delivery]:
         if self._since_ms is None:
             seconds, micros = await self.bus.redis.time()
             self._since_ms = seconds * 1000 + micros // 1000
@@ -72,8 +72,8 @@ class Consumer:
             if self.bus.failures != failures:  # a claim retried after a lost reply: what it got is ours
                 self._rescan = True
 
-    async def _claim_and_read(self, count: int, block_ms: int) -> list[Entry]:
-        out: list[Entry] = []
+    async def _claim_and_read(self, count: int, block_ms: int) -> list[Delivery]:
+        out: list[Delivery] = []
         while self._own_cursor is not None and len(out) < count:
             cursor, got = await self.bus.claim(
                 self.stream,
@@ -113,19 +113,19 @@ class Consumer:
             self._quiet_until = now + self.bus.settings.lease_ms / 1000 + RENEW_LAG_S
         return now >= self._next_reclaim and now >= self._quiet_until
 
-    async def renew(self) -> list[Entry]:
+    async def renew(self) -> list[Delivery]:
         """Renew the leases of everything held; returns (and forgets) entries lost to a reclaim."""
         lost = await self._retrying(self.bus.renew, self.stream, self.group, self.name, list(self.in_flight))
         return [self.in_flight.pop(i) for i in lost if i in self.in_flight]
 
-    async def complete(self, done: Sequence[tuple[Entry, Sequence[Out]]]) -> list[str]:
+    async def complete(self, done: Sequence[tuple[Delivery, Sequence[Out]]]) -> list[str]:
         """Publish each entry's outputs and acknowledge it, atomically; returns each item's status."""
         replies = await self.bus.handoff(self.stream, self.group, self.name, done)
         for e, _ in done:
             self.in_flight.pop(e.id, None)
         return [status for status, _ in replies]
 
-    async def release(self, entry: Entry, reason: str) -> None:
+    async def release(self, entry: Delivery, reason: str) -> None:
         """Hand an entry back for another delivery (its handler failed): dead after max_deliveries.
 
         Any consumer may take it next, this one included (its next read rescans its own entries). If the
@@ -135,7 +135,7 @@ class Consumer:
         finally:
             self.forget(entry.id)
 
-    async def dead_letter(self, entry: Entry, reason: str) -> None:
+    async def dead_letter(self, entry: Delivery, reason: str) -> None:
         """Send an entry that can never succeed (undecodable, invalid) straight to `dead`."""
         try:
             await self.bus.dead_letter(entry, self.group, self.name, reason)

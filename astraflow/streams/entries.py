@@ -1,5 +1,5 @@
-"""What the bus moves: a delivered entry, an entry to publish, one unit of a hand-off, and what a dead
-letter keeps of a field."""
+"""What the bus moves: a delivered entry (`Delivery`), an entry to publish, one unit of a hand-off, and
+what a dead letter keeps of a field."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from astraflow.streams.schema import Entry as Fields
+from astraflow.streams.schema import Entry
 
 # Statuses of one hand-off item.
 OK, DUP, LOST = "ok", "dup", "lost"
@@ -20,8 +20,8 @@ DEAD_FIELD_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
-class Entry:
-    """One delivered stream entry."""
+class Delivery:
+    """One delivered stream entry: where it was read, its fields, and how often it was delivered."""
 
     stream: str
     id: str
@@ -38,10 +38,10 @@ class Out(NamedTuple):
 
 
 class Item(NamedTuple):
-    """One unit of a hand-off: the input to acknowledge (an Entry, an entry id, or '' for none), the
+    """One unit of a hand-off: the input to acknowledge (a Delivery, an entry id, or '' for none), the
     entries to publish, and the uid of a prompt group to settle as dead ('' = none)."""
 
-    input: Entry | str
+    input: Delivery | str
     outs: Sequence[Out]
     dead_uid: str = ""
 
@@ -64,13 +64,13 @@ def entry_uid(fields: Mapping[str, bytes]) -> str:
     fields in order, `uid` first), or '' when it does not start so. Never the plain `uid` field beside it,
     which is for people: whatever decides about a group (dead-lettering, claim.lua, strays.lua) reads
     this. `entry_uid` in streams/lua/common.lua reads the same."""
-    data = fields.get(Fields.data)
+    data = fields.get(Entry.data)
     if not isinstance(data, bytes) or not data:
         return ""
     head = data[0]
     pos = 1 if 0x80 < head <= 0x8F else 1 + _MAP_HEADS.get(head, -1)
     key, pos = _msgpack_str(data, pos) if pos > 0 else (None, 0)
-    if key != Fields.uid.encode():
+    if key != Entry.uid.encode():
         return ""
     uid, _ = _msgpack_str(data, pos)
     return uid.decode(errors="replace") if uid is not None else ""

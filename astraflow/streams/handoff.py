@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Sequence
 
 from astraflow.streams.chunks import ARG_OVERHEAD_BYTES
-from astraflow.streams.entries import Entry, Item, Out
+from astraflow.streams.entries import Delivery, Item, Out
 from astraflow.streams.keys import Keys
 
 BINDING_CHARS = 32
@@ -29,7 +29,7 @@ def binding_of(stream: str, input_id: str, out: Out) -> str:
 def handoff_cost(keys: Keys, item: Item) -> tuple[int, int]:
     """(arguments, bytes) that `item` adds to a hand-off call, counting its keys as new ones (counted, not
     built: this runs for every entry handed off)."""
-    input_id = item.input.id if isinstance(item.input, Entry) else item.input
+    input_id = item.input.id if isinstance(item.input, Delivery) else item.input
     n_args, n_bytes = 3, len(input_id) + len(item.dead_uid) + 1
     for out in item.outs:
         n_args += 5 + 2 * len(out.fields)
@@ -54,7 +54,7 @@ def handoff_call(
 
     args: list[bytes | str | int] = [group, consumer, ttl_ms, len(items)]
     for entry, outs, dead_uid in items:
-        input_id = entry.id if isinstance(entry, Entry) else entry
+        input_id = entry.id if isinstance(entry, Delivery) else entry
         args += [input_id, dead_uid, len(outs)]
         for out in outs:
             dedup = key_index(keys.dedup(out.dedup)) if out.dedup else 0

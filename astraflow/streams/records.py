@@ -4,7 +4,7 @@ A record travels as flat plain fields (a person reads it with redis-cli as it is
 record it is; the field names are the schema's (`streams.schema.MetricEntry`, `DeadLetter`). Writers:
 the trainer (`TrainerStep`), the collector (`RolloutStats`, `EvalResult`: encoded here, added by its
 settle's collect.lua), submit_eval.lua (`EvalSubmitted`, names from the generated prelude), the bus and
-the scripts that dead-letter (`DeadLetter`). Readers: the launcher's progress and evals, `astraflow
+the scripts that dead-letter (`DeadLetterRecord`). Readers: the launcher's progress and evals, `astraflow
 scale`, tracking, the Prometheus endpoint, `astraflow trace` and `peek`.
 """
 
@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from astraflow.errors import DecodeError
-from astraflow.streams.schema import DeadLetter as D
-from astraflow.streams.schema import Entry as E
-from astraflow.streams.schema import MetricEntry as M
+from astraflow.streams.schema import DeadLetter, Entry, MetricEntry
 
 METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,63}")
 """What a workflow metric's name must be: printable, short, the same in TensorBoard, metrics.jsonl and
@@ -72,7 +70,7 @@ class EvalResult:
 @dataclass(frozen=True)
 class EvalSubmitted:
     # submit_eval.lua -> metrics: how many rows an eval dataset has at a version
-    KIND: ClassVar[str] = M.kind_eval_submitted
+    KIND: ClassVar[str] = MetricEntry.kind_eval_submitted
     version: int
     dataset: str
     rows: int
@@ -80,9 +78,9 @@ class EvalSubmitted:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetterRecord:
     # anyone -> `dead`: an entry set aside, where it came from and why
-    KIND: ClassVar[str] = D.kind
+    KIND: ClassVar[str] = DeadLetter.kind
     source: str
     """The stream (or set) it came from."""
     reason: str
@@ -99,66 +97,104 @@ class DeadLetter:
     @property
     def uid(self) -> str | None:
         """The plain `uid` field of the original entry, as its writer put it (None: it had none)."""
-        value = self.fields.get(E.uid)
+        value = self.fields.get(Entry.uid)
         return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-Record = TrainerStep | RolloutStats | EvalResult | EvalSubmitted | DeadLetter
+Record = TrainerStep | RolloutStats | EvalResult | EvalSubmitted | DeadLetterRecord
 
 
 def encode_record(r: Record) -> dict[str, Any]:
     """The entry's fields (str values; a dead letter's copied fields as they were)."""
     if isinstance(r, TrainerStep):
-        out = {E.model: r.model, E.version: str(r.version), M.batch: r.batch, M.data: json.dumps(r.stats)}
+        out = {
+            Entry.model: r.model,
+            Entry.version: str(r.version),
+            MetricEntry.batch: r.batch,
+            MetricEntry.data: json.dumps(r.stats),
+        }
     elif isinstance(r, RolloutStats):
-        out = {E.model: r.model, M.groups: str(r.groups), M.samples: str(r.samples)}
-        out[M.reward_sum] = repr(r.reward_sum)
-        out |= {M.metrics: json.dumps(r.metrics)} if r.metrics else {}
+        out = {Entry.model: r.model, MetricEntry.groups: str(r.groups), MetricEntry.samples: str(r.samples)}
+        out[MetricEntry.reward_sum] = repr(r.reward_sum)
+        out |= {MetricEntry.metrics: json.dumps(r.metrics)} if r.metrics else {}
     elif isinstance(r, EvalResult):
-        out = {E.model: r.model, M.dataset: r.dataset, E.version: str(r.version), M.rows: str(r.rows)}
-        out[M.sums] = json.dumps(r.sums)
+        out = {
+            Entry.model: r.model,
+            MetricEntry.dataset: r.dataset,
+            Entry.version: str(r.version),
+            MetricEntry.rows: str(r.rows),
+        }
+        out[MetricEntry.sums] = json.dumps(r.sums)
     elif isinstance(r, EvalSubmitted):
-        out = {E.version: str(r.version), M.dataset: r.dataset, M.rows: str(r.rows)}
+        out = {Entry.version: str(r.version), MetricEntry.dataset: r.dataset, MetricEntry.rows: str(r.rows)}
     else:
-        out = {D.source: r.source, D.source_id: r.source_id, D.group: r.group, D.consumer: r.consumer}
-        out |= {D.deliveries: str(r.deliveries)} if r.deliveries is not None else {}
-        out[D.reason] = r.reason
-        out |= {D.settled: r.settled} if r.settled else {}
-        return {E.kind: r.KIND, **out, **{D.copied(k): v for k, v in r.fields.items()}}
-    return {E.kind: r.KIND, **out, M.time: f"{r.time:.3f}"}
+        out = {
+            DeadLetter.source: r.source,
+            DeadLetter.source_id: r.source_id,
+            DeadLetter.group: r.group,
+            DeadLetter.consumer: r.consumer,
+        }
+        out |= {DeadLetter.deliveries: str(r.deliveries)} if r.deliveries is not None else {}
+        out[DeadLetter.reason] = r.reason
+        out |= {DeadLetter.settled: r.settled} if r.settled else {}
+        return {Entry.kind: r.KIND, **out, **{DeadLetter.copied(k): v for k, v in r.fields.items()}}
+    return {Entry.kind: r.KIND, **out, MetricEntry.time: f"{r.time:.3f}"}
 
 
 def decode_record(raw: Mapping[Any, Any]) -> Record | None:
     """The record an entry holds (None: not a record's kind); DecodeError names a bad field."""
     f = {_text(k): v for k, v in raw.items()}
-    kind = _text(f.get(E.kind, b""))
+    kind = _text(f.get(Entry.kind, b""))
     try:
-        if kind == D.kind:
-            copied = {k.removeprefix(D.copied("")): v for k, v in f.items() if k.startswith(D.copied(""))}
-            deliveries = f.get(D.deliveries)
-            return DeadLetter(
-                source=_text(f[D.source]),
-                reason=_text(f.get(D.reason, b"")),
-                source_id=_text(f.get(D.source_id, b"")),
-                group=_text(f.get(D.group, b"")),
-                consumer=_text(f.get(D.consumer, b"")),
+        if kind == DeadLetter.kind:
+            copied = {
+                k.removeprefix(DeadLetter.copied("")): v
+                for k, v in f.items()
+                if k.startswith(DeadLetter.copied(""))
+            }
+            deliveries = f.get(DeadLetter.deliveries)
+            return DeadLetterRecord(
+                source=_text(f[DeadLetter.source]),
+                reason=_text(f.get(DeadLetter.reason, b"")),
+                source_id=_text(f.get(DeadLetter.source_id, b"")),
+                group=_text(f.get(DeadLetter.group, b"")),
+                consumer=_text(f.get(DeadLetter.consumer, b"")),
                 deliveries=None if deliveries is None else int(deliveries),
                 fields=copied,
-                settled=_text(f.get(D.settled, b"")),
+                settled=_text(f.get(DeadLetter.settled, b"")),
             )
         t = {k: _text(v) for k, v in f.items()}
         if kind == TrainerStep.KIND:
-            stats = json.loads(t[M.data])
-            return TrainerStep(t[E.model], int(t[E.version]), t[M.batch], float(t[M.time]), stats)
+            stats = json.loads(t[MetricEntry.data])
+            return TrainerStep(
+                t[Entry.model], int(t[Entry.version]), t[MetricEntry.batch], float(t[MetricEntry.time]), stats
+            )
         if kind == RolloutStats.KIND:
-            metrics = json.loads(t.get(M.metrics, "{}"))
-            groups, samples, reward_sum = int(t[M.groups]), int(t[M.samples]), float(t[M.reward_sum])
-            return RolloutStats(t[E.model], groups, samples, reward_sum, float(t[M.time]), metrics)
+            metrics = json.loads(t.get(MetricEntry.metrics, "{}"))
+            groups, samples, reward_sum = (
+                int(t[MetricEntry.groups]),
+                int(t[MetricEntry.samples]),
+                float(t[MetricEntry.reward_sum]),
+            )
+            return RolloutStats(
+                t[Entry.model], groups, samples, reward_sum, float(t[MetricEntry.time]), metrics
+            )
         if kind == EvalResult.KIND:
-            version, rows, sums = int(t[E.version]), int(t[M.rows]), json.loads(t[M.sums])
-            return EvalResult(t[E.model], t[M.dataset], version, rows, sums, float(t[M.time]))
+            version, rows, sums = (
+                int(t[Entry.version]),
+                int(t[MetricEntry.rows]),
+                json.loads(t[MetricEntry.sums]),
+            )
+            return EvalResult(
+                t[Entry.model], t[MetricEntry.dataset], version, rows, sums, float(t[MetricEntry.time])
+            )
         if kind == EvalSubmitted.KIND:
-            return EvalSubmitted(int(t[E.version]), t[M.dataset], int(t[M.rows]), float(t[M.time]))
+            return EvalSubmitted(
+                int(t[Entry.version]),
+                t[MetricEntry.dataset],
+                int(t[MetricEntry.rows]),
+                float(t[MetricEntry.time]),
+            )
     except KeyError as e:
         raise DecodeError(f"{kind} record: missing field {e.args[0]!r}") from None
     except ValueError as e:

@@ -11,9 +11,9 @@ import structlog
 from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy, describe
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
-from astraflow.streams.entries import DUP, LOST, OK, Entry, Out
+from astraflow.streams.entries import DUP, LOST, OK, Delivery, Out
 
-Handler = Callable[[Entry], Awaitable[Sequence[Out]]]
+Handler = Callable[[Delivery], Awaitable[Sequence[Out]]]
 log = structlog.get_logger(__name__)
 
 
@@ -42,7 +42,7 @@ class Runner:
         self._tasks: dict[str, asyncio.Task] = {}
         """Per held entry: its handler, or the release or dead letter settling its failure."""
         self._started: dict[str, float] = {}  # when each running handler started (loop time), in order
-        self._done: list[tuple[Entry, Sequence[Out]]] = []
+        self._done: list[tuple[Delivery, Sequence[Out]]] = []
         self._committing = 0
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
@@ -100,7 +100,7 @@ class Runner:
             # did not hand off stays pending and is taken back after the lease.
             await cancel_and_wait([*self._tasks.values(), *helpers])
 
-    async def _read_until(self, stop: asyncio.Event, count: int, block_ms: int) -> list[Entry]:
+    async def _read_until(self, stop: asyncio.Event, count: int, block_ms: int) -> list[Delivery]:
         """The next entries. A read still waiting for Redis when `stop` is set gets its block time and a
         socket timeout to end, then is abandoned (a worker stops during an outage too): entries it may
         have been given stay pending and are reclaimed after the lease."""
@@ -138,14 +138,14 @@ class Runner:
                 await self._release(entry, "worker stopped before finishing it")
         await self._commit()
 
-    def _start(self, entry: Entry) -> None:
+    def _start(self, entry: Delivery) -> None:
         """Run the handler on `entry` as a task of its own; `_finished` takes its result."""
         task = asyncio.ensure_future(self.handler(entry))
         self._tasks[entry.id] = task
         self._started[entry.id] = asyncio.get_running_loop().time()
         task.add_done_callback(lambda t: self._finished(entry, t))
 
-    def _finished(self, entry: Entry, task: asyncio.Task) -> None:
+    def _finished(self, entry: Delivery, task: asyncio.Task) -> None:
         """A handler ended: its outputs wait for the next hand-off; a failure is settled by a task."""
         if self._tasks.get(entry.id) is not task:  # it timed out: settled by `_timeouts`
             return
@@ -167,13 +167,13 @@ class Runner:
                 return
         self._settle(entry, self._failed(entry, error))
 
-    def _settle(self, entry: Entry, settling) -> None:
+    def _settle(self, entry: Delivery, settling) -> None:
         """Run `settling` (a release or a dead letter of `entry`) as a task the runner holds and drains."""
         task = asyncio.ensure_future(settling)
         self._tasks[entry.id] = task
         task.add_done_callback(lambda t: self._task_done(entry.id, t))
 
-    async def _failed(self, entry: Entry, error: BaseException) -> None:
+    async def _failed(self, entry: Delivery, error: BaseException) -> None:
         """An entry that can never succeed goes to `dead` at once; any other failure releases it."""
         if not isinstance(error, DecodeError | MessageTooLarge):
             self.log.warning("entry_failed", id=entry.id, deliveries=entry.deliveries, error=describe(error))
@@ -207,7 +207,7 @@ class Runner:
                 if entry is not None:
                     self._settle(entry, self._release(entry, self.unhealthy))
 
-    async def _release(self, entry: Entry, reason: str) -> None:
+    async def _release(self, entry: Delivery, reason: str) -> None:
         try:
             await self.consumer.release(entry, reason)
             self.stats["released"] += 1

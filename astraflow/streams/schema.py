@@ -104,8 +104,15 @@ class Counters:
     """Groups of a model dropped for a reason (`stale_ingest`, `stale_wait`, a filter's)."""
 
 
+SCHEMA_VERSION = 2
+"""The encoding of the entries, in their `schema` field: `messages` writes it and refuses an entry of
+another, form.lua writes it into batch entries (`BatchEntry.schema`). 2: a rollout group's trajectories
+travel as columns (`decoding.Columns`); 1: as a list of maps."""
+
+
 class Entry:
-    """Header fields of a stream entry (beside the msgpack `data` of a message; see `messages`)."""
+    """Header fields of a stream entry (beside the msgpack `data` of a message; see `messages`). `uid`,
+    `model` and `version` are also the attributes of a message they are copied from."""
 
     kind = "kind"
     schema = "schema"
@@ -120,8 +127,8 @@ class BatchEntry:
 
     kind = "batch"
     """Its `kind`."""
-    schema = "2"
-    """Its `schema` (the codec's `messages.SCHEMA`: `decode_batch` refuses another)."""
+    schema = str(SCHEMA_VERSION)
+    """Its `schema` (`messages.decode_batch` refuses another)."""
     seq = "seq"
     groups = "groups"
     """Uids of its groups, space-separated."""
@@ -129,6 +136,41 @@ class BatchEntry:
     """Uids of the groups mixed in from the replay set, space-separated."""
     refs = "refs"
     """Where each group's SampleGroup is kept (fields of `samples:<model>`), in group order."""
+
+
+class Plain:
+    """Fields a message's entry carries beside `data` for a person reading it with redis-cli
+    (`messages.Message.readable`): never decoded, nor read by a script, so not among `NAMESPACES`."""
+
+    policy = "policy"
+    workflow = "workflow"
+    samples = "n"
+    """Samples of a prompt group, or trajectories of a rollout group."""
+    eval_version = "eval_version"
+    raas = "raas"
+    status = "status"
+    """`ok` or `failed`."""
+    reward = "reward"
+    """Mean reward of a rollout group."""
+    tokens = "tokens"
+    token_versions = "token_versions"
+    """`<lowest>..<highest>` weight version among a rollout group's tokens."""
+    error = "error"
+    load = "load"
+    """`model=version ...` of a version notice."""
+    eval = "eval"
+    step = "step"
+    incarnation = "incarnation"
+    sync = "sync"
+    """A weight manifest's kind: `full` or `delta`."""
+    base_version = "base_version"
+    nbytes = "nbytes"
+    region = "region"
+    capacity = "capacity"
+    in_flight = "in_flight"
+    versions = "versions"
+    engine = "engine"
+    groups = "groups"
 
 
 class DeadLetter:

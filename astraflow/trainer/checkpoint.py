@@ -26,7 +26,9 @@ MAX_CONSUMED = 100_000
 
 
 @dataclass
-class State:
+class TrainerState:
+    """What a checkpoint holds of the trainer beside its tensors: where it is and what it trained."""
+
     version: int = 0
     step: int = 0
     """Optimizer steps taken."""
@@ -82,7 +84,7 @@ def _fsync(path: Path) -> None:
 
 def save(
     root: Path,
-    state: State,
+    state: TrainerState,
     model_state: dict,
     optim_state: dict,
     scheduler_state: dict,
@@ -124,7 +126,7 @@ def latest(root: Path) -> Path | None:
 
 def load(
     path: Path, run: str, adopt: bool = False
-) -> tuple[State, dict, dict, dict, list[dict[str, torch.Tensor]]]:
+) -> tuple[TrainerState, dict, dict, dict, list[dict[str, torch.Tensor]]]:
     """(state, model state dict, optimizer state dict, scheduler state dict, every rank's RNG states for
     `restore_rng`; a checkpoint from before per-rank states has rank 0's CPU state only).
     Raises ForeignCheckpointError, before loading anything, for a checkpoint of a run other than `run`
@@ -149,7 +151,7 @@ def load(
     optim = torch.load(path / "optim.pt", weights_only=True)
     rng = torch.load(path / "rng.pt", weights_only=True)
     last_batch = meta.get("last_batch", "0-0")
-    state = State(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch)
+    state = TrainerState(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch)
     return state, model_state, optim["optimizer"], optim["scheduler"], rng.get("ranks", [rng])
 
 

@@ -13,12 +13,19 @@ loses the store (it lived in rank 0) raises RankLostError instead of waiting for
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.distributed as dist
 
 from astraflow.errors import AstraflowError
+
+if TYPE_CHECKING:
+    from astraflow.messages import Batch
+    from astraflow.trainer.checkpoint import TrainerState
 
 PREFIX = "astraflow/trainer/"
 """Keys of this module on the job's store: `cmd/<n>` (command n), `cmd/<n>/read` (followers that read
@@ -31,6 +38,72 @@ class RankLostError(AstraflowError):
     """Rank 0 of a trainer is gone (dead, or stuck past the collective timeout): the follower exits."""
 
 
+@dataclass(frozen=True)
+class Command:
+    """What every rank of a trainer executes, rank 0 having decided it; its fields are its payload. Each
+    kind has one handler (`TrainerService._execute`)."""
+
+    NAME: ClassVar[str] = ""
+
+    def for_followers(self) -> Command | None:
+        """What the other ranks receive of it (None: its name alone)."""
+        return self if dataclasses.fields(self) else None
+
+
+@dataclass(frozen=True)
+class Restore(Command):
+    # rank 0 -> every rank: a checkpoint to resume from (`checkpoint.load`'s parts)
+    NAME: ClassVar[str] = "restore"
+    state: TrainerState | None
+    model_state: dict[str, Any]
+    """Full (unsharded) tensors: rank 0 loads them and sends every rank its shards."""
+    optim_state: dict[str, Any]
+    sched_state: dict[str, Any]
+    rngs: list[dict[str, Any]]
+
+    def for_followers(self) -> Restore:
+        """The scheduler and RNG states; the state and tensors stay on rank 0 (it sends the shards)."""
+        return dataclasses.replace(self, state=None, model_state={}, optim_state={})
+
+
+@dataclass(frozen=True)
+class Train(Command):
+    # rank 0 -> every rank: one step on a batch
+    NAME: ClassVar[str] = "train"
+    batch: Batch
+    version: int
+    """The version of the weights trained."""
+
+
+@dataclass(frozen=True)
+class PublicationState(Command):
+    # rank 0 -> every rank: the weights to publish, live or gathered in the served dtype
+    NAME: ClassVar[str] = "model_state"
+
+
+@dataclass(frozen=True)
+class RngState(Command):
+    # rank 0 -> every rank: gather the ranks' RNG states (for a checkpoint)
+    NAME: ClassVar[str] = "rng"
+
+
+@dataclass(frozen=True)
+class FullState(Command):
+    # rank 0 -> every rank: float32 host copies of the model and optimizer (to checkpoint and publish)
+    NAME: ClassVar[str] = "full_state"
+
+
+@dataclass(frozen=True)
+class Stop(Command):
+    # rank 0 -> every rank: leave the loop
+    NAME: ClassVar[str] = "stop"
+
+
+COMMANDS: dict[str, type[Command]] = {
+    cls.NAME: cls for cls in (Restore, Train, PublicationState, RngState, FullState, Stop)
+}
+
+
 def _store():
     return dist.PrefixStore(PREFIX, dist.distributed_c10d._get_default_store())
 
@@ -41,7 +114,7 @@ def _own_client(store):
     return store.clone() if hasattr(store, "clone") else store
 
 
-class Heartbeat:
+class RankHeartbeat:
     """Rank 0's sign of life on the job's store, from a thread, from joining the job (`distributed.setup`)
     to leaving it: it beats while rank 0 still connects to Redis, waits for a batch, or executes."""
 
@@ -69,10 +142,11 @@ class Leader:
     def __init__(self) -> None:
         self._store, self._next = _store(), 0
 
-    def send(self, cmd: str, payload=None) -> None:
-        """Post `cmd` to every follower, then broadcast `payload` (not None: pickled by torch between our
-        own ranks only). Collective once posted."""
-        self._store.set(f"cmd/{self._next}", f"{cmd} {int(payload is not None)}")
+    def send(self, cmd: Command) -> None:
+        """Post `cmd`'s name to every follower, then broadcast what followers get of it (if more than its
+        name: pickled by torch between our own ranks only). Collective once posted."""
+        payload = cmd.for_followers()
+        self._store.set(f"cmd/{self._next}", f"{cmd.NAME} {int(payload is not None)}")
         self._next += 1
         if payload is not None:
             dist.broadcast_object_list([payload], src=0)
@@ -86,20 +160,21 @@ class Follower:
         self._timeout_s = timeout_s
         self._others = dist.get_world_size() - 1
 
-    def receive(self) -> tuple[str, object]:
+    def receive(self) -> Command:
         """Wait (outside any collective) for rank 0's next command; then its payload (a collective).
         Raises RankLostError when rank 0 gives no heartbeat for the timeout or the store is lost."""
         key = f"cmd/{self._next}"
         self._wait(key)
-        cmd, has_payload = self._store.get(key).decode().split()
+        name, has_payload = self._store.get(key).decode().split()
         if self._store.add(f"{key}/read", 1) == self._others:  # the last reader: nobody needs them now
             self._store.delete_key(key)
             self._store.delete_key(f"{key}/read")
         self._next += 1
-        box = [None]
-        if has_payload == "1":
-            dist.broadcast_object_list(box, src=0)
-        return cmd, box[0]
+        if has_payload != "1":
+            return COMMANDS[name]()
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def _wait(self, key: str) -> None:
         beats, slice_ = self._beats(), timedelta(seconds=self._timeout_s / 2)

@@ -32,7 +32,7 @@ GATHER_BUCKET_BYTES = 512 << 20
 every rank holds one such buffer while it gathers, rank 0 keeps the whole served state."""
 _host_group = None
 """The group for collectives on host memory: gloo beside NCCL (None: the default group is gloo)."""
-_heartbeat: commands.Heartbeat | None = None
+_heartbeat: commands.RankHeartbeat | None = None
 """Rank 0's sign of life for the other ranks while it is in the job."""
 
 
@@ -58,7 +58,7 @@ def setup(device: torch.device | None = None, timeout_s: float = DEFAULT_TIMEOUT
         if device.type == "cuda":
             _host_group = dist.new_group(backend="gloo", timeout=timeout)
         if dist.get_rank() == 0:
-            _heartbeat = commands.Heartbeat(timeout_s)
+            _heartbeat = commands.RankHeartbeat(timeout_s)
     return world()
 
 

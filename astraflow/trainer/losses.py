@@ -23,9 +23,10 @@ LOG_RATIO_MAX.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from astraflow.trainer.settings import LossSettings
@@ -60,20 +61,31 @@ class Terms:
 
 Correction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, LossSettings], Terms]
 CORRECTIONS: dict[str, Correction] = {}
-"""name -> fn(behav, prox, mask, settings); `prox` is None for `none` only."""
+"""name -> fn(behav, prox, mask, settings), each name a value of `loss.correction` (the settings' `Literal`;
+`tests/unit/test_registries.py` fails when the two differ)."""
+WITHOUT_PROX: set[str] = set()
+"""The corrections that never read `prox` (it is None for them: the trainer does not compute it)."""
 
 
-def correction(name: str) -> Callable[[Correction], Correction]:
-    """Register a correction under `name` (a value of `loss.correction`)."""
+def correction(name: str, reads_prox: bool = True) -> Callable[[Correction], Correction]:
+    """Register a correction under `name` (a value of `loss.correction`); `reads_prox`: whether it reads
+    the proximal logprobs, which the trainer then recomputes before each update."""
 
     def register(fn: Correction) -> Correction:
         CORRECTIONS[name] = fn
+        if not reads_prox:
+            WITHOUT_PROX.add(name)
         return fn
 
     return register
 
 
-@correction("none")
+def needs_prox(cfg: LossSettings) -> bool:
+    """Whether the loss of `cfg` reads the proximal (trainer) logprobs."""
+    return cfg.correction not in WITHOUT_PROX
+
+
+@correction("none", reads_prox=False)
 def ppo(behav, prox, mask, cfg: LossSettings) -> Terms:
     """PPO-clip (Schulman et al. 2017, arXiv 1707.06347) on the ratio to the behaviour logprobs, no
     correction: the engine's probabilities stand in for pi_old. Gradient -A r grad log pi inside the clip."""
@@ -142,7 +154,7 @@ def policy_loss(
     """The loss of one micro-batch and its statistics. `denominator`: trained tokens (token_mean) or
     sequences (sequence_mean) of the whole minibatch, so micro-batch losses add up to its mean."""
     mask = mask.to(logp.dtype)
-    if cfg.needs_prox and prox is None:
+    if prox is None and needs_prox(cfg):
         raise ValueError(f"correction {cfg.correction!r} needs the proximal (trainer) logprobs")
     terms = CORRECTIONS[cfg.correction](behav, prox, mask, cfg)
     log_ratio = logp - terms.base
@@ -181,15 +193,51 @@ def policy_loss(
     return total, stats
 
 
+def token_mean(values: torch.Tensor, mask: torch.Tensor, denominator: float | None) -> torch.Tensor:
+    """Sum of the masked values over trained tokens, divided by `denominator` (default: this batch's
+    trained tokens)."""
+    return (values * mask).sum() / (denominator or mask.sum().clamp(min=1))
+
+
+def sequence_mean(values: torch.Tensor, mask: torch.Tensor, denominator: float | None) -> torch.Tensor:
+    """Sum of the per-sequence token means, divided by `denominator` (default: this batch's sequences with
+    a trained token)."""
+    per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / (denominator or max(int((mask.sum(-1) > 0).sum()), 1))
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    reduce: Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor]
+    """fn(values, mask, denominator): the loss of a micro-batch."""
+    units: Callable[[np.ndarray], int]
+    """What one sample counts in the denominator, from its trained-token mask (tokens, or 1 sequence)."""
+
+
+AGGREGATIONS = {
+    "token_mean": Aggregation(token_mean, lambda mask: int(mask.sum())),
+    "sequence_mean": Aggregation(sequence_mean, lambda mask: int(mask.any())),
+}
+"""`loss.aggregation` -> how micro-batch losses add up to a minibatch's mean."""
+
+
+def _aggregation(how: str) -> Aggregation:
+    try:
+        return AGGREGATIONS[how]
+    except KeyError:
+        raise ValueError(f"unknown aggregation: {how!r}") from None
+
+
 def aggregate(values: torch.Tensor, mask: torch.Tensor, how: str, denominator: float | None) -> torch.Tensor:
-    """Sum of the masked values over trained tokens (token_mean) or of the per-sequence token means
-    (sequence_mean), divided by `denominator` (default: this batch's tokens or sequences)."""
-    if how == "token_mean":
-        return (values * mask).sum() / (denominator or mask.sum().clamp(min=1))
-    if how == "sequence_mean":
-        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.sum() / (denominator or max(int((mask.sum(-1) > 0).sum()), 1))
-    raise ValueError(f"unknown aggregation: {how!r}")
+    """The loss of masked `values` aggregated as `how` (a key of AGGREGATIONS)."""
+    return _aggregation(how).reduce(values, mask, denominator)
+
+
+def denominator(cfg: LossSettings, masks: Iterable[np.ndarray]) -> int:
+    """The units (tokens or sequences, by `cfg.aggregation`) that samples with trained-token `masks` count:
+    a minibatch's, so its micro-batch losses add up to its mean."""
+    units = _aggregation(cfg.aggregation).units
+    return sum(units(mask) for mask in masks)
 
 
 def m2po_keep(sq: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -217,12 +265,18 @@ def m2po_keep(sq: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.T
     return keep * (~drop).to(sq.dtype)
 
 
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": lambda d: -d,
+    "k2": lambda d: 0.5 * d**2,
+    "k3": lambda d: torch.exp(d) - d - 1,
+}
+"""`loss.kl_estimator` -> the per-token estimate of KL(pi_theta || pi_ref) from d = ref - logp."""
+
+
 def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
-    d = ref - logp
-    if estimator == "k1":
-        return -d
-    if estimator == "k2":
-        return 0.5 * d**2
-    if estimator == "k3":
-        return torch.exp(d) - d - 1
-    raise ValueError(f"unknown KL estimator: {estimator!r}")
+    """The per-token KL penalty to the reference by `estimator` (a key of KL_ESTIMATORS)."""
+    try:
+        fn = KL_ESTIMATORS[estimator]
+    except KeyError:
+        raise ValueError(f"unknown KL estimator: {estimator!r}") from None
+    return fn(ref - logp)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import shutil
 import time
 from collections.abc import Callable
@@ -74,7 +75,7 @@ class TrainerService:
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
-        self.state = checkpoint.State()
+        self.state = checkpoint.TrainerState()
         self.publisher: WeightPublisher | None = None
         self._evals = EvalCadence(settings.eval_every, settings.eval_every_s)
         self._unacked: list[Received] = []
@@ -88,43 +89,48 @@ class TrainerService:
     # -- every rank -----------------------------------------------------------------------------------
     # Rank 0 decides and posts each command (`commands`); every rank executes it (the collectives line up).
 
-    def _execute(self, cmd: str, arg=None):
-        p = self.policy
-        if cmd == "restore":
-            state, model_state, optim_state, sched_state, rngs = arg
-            distributed.load_full_state(p.model, p.optimizer, model_state, optim_state)
-            if sched_state:
-                p.scheduler.load_state_dict(sched_state)
-            checkpoint.restore_rng(rngs, self.rank, self.device)
-            return state
-        if cmd == "train":  # (batch, the version trained)
-            return p.step(*arg)
-        if cmd == "model_state":  # to publish: live or gathered in the served dtype, awaited before a step
-            return distributed.publication_state(p.model, self._served_dtype)
-        if cmd == "rng":
-            return distributed.gather(checkpoint.rng_state(self.device))
-        if cmd == "full_state":  # to checkpoint (and publish meanwhile): float32 host copies
-            return distributed.full_model_state(p.model), distributed.full_optimizer_state(
-                p.model, p.optimizer
-            )
+    @functools.singledispatchmethod
+    def _execute(self, cmd: commands.Command):
         raise ValueError(f"unknown trainer command {cmd!r}")
 
-    def _all(self, cmd: str, arg=None):
+    @_execute.register(commands.Restore)
+    def _restore(self, cmd: commands.Restore) -> None:
+        p = self.policy
+        distributed.load_full_state(p.model, p.optimizer, cmd.model_state, cmd.optim_state)
+        if cmd.sched_state:
+            p.scheduler.load_state_dict(cmd.sched_state)
+        checkpoint.restore_rng(cmd.rngs, self.rank, self.device)
+
+    @_execute.register(commands.Train)
+    def _step(self, cmd: commands.Train) -> dict[str, float]:
+        return self.policy.step(cmd.batch, cmd.version)
+
+    @_execute.register(commands.PublicationState)
+    def _publication_state(self, cmd: commands.PublicationState):
+        """To publish: live or gathered in the served dtype, awaited before a step."""
+        return distributed.publication_state(self.policy.model, self._served_dtype)
+
+    @_execute.register(commands.RngState)
+    def _rng_state(self, cmd: commands.RngState):
+        return distributed.gather(checkpoint.rng_state(self.device))
+
+    @_execute.register(commands.FullState)
+    def _full_state(self, cmd: commands.FullState):
+        """To checkpoint (and publish meanwhile): float32 host copies of the model and optimizer."""
+        p = self.policy
+        return distributed.full_model_state(p.model), distributed.full_optimizer_state(p.model, p.optimizer)
+
+    def _all(self, cmd: commands.Command):
         """Run a command on every rank (rank 0 only; blocking)."""
         if self._leader is not None:
-            # Followers get the batch; of a checkpoint, scheduler and RNG states (rank 0 sends the shards).
-            shared = arg if cmd == "train" else (None, {}, {}, *arg[3:]) if cmd == "restore" else None
-            self._leader.send(cmd, shared)
-        return self._execute(cmd, arg)
+            self._leader.send(cmd)
+        return self._execute(cmd)
 
     def follow(self) -> None:
         """Ranks > 0: execute rank 0's commands until it says stop (RankLostError when rank 0 is gone)."""
         follower = commands.Follower(self.trainer.collective_timeout_s)
-        while True:
-            cmd, arg = follower.receive()
-            if cmd == "stop":
-                return
-            self._execute(cmd, arg)
+        while not isinstance(cmd := follower.receive(), commands.Stop):
+            self._execute(cmd)
 
     # -- rank 0 -----------------------------------------------------------------------------------------
 
@@ -133,7 +139,7 @@ class TrainerService:
             await self._run(stop)
         finally:
             if self._leader is not None:
-                self._leader.send("stop")
+                self._leader.send(commands.Stop())
 
     async def _run(self, stop: asyncio.Event) -> None:
         identity = await self.bus.identity()
@@ -145,10 +151,10 @@ class TrainerService:
                 checkpoint.load, latest, identity.nonce, self.trainer.adopt_checkpoint
             )
             self.state = restored[0]
-            await asyncio.to_thread(self._all, "restore", restored)
+            await asyncio.to_thread(self._all, commands.Restore(*restored))
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
-        state = await asyncio.to_thread(self._all, "model_state")
+        state = await asyncio.to_thread(self._all, commands.PublicationState())
         weights = self.settings.weights
         root = buffer_root(weights, self.settings.run_name, f"trainer-{self.model_name}")
         specs = layout.layout(state, weights.dtype)
@@ -216,7 +222,7 @@ class TrainerService:
         if self.state.version % self.trainer.checkpoint_every == 0:  # reported again, none lost
             await self._commit()
         else:  # served and announced now; a restart from an older checkpoint rolls it back (see run)
-            model_state = await asyncio.to_thread(self._all, "model_state")
+            model_state = await asyncio.to_thread(self._all, commands.PublicationState())
             v = self.state.version
             await self.publisher.publish(model_state, v, self.state.step, eval_=self._eval(v), once=False)
 
@@ -234,7 +240,8 @@ class TrainerService:
         why = await self.batches.begin(received)
         if why is None:
             try:
-                stats = await asyncio.to_thread(self._all, "train", (received.batch, self.state.version))
+                train = commands.Train(received.batch, self.state.version)
+                stats = await asyncio.to_thread(self._all, train)
             except Exception as e:
                 await self.batches.failed(received, f"{type(e).__name__}: {e}")
                 raise
@@ -257,10 +264,10 @@ class TrainerService:
         weights go to the publication buffer meanwhile), acknowledge the batches it holds and announce
         its version (commits stay one at a time, in order)."""
         await self._committed()
-        model_state, optim_state = await asyncio.to_thread(self._all, "full_state")
+        model_state, optim_state = await asyncio.to_thread(self._all, commands.FullState())
         state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
         entries, self._unacked = self._unacked, []
-        rngs = await asyncio.to_thread(self._all, "rng")
+        rngs = await asyncio.to_thread(self._all, commands.RngState())
         rest = (self.policy.scheduler.state_dict(), rngs)
         self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
 

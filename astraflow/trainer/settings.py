@@ -42,11 +42,6 @@ class LossSettings(BaseModel):
     """Importance ratio per token, or one per sequence (geometric mean of its tokens' ratios)."""
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
 
-    @property
-    def needs_prox(self) -> bool:
-        """Whether the loss reads the proximal logprobs (recomputed by the trainer before the update)."""
-        return self.correction != "none"
-
     @model_validator(mode="after")
     def _icepop_bounds(self) -> LossSettings:
         if self.icepop_low >= self.icepop_high:

@@ -11,10 +11,9 @@ import numpy as np
 import torch
 
 from astraflow.messages import Batch
-from astraflow.trainer import devices
+from astraflow.trainer import devices, losses
 from astraflow.trainer.batching import MicroBatch, Sample, micro_batches, samples, split, token_logprobs
 from astraflow.trainer.distributed import sync_max, world
-from astraflow.trainer.losses import policy_loss
 from astraflow.trainer.settings import TrainerSettings
 
 
@@ -37,7 +36,7 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
-        self.needs_prox = settings.loss.needs_prox
+        self.needs_prox = losses.needs_prox(settings.loss)
         self.vocab = model.get_input_embeddings().num_embeddings
         self.skipped: str | None = None
         """Why the last `step` applied nothing (None: it was applied)."""
@@ -62,8 +61,18 @@ class PolicyTrainer:
             return {"skipped": 1.0}
         stats: dict[str, list[float]] = {}
         tokens = 0
+        for index, (part, mbs, prox) in enumerate(self._prepare(items)):
+            trained = self._minibatch(index, part, mbs, prox, stats)
+            if trained is None:  # not finite, nothing of it applied: `skipped` says why
+                return {"skipped": 1.0}
+            tokens += trained
+        self.model.eval()
+        return self._summary(batch, items, stats, tokens, time.perf_counter() - started)
+
+    def _prepare(self, items: list[Sample]) -> list[tuple[list[Sample], list[MicroBatch], list]]:
+        """The minibatches of `items`: each one's samples, this rank's micro-batches of it on the device,
+        and their proximal logprobs (None where the loss reads none)."""
         rank, size = world()
-        cfg = self.settings.loss
         parts = split(items, self.settings.minibatches)
         part_mbs = [
             [devices.to_device(mb, self.device) for mb in self._micro_batches(part[rank::size], part[0])]
@@ -74,54 +83,69 @@ class PolicyTrainer:
         part_prox = [
             [self._logprobs(self.model, mb) if self.needs_prox else None for mb in mbs] for mbs in part_mbs
         ]
-        for index, (part, mbs, prox) in enumerate(zip(parts, part_mbs, part_prox, strict=True)):
-            # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
-            # ranks, so each rank's share of the mean is scaled by the world size.
-            denominator = (
-                sum(
-                    int(s.mask[1:].sum()) if cfg.aggregation == "token_mean" else int(s.mask[1:].any())
-                    for s in part
-                )
-                / size
-            )
-            refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
-            self.model.train()
+        return list(zip(parts, part_mbs, part_prox, strict=True))
+
+    def _minibatch(
+        self, index: int, part: list[Sample], mbs: list[MicroBatch], prox: list, stats: dict[str, list[float]]
+    ) -> int | None:
+        """One optimizer step on minibatch `index` (its samples `part`, this rank's micro-batches `mbs`),
+        its statistics added to `stats`: the tokens trained, or None when its loss or gradient norm is not
+        finite on any rank (nothing applied; `skipped` says why)."""
+        # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
+        # ranks, so each rank's share of the mean is scaled by the world size.
+        denominator = losses.denominator(self.settings.loss, (s.mask[1:] for s in part)) / world()[1]
+        refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for mb, p, r in zip(mbs, prox, refs, strict=True):
+            loss_sum += self._backward(mb, p, r, float(denominator), stats)
+        norm = self._grad_norm()
+        stats.setdefault("grad_norm", []).append(norm)
+        if sync_max(int(not (math.isfinite(loss_sum) and math.isfinite(norm)))):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for mb, p, r in zip(mbs, prox, refs, strict=True):
-                with self.autocast():
-                    logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
-                loss, s = policy_loss(logp, mb.behav, mb.adv, mb.mask, cfg, p, r, float(denominator))
-                loss.backward()
-                n = mb.mask.sum().clamp(min=1)
-                s["loss"] = float(loss.detach())
-                loss_sum += s["loss"]
-                s["entropy"] = float((entropy * mb.mask).sum() / n)
-                s["engine_mismatch"] = float(((logp.detach() - mb.behav).abs() * mb.mask).sum() / n)
-                for k, v in s.items():
-                    stats.setdefault(k, []).append(v)
-                tokens += mb.n_tokens
-            if self.settings.grad_clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
-            else:
-                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-                norm = torch.nn.utils.get_total_norm(grads)
-            stats.setdefault("grad_norm", []).append(float(norm))
-            if sync_max(int(not (math.isfinite(loss_sum) and math.isfinite(float(norm))))):
-                self.optimizer.zero_grad(set_to_none=True)
-                self.model.eval()
-                self.skipped = (
-                    f"minibatch {index}: loss {loss_sum} or gradient norm {float(norm)} is not finite"
-                )
-                return {"skipped": 1.0}
-            self.optimizer.step()
-            self.scheduler.step()
-            # Applied: the gradients (4 B/param, a fifth of a step's state) are not held while the
-            # trainer publishes and waits for its next batch.
-            self.optimizer.zero_grad(set_to_none=True)
-        self.model.eval()
+            self.model.eval()
+            self.skipped = f"minibatch {index}: loss {loss_sum} or gradient norm {norm} is not finite"
+            return None
+        self.optimizer.step()
+        self.scheduler.step()
+        # Applied: the gradients (4 B/param, a fifth of a step's state) are not held while the
+        # trainer publishes and waits for its next batch.
+        self.optimizer.zero_grad(set_to_none=True)
+        return sum(mb.n_tokens for mb in mbs)
+
+    def _backward(
+        self, mb: MicroBatch, prox, ref, denominator: float, stats: dict[str, list[float]]
+    ) -> float:
+        """Forward and backward of one micro-batch (its gradients add to the others'), its statistics
+        added to `stats`; its loss."""
+        with self.autocast():
+            logp, entropy = token_logprobs(self.model, mb, with_entropy=True)
+        loss, s = losses.policy_loss(
+            logp, mb.behav, mb.adv, mb.mask, self.settings.loss, prox, ref, denominator
+        )
+        loss.backward()
+        n = mb.mask.sum().clamp(min=1)
+        s["loss"] = float(loss.detach())
+        s["entropy"] = float((entropy * mb.mask).sum() / n)
+        s["engine_mismatch"] = float(((logp.detach() - mb.behav).abs() * mb.mask).sum() / n)
+        for k, v in s.items():
+            stats.setdefault(k, []).append(v)
+        return s["loss"]
+
+    def _grad_norm(self) -> float:
+        """The total norm of the gradients, which are clipped to `grad_clip` where it is set."""
+        if self.settings.grad_clip is not None:
+            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads))
+
+    def _summary(
+        self, batch: Batch, items: list[Sample], stats: dict[str, list[float]], tokens: int, elapsed: float
+    ) -> dict[str, float]:
+        """The statistics of a step applied whole: the mean of each micro-batch figure, the loss (the sum
+        of its micro-batch parts per minibatch), reward, staleness and its distribution, throughput."""
         lags = [s.version_lag for s in items]
-        elapsed = time.perf_counter() - started
         out = {k: float(np.mean(v)) for k, v in stats.items()}
         out["loss"] = float(np.sum(stats["loss"])) / self.settings.minibatches  # micro-batch parts add up
         rewards = [float(t.reward) for g in batch.groups for t in g.trajectories]

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from astraflow.launch.demo import rollout
-from astraflow.messages import SCHEMA, PromptGroup, decode, encode
+from astraflow.messages import SCHEMA_VERSION, PromptGroup, decode, encode
 from astraflow.streams import DUP, OK, Consumer, Out, Runner
 from astraflow.streams.keys import GROUP_RAAS
 from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
@@ -87,7 +87,7 @@ async def test_slow_entry_whose_owner_renews_is_never_reclaimed(bus, redis_url):
 
 async def test_poison_entries_go_to_dead_and_the_consumer_keeps_going(bus):
     uids = await feed(bus, 6)
-    junk = {"kind": "prompt_group", "schema": str(SCHEMA), "data": b"\xc1garbage"}
+    junk = {"kind": "prompt_group", "schema": str(SCHEMA_VERSION), "data": b"\xc1garbage"}
     await bus.publish(Out(bus.keys.prompts, junk, "junk"))
     later = await feed(bus, 8, start=6)  # published after the poison; must still be processed
     inner = await passthrough(bus, "c")

@@ -19,7 +19,7 @@ from astraflow import redis_server
 from astraflow.config import load_settings
 from astraflow.launch import launcher
 from astraflow.streams import Keys
-from astraflow.streams.records import DeadLetter, encode_record
+from astraflow.streams.records import DeadLetterRecord, encode_record
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,7 +85,7 @@ async def test_the_launcher_ends_a_run_whose_groups_all_die_and_doubts_a_stop_it
         watch = asyncio.create_task(launcher._watch(s, Workers(), False, None))
         await asyncio.sleep(1.5)
         r = aioredis.Redis.from_url(server.url)
-        letter = DeadLetter("prompts", "UnknownName: workflow 'nope' is not registered", "1-0")
+        letter = DeadLetterRecord("prompts", "UnknownName: workflow 'nope' is not registered", "1-0")
         await r.xadd(f"{Keys('outage').dead}", encode_record(letter))
         await r.hset(Keys("outage").ledger, mapping={"submitted": 3, "dead": 3})
         assert await asyncio.wait_for(watch, 30) == 5

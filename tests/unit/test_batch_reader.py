@@ -8,7 +8,7 @@ from astraflow.config import load_settings
 from astraflow.dataflow.batches import BatchReader
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
-from astraflow.messages import SCHEMA
+from astraflow.messages import SCHEMA_VERSION
 from astraflow.streams.keys import GROUP_TRAINER
 from tests.dataflow_helpers import SMALL_RUN, roll_out
 
@@ -44,7 +44,9 @@ async def test_read_hands_out_batches_with_their_samples(bus):
 
 async def test_an_undecodable_batch_is_dead_lettered_not_handed_out(bus):
     reader = BatchReader(bus, "policy", "trainer-policy")
-    bad = await put_batch(bus, 1, {"kind": "batch", "schema": str(SCHEMA), "uid": "x", "refs": "nowhere"})
+    bad = await put_batch(
+        bus, 1, {"kind": "batch", "schema": str(SCHEMA_VERSION), "uid": "x", "refs": "nowhere"}
+    )
     good = await put_batch(bus, 2)
     assert [r.id for r in await reader.read(2, block_ms=10)] == [good]
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)

@@ -11,7 +11,7 @@ import torch
 
 from astraflow.errors import ForeignCheckpointError
 from astraflow.trainer import checkpoint
-from astraflow.trainer.checkpoint import State
+from astraflow.trainer.checkpoint import TrainerState
 
 pytestmark = pytest.mark.timeout(60)
 CPU = torch.device("cpu")
@@ -31,7 +31,7 @@ def trained_model():
 
 def save(root, run: str = "n1"):
     model, optim, sched = trained_model()
-    state = State(version=2, step=2, run=run)
+    state = TrainerState(version=2, step=2, run=run)
     state.add("policy:n1:1", "5-0")
     state.add("policy:n1:2", "9-1")
     rng = checkpoint.rng_state(CPU)
@@ -65,7 +65,7 @@ def test_each_rank_gets_its_own_rng_state_back(tmp_path):
         torch.manual_seed(seed)
         ranks.append(checkpoint.rng_state(CPU))
     args = (model.state_dict(), optim.state_dict(), sched.state_dict(), ranks, 3)
-    rngs = checkpoint.load(checkpoint.save(tmp_path, State(version=1, run="n1"), *args), "n1")[4]
+    rngs = checkpoint.load(checkpoint.save(tmp_path, TrainerState(version=1, run="n1"), *args), "n1")[4]
     checkpoint.restore_rng(rngs, 1, CPU)
     assert torch.equal(torch.get_rng_state(), ranks[1]["torch"])
     mine = torch.get_rng_state()
@@ -93,7 +93,7 @@ def test_the_cuda_rng_state_round_trips(tmp_path):
     rng = checkpoint.rng_state(device)
     assert "cuda" in rng
     args = (model.state_dict(), optim.state_dict(), sched.state_dict(), [rng], 3)
-    path = checkpoint.save(tmp_path, State(version=1, run="n1"), *args)
+    path = checkpoint.save(tmp_path, TrainerState(version=1, run="n1"), *args)
     expected = torch.rand(4, device=device)  # what a trainer resumed from the checkpoint draws next
     torch.rand(100, device=device)
     checkpoint.restore_rng(checkpoint.load(path, "n1")[4], 0, device)
@@ -147,7 +147,7 @@ def test_a_checkpoint_that_names_no_run_is_refused_unless_adopted(tmp_path):
 
 
 def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_trained():
-    state = State(run="n1")
+    state = TrainerState(run="n1")
     state.add("policy:n1:7", "1000-0")
     assert state.trained("policy:n1:7", "1000-0")  # redelivered after a crash: trained, skip it
     assert state.trained("policy:n1:7", "999-3")

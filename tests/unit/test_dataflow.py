@@ -16,7 +16,7 @@ from astraflow.dataflow.service import Dataflow
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
-from astraflow.messages import SCHEMA, RolloutGroup, VersionNotice, decode, encode
+from astraflow.messages import SCHEMA_VERSION, RolloutGroup, VersionNotice, decode, encode
 from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
@@ -208,7 +208,7 @@ async def test_malformed_rollout_is_dead_lettered_and_the_collector_goes_on():
     await df.feeder.step()
     entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
     uid = entries[0].fields["uid"]
-    garbage = {"kind": b"rollout_group", "schema": str(SCHEMA).encode(), "uid": uid}
+    garbage = {"kind": b"rollout_group", "schema": str(SCHEMA_VERSION).encode(), "uid": uid}
     garbage["data"] = b"\xc1not msgpack"
     await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, garbage)])])
     await roll_out(bus, 1, lambda g, i: float(i % 2))

@@ -28,7 +28,7 @@ def trained_model(tiny_model: str):
 def save_checkpoint(root, model, version: int):
     from astraflow.trainer import checkpoint
 
-    state = checkpoint.State(version=version, step=version, run="0123456789ab")
+    state = checkpoint.TrainerState(version=version, step=version, run="0123456789ab")
     rng = [checkpoint.rng_state(torch.device("cpu"))]
     return checkpoint.save(root, state, model.state_dict(), {}, {}, rng, keep=2)
 

@@ -2,11 +2,12 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from astraflow.dataflow.checks import LOGPROB_FLOOR
-from astraflow.trainer.losses import CORRECTIONS, kl_estimate, m2po_keep, policy_loss
+from astraflow.trainer.losses import CORRECTIONS, denominator, kl_estimate, m2po_keep, policy_loss
 from astraflow.trainer.settings import LossSettings
 
 L = math.log
@@ -218,3 +219,9 @@ def test_a_logprob_at_the_collectors_floor_keeps_the_loss_and_its_gradient_finit
     loss, _ = loss_of(logp, behav, adv, torch.ones(3, 4), ratio_level=ratio_level, prox=prox, **cfg)
     loss.backward()
     assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
+
+
+def test_the_denominator_counts_trained_tokens_or_sequences():
+    masks = [np.ones(300, np.uint8), np.zeros(4, np.uint8), np.array([0, 1, 0], np.uint8)]
+    assert denominator(LossSettings(aggregation="token_mean"), masks) == 301  # (uint8 sums do not wrap)
+    assert denominator(LossSettings(aggregation="sequence_mean"), masks) == 2

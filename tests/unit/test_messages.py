@@ -1,6 +1,8 @@
 """Codec round trips for every message type, readable headers, and DecodeError on bad input."""
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -9,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from astraflow import messages
 from astraflow.dataflow.checks import check_values
 from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.verdicts import Judge
@@ -16,21 +19,24 @@ from astraflow.decoding import ColumnList, column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import (
     KINDS,
-    SCHEMA,
+    SCHEMA_VERSION,
     Heartbeat,
     PromptGroup,
     RolloutGroup,
+    SampleGroup,
     TensorSpec,
     Trajectory,
     VersionNotice,
     VersionPublished,
     WeightManifest,
+    batch_refs,
     decode,
     decode_batch,
     encode,
 )
-from astraflow.packing import _pack_array, _unpack_array, unpack
-from astraflow.streams.schema import BatchEntry
+from astraflow.packing import _pack_array, _unpack_array, pack, unpack
+from astraflow.streams import schema
+from astraflow.streams.schema import BatchEntry, Entry, Plain
 from tests.dataflow_helpers import trajectory
 
 text = st.text(max_size=12)
@@ -165,7 +171,7 @@ def test_round_trip(msg):
 def test_batch_with_a_bad_group_names_it():
     fields = {
         "kind": b"batch",
-        "schema": str(SCHEMA).encode(),
+        "schema": str(SCHEMA_VERSION).encode(),
         "uid": b"b",
         "model": b"m",
         "version": b"1",
@@ -183,7 +189,7 @@ def test_batch_with_a_bad_group_names_it():
 def test_random_bytes_raise_decode_error(data):
     for kind in KINDS:
         with pytest.raises(DecodeError):
-            result = decode({"kind": kind, "schema": str(SCHEMA), "data": data})
+            result = decode({"kind": kind, "schema": str(SCHEMA_VERSION), "data": data})
             # Random bytes that happen to be valid msgpack must still not validate as this kind.
             raise AssertionError(f"decoded {result!r}")
 
@@ -368,7 +374,51 @@ def test_arrays_round_trip_in_the_raw_format_and_the_older_msgpack_one_still_rea
         _unpack_array(1, msgpack.packb(["|O", [1], b"x" * 8], use_bin_type=True))  # object arrays: never
 
 
-def test_batch_entries_carry_the_codecs_schema():
-    # form.lua writes `BatchEntry.schema`, `decode_batch` refuses any but the codec's: a trainer would
-    # dead-letter every batch of a run where the two differ.
-    assert BatchEntry.schema == str(SCHEMA)
+def field_spellings(text: str) -> list[str]:
+    """Entry field names (`schema.Entry`, `BatchEntry`, `Plain`) spelled as strings in `text`: as a dict
+    key, a subscript, a call's argument or an assigned value."""
+    names = {v for ns in (Entry, BatchEntry, Plain) for v in schema.names(ns).values() if isinstance(v, str)}
+    spots = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Dict):
+            spots += node.keys
+        elif isinstance(node, ast.Subscript):
+            spots.append(node.slice)
+        elif isinstance(node, ast.Call):
+            spots += node.args
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            spots.append(node.value)
+    return sorted(
+        f"{n.lineno}: {n.value!r}" for n in spots if isinstance(n, ast.Constant) and n.value in names
+    )
+
+
+def test_the_codec_takes_every_entry_field_name_from_the_schema():
+    # One home for the names: form.lua writes batch entries with `BatchEntry`'s, the codec reads them so.
+    text = Path(messages.__file__).read_text()
+    assert field_spellings(text) == []
+    assert field_spellings('x = {"kind": 1}\ny = f["refs"]\nz = _text(fields, "groups")\nK = "batch"\n') == [
+        "1: 'kind'",
+        "2: 'refs'",
+        "3: 'groups'",
+        "4: 'batch'",
+    ]
+
+
+def test_a_batch_entry_written_with_the_schemas_names_decodes():
+    group = SampleGroup("g1", "policy", 0, 0, b"", [], np.zeros(0, np.float32))
+    fields = {
+        Entry.kind: BatchEntry.kind,
+        Entry.schema: BatchEntry.schema,
+        Entry.uid: "b1",
+        Entry.model: "policy",
+        Entry.version: "3",
+        BatchEntry.groups: "g1",
+        BatchEntry.replayed: "g1",
+        BatchEntry.refs: "ref1",
+    }
+    assert batch_refs(fields) == ["ref1"]
+    batch = decode_batch(fields, [pack(group)])
+    assert (batch.uid, batch.version, batch.group_uids, batch.replayed_uids) == ("b1", 3, ["g1"], ["g1"])
+    with pytest.raises(DecodeError, match="schema: unsupported"):
+        decode_batch({**fields, Entry.schema: str(SCHEMA_VERSION + 1)}, [pack(group)])

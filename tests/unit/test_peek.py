@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 
-from astraflow.messages import SCHEMA, VersionNotice, decode
+from astraflow.messages import SCHEMA_VERSION, VersionNotice, decode
 from astraflow.ops.peek import peek, to_json
 from astraflow.streams import Out
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train
@@ -18,7 +18,7 @@ async def a_short_run():
     await df.feeder.step()
     entries = await bus.read(bus.keys.prompts, "raas", "r", 1, None)
     uid = entries[0].fields["uid"]
-    garbage = {"kind": b"rollout_group", "schema": str(SCHEMA).encode(), "uid": uid, "data": b"\xc1"}
+    garbage = {"kind": b"rollout_group", "schema": str(SCHEMA_VERSION).encode(), "uid": uid, "data": b"\xc1"}
     await bus.handoff(bus.keys.prompts, "raas", "r", [(entries[0], [Out(bus.keys.rollouts, garbage)])])
     await roll_out(bus, 100, lambda g, i: float(i % 2), version=0)
     while await df.collector.step(1):

@@ -4,7 +4,7 @@ stray sweep - nor shows in its trace (issue 41, item 3)."""
 
 from __future__ import annotations
 
-from astraflow.messages import SCHEMA
+from astraflow.messages import SCHEMA_VERSION
 from astraflow.ops.audit import read_trace, render_trace
 from astraflow.streams.keys import GROUP_DATAFLOW
 from astraflow.streams.strays import Strays
@@ -15,7 +15,7 @@ from tests.unit.test_dataflow import ledger_of, make
 def forged(uid: bytes) -> dict[str, bytes]:
     """An undecodable rollout whose plain `uid` names `uid` (what a worker with the RaaS's credential can
     XADD)."""
-    return {"kind": b"rollout_group", "schema": str(SCHEMA).encode(), "uid": uid, "data": b"\xc1junk"}
+    return {"kind": b"rollout_group", "schema": str(SCHEMA_VERSION).encode(), "uid": uid, "data": b"\xc1junk"}
 
 
 async def live_group(bus, df) -> bytes:

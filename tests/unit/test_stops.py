@@ -23,7 +23,7 @@ from astraflow.launch.stops import (
 )
 from astraflow.ops.record import record
 from astraflow.streams.identity import existing, mark_stopped
-from astraflow.streams.records import DeadLetter, RolloutStats, TrainerStep, encode_record
+from astraflow.streams.records import DeadLetterRecord, RolloutStats, TrainerStep, encode_record
 
 
 async def add_steps(bus, n: int, reward: float = 0.5, model: str = "policy") -> None:
@@ -141,7 +141,7 @@ async def test_a_run_whose_every_group_is_dead_lettered_ends_with_the_last_reaso
         return await read_ledger(bus, ["policy"])
 
     assert await watch.check(bus, await ledger(0, 0)) is None
-    letter = DeadLetter("prompts", "UnknownName: workflow 'nope' is not registered", "1-0")
+    letter = DeadLetterRecord("prompts", "UnknownName: workflow 'nope' is not registered", "1-0")
     await bus.redis.xadd(bus.keys.dead, encode_record(letter))
     assert await watch.check(bus, await ledger(0, limit - 1)) is None
     assert await watch.check(bus, await ledger(1, limit)) is None  # one collected: counted again from here
