@@ -19,8 +19,10 @@ class Consumer:
     """Reads `stream` as `name` in `group` and tracks the entries it holds (`in_flight`).
 
     A read first takes back this consumer's own pending entries that it does not hold (work it was given
-    before a restart, or whose XREADGROUP reply was lost), then, every `lease_ms / 2`, entries of other
-    consumers idle past the lease, then new entries. A claim counts as a delivery when the last attempt
+    before a restart, or whose XREADGROUP reply was lost) - at its first read, after a failed call, and
+    every `lease_ms / 2` in any case, since no other consumer ever claims them and a reply can be lost
+    without a failure that this consumer sees - then, every `lease_ms / 2`, entries of other consumers
+    idle past the lease, then new entries. A claim counts as a delivery when the last attempt
     ended badly (its handler failed, or its owner crashed or stopped renewing), so an entry that keeps
     killing its workers still reaches `dead` after max_deliveries; taking back an entry this process only
     lost track of (a lost reply, a hand-off that failed while Redis was away) does not count.
@@ -40,6 +42,7 @@ class Consumer:
         self._since_ms: int | None = None  # Redis time of the first read: deliveries before are not ours
         self._own_cursor: str | None = None
         self._rescan = True  # set from anywhere; the next read starts a new scan of own entries
+        self._next_own_scan = 0.0  # (monotonic) a scan of own entries starts at the first read after it
         self._others_cursor = "-"
         self._next_reclaim = 0.0
         self._failures_seen = 0  # the bus's failure count at the last reclaim check
@@ -63,8 +66,10 @@ class Consumer:
         if self._since_ms is None:
             seconds, micros = await self.bus.redis.time()
             self._since_ms = seconds * 1000 + micros // 1000
-        if self._rescan:
+        now = time.monotonic()
+        if self._rescan or now >= self._next_own_scan:
             self._rescan, self._own_cursor = False, "-"
+            self._next_own_scan = now + self.bus.settings.lease_ms / 2000
         failures = self.bus.failures
         try:
             return await self._claim_and_read(count, block_ms)

@@ -92,3 +92,23 @@ async def test_a_version_whose_recording_failed_once_is_recorded_by_the_same_sin
     assert (await df.store.state()).get("v:policy") == "1"
     assert await pending(bus, bus.keys.versions) == 0
     assert await bus.redis.hlen(bus.keys.errors) == 0
+
+
+async def test_a_version_delivered_by_a_read_whose_reply_was_lost_is_recorded_within_the_lease(bus):
+    """Redis delivered a version entry to the barrier (it is in the group's pending list under the
+    replica's name) and the reply never reached the replica: no later read of that replica failed, so
+    nothing told it to look. A single replica must still take the entry back and record it, instead of
+    leaving it pending for the rest of the run (nobody else would ever claim it)."""
+    df = single_replica(bus)
+    await df.barrier.step(10)  # running: its start-up scan of its own pending entries is behind it
+    await publish_version(bus, "policy", 1)
+    name = df.barrier.consumer.name
+    await bus.redis.xreadgroup(GROUP_DATAFLOW, name, {bus.keys.versions: ">"}, count=10)  # reply lost
+    assert await pending(bus, bus.keys.versions) == 1
+    for _ in range(4 * bus.settings.lease_ms // bus.settings.block_ms):  # (a read blocks block_ms)
+        await df.barrier.step(bus.settings.block_ms)
+        if not await pending(bus, bus.keys.versions):
+            break
+    assert await pending(bus, bus.keys.versions) == 0
+    assert (await df.store.state()).get("v:policy") == "1"
+    assert await bus.redis.xlen(bus.keys.dead) == 0

@@ -288,6 +288,18 @@ async def test_entry_the_consumer_lost_track_of_is_taken_back_by_itself_without_
     assert again.id == entry.id and again.deliveries == 1
 
 
+async def test_entry_delivered_by_a_read_whose_reply_never_came_is_taken_back_without_counting(bus):
+    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    assert await c.read(1, block_ms=10) == []  # running: its start-up scan of its own entries is done
+    await fill(bus, 1)
+    await bus.redis.xreadgroup(GROUP_RAAS, "c", {bus.keys.prompts: ">"}, count=1)  # the reply is lost
+    got = []
+    for _ in range(4 * bus.settings.lease_ms // 10):  # (each empty read blocks 10 ms)
+        if got := await c.read(1, block_ms=10):
+            break
+    assert [(e.deliveries, e.id in c.in_flight) for e in got] == [(1, True)]
+
+
 async def test_invalid_output_in_a_batch_writes_nothing(bus):
     await fill(bus, 2)
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
