@@ -1,5 +1,6 @@
-"""Prompt curators: whether the feeder submits a dataset row now. State lives in Redis (written by the
-collector, see collect.lua), so every replica decides the same way."""
+"""Prompt curators: whether the feeder submits a dataset row now. State lives in Redis, written by each
+curator's Lua half (`lua/curators/<name>.lua`, run by collect.lua and announce.lua for the curator of that
+registered name), so every replica decides the same way. A curator is its class here and that file."""
 
 from __future__ import annotations
 
@@ -9,8 +10,19 @@ from collections.abc import Sequence
 from astraflow.dataflow.settings import FeederSettings
 from astraflow.streams import Bus
 
+STREAK = "streak"
+"""The hash of per-row zero-variance streaks (`Keys.curator(STREAK)`: the Lua halves' `Key.streak`)."""
+
 
 class Curator(ABC):
+    state = ""
+    """The curator's own hash (`Keys.curator(state)`: its Lua half's `Key.curator`); '' = none."""
+
+    @classmethod
+    def lua_params(cls, settings: FeederSettings) -> dict[str, object]:
+        """The settings its Lua half reads (`params`)."""
+        return {}
+
     def __init__(self, bus: Bus, settings: FeederSettings) -> None:
         self.bus, self.settings = bus, settings
 
@@ -32,9 +44,15 @@ class AcceptAll(Curator):
 class FilterSolved(Curator):
     """Skip prompts whose success-rate EWMA (mean reward of its groups) is above the threshold."""
 
+    state = "ewma"
+
+    @classmethod
+    def lua_params(cls, settings: FeederSettings) -> dict[str, object]:
+        return {"alpha": settings.solved_alpha}
+
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         limit = self.settings.solved_threshold
-        return [v is None or float(v) <= limit for v in await self._get("ewma", rows)]
+        return [v is None or float(v) <= limit for v in await self._get(self.state, rows)]
 
 
 class Greso(Curator):
@@ -42,13 +60,26 @@ class Greso(Curator):
     max(floor, p^s), p = p_easy (they were all right) or p_hard (all wrong). The p's adapt once per
     version toward target shares of zero-variance groups (announce.lua)."""
 
+    state = "greso"
+
+    @classmethod
+    def lua_params(cls, settings: FeederSettings) -> dict[str, object]:
+        g = settings.greso
+        return {
+            "p_init": g.p_init,
+            "step": g.step,
+            "floor": g.floor,
+            "target_easy": g.target_easy,
+            "target_hard": g.target_hard,
+        }
+
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         g = self.settings.greso
-        key = self.bus.keys.curator("greso")
+        key = self.bus.keys.curator(self.state)
         p_easy, p_hard = await self.bus.call(lambda: self.bus.redis.hmget(key, ["p_easy", "p_hard"]))
         p = {"easy": float(p_easy or g.p_init), "hard": float(p_hard or g.p_init)}
         out = []
-        for streak, u in zip(await self._get("streak", rows), randoms, strict=True):
+        for streak, u in zip(await self._get(STREAK, rows), randoms, strict=True):
             if streak is None:
                 out.append(True)
                 continue
@@ -66,7 +97,7 @@ class SkipZeroVariance(Curator):
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         after, wait = self.settings.skip_after_groups, self.settings.skip_versions
         out = []
-        for streak in await self._get("streak", rows):  # `<zero-variance groups in a row> <version>`
+        for streak in await self._get(STREAK, rows):  # `<zero-variance groups in a row> <version>`
             if streak is None:
                 out.append(True)
                 continue

@@ -24,6 +24,7 @@ from redis.exceptions import (
 )
 
 from astraflow.errors import BusConnectionError, BusError, describe
+from astraflow.streams.contract import declared, includes
 from astraflow.streams.lean import LeanRedis, lean_connections
 from astraflow.streams.schema import lua_prelude
 from astraflow.streams.settings import RedisSettings
@@ -75,13 +76,23 @@ def register_scripts(
     prelude: str | None = None,
 ) -> dict[str, object]:
     """Load `<package>/lua/<name>.lua` once each, with the schema's names (`schema.lua_prelude`), the
-    helpers every script shares (`astraflow/streams/lua/common.lua`) and the package's `prelude` file's
-    prepended; a script lost to a Redis restart is reloaded on NOSCRIPT."""
+    helpers every script shares (`astraflow/streams/lua/common.lua`), the package's `prelude` file's and
+    its contract's `Key` and `Arg` (`contract.Contract.lua`, with the Lua parts it includes) prepended; a
+    script lost to a Redis restart is reloaded on NOSCRIPT."""
+    return {name: client.register_script(script_source(package, name, prelude)) for name in names}
+
+
+def script_source(package: str, name: str, prelude: str | None = None) -> str:
+    """The whole text of script `name` of `package` as `register_scripts` loads it; ValueError when the
+    script breaks its contract (`Contract.check`)."""
     lua = resources.files(package) / "lua"
     head = (resources.files("astraflow.streams") / "lua" / "common.lua").read_text() + "\n"
     head += (lua / prelude).read_text() + "\n" if prelude else ""
-    scripts = {name: head + (lua / f"{name}.lua").read_text() for name in names}
-    return {name: client.register_script(lua_prelude(text) + text) for name, text in scripts.items()}
+    contract = declared(package, name)
+    body = includes(contract, lua) + (lua / f"{name}.lua").read_text()
+    contract.check(body)
+    text = head + contract.lua() + body
+    return lua_prelude(text) + text
 
 
 async def with_script(

@@ -24,14 +24,14 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
 from astraflow.errors import RunExistsError
+from astraflow.streams.connection import script_source
 from astraflow.streams.keys import Keys
-from astraflow.streams.schema import lua_prelude
+from astraflow.streams.scripts import CREATE_RUN
 
 if TYPE_CHECKING:
     from astraflow.streams.bus import Bus
@@ -51,9 +51,9 @@ class RunIdentity:
         return cls(nonce.decode(), float(created), float(stopped) if stopped else None)
 
 
-def new_identity_args() -> list[str]:
-    """ARGV of `create_run.lua`: a fresh nonce and the creation time."""
-    return [secrets.token_hex(6), f"{time.time():.3f}"]
+def new_identity() -> dict[str, str]:
+    """The arguments of `create_run.lua`: a fresh nonce and the creation time."""
+    return {"nonce": secrets.token_hex(6), "created": f"{time.time():.3f}"}
 
 
 async def existing(bus: Bus) -> RunIdentity | None:
@@ -150,8 +150,9 @@ async def _identity(bus: Bus, current: RunIdentity | None) -> RunIdentity:
 async def provision(client, keys: Keys) -> RunIdentity:
     """Create the run's identity and weight-transfer secret unless they exist (an admin `client`): what
     workers under per-role ACL users read and may not write."""
-    script = (Path(__file__).parent / "lua" / "create_run.lua").read_text()
-    reply = await client.eval(lua_prelude(script) + script, 1, keys.identity, *new_identity_args())
+    call_keys, args = CREATE_RUN.call(identity=keys.identity, **new_identity())
+    script = script_source("astraflow.streams", CREATE_RUN.name)
+    reply = await client.eval(script, len(call_keys), *call_keys, *args)
     await client.set(keys.weights_secret, secrets.token_hex(32), nx=True)
     return RunIdentity.parse(*reply)
 
