@@ -8,7 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from astraflow.dataflow.settings import FeederSettings
-from astraflow.streams import Bus
+from astraflow.streams import Bus, schema
+from astraflow.streams.schema import GresoKind
 
 STREAK = "streak"
 """The hash of per-row zero-variance streaks (`Keys.curator(STREAK)`: the Lua halves' `Key.streak`)."""
@@ -76,8 +77,10 @@ class Greso(Curator):
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         g = self.settings.greso
         key = self.bus.keys.curator(self.state)
-        p_easy, p_hard = await self.bus.call(lambda: self.bus.redis.hmget(key, ["p_easy", "p_hard"]))
-        p = {"easy": float(p_easy or g.p_init), "hard": float(p_hard or g.p_init)}
+        kinds = (GresoKind.easy, GresoKind.hard)
+        fields = [schema.Greso.p(kind) for kind in kinds]
+        found = await self.bus.call(lambda: self.bus.redis.hmget(key, fields))
+        p = {kind: float(v or g.p_init) for kind, v in zip(kinds, found, strict=True)}
         out = []
         for streak, u in zip(await self._get(STREAK, rows), randoms, strict=True):
             if streak is None:

@@ -13,6 +13,7 @@ from astraflow.dataflow.ledger import read_ledger
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams import Bus
 from astraflow.streams.records import DeadLetter, decode_record
+from astraflow.streams.schema import Outcome
 from astraflow.streams.schema import Trace as T
 
 
@@ -80,13 +81,13 @@ def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
         if T.outcome(m) not in trace:
             continue
         outcome = trace[T.outcome(m)]
-        if outcome == "trained":
+        if outcome == Outcome.trained:
             outcome = (
                 f"trained in batch {trace.get(T.batch(m))} (formed at trainer version "
                 f"{trace.get(T.batch_version(m))}, trained by the step to the next version)"
                 + when(T.batched_at(m))
             )
-        elif outcome == "ready":
+        elif outcome == Outcome.ready:
             outcome = f"ready, min token version {trace.get(T.min_version(m))}, waiting for a batch"
         lines.append(f"  {m}: {outcome}")
     if T.dead in trace:

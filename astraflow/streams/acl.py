@@ -44,8 +44,14 @@ class Grant:
     """False: a read-only key selector (`%R~`), so a write command is refused even where listed."""
 
 
-def _g(what: str, families: str, commands: str, write: bool = True) -> Grant:
-    return Grant(what, tuple(families.split()), tuple(commands.split()), write)
+_KEYS = Keys("RUN")
+
+
+def _g(what: str, families: str | tuple[str, ...], commands: str, write: bool = True) -> Grant:
+    """A grant of `commands` on `families`: names of `Keys` keys and key-building methods (each one's
+    family: `ready` -> `ready:*`), or patterns built from them (`_KEYS.family`)."""
+    patterns = tuple(_KEYS.family(f) for f in families.split()) if isinstance(families, str) else families
+    return Grant(what, patterns, tuple(commands.split()), write)
 
 
 # Commands without keys every process may send: SELECT for a URL with a database number, the scripts'
@@ -59,7 +65,10 @@ _CONSUMER = (
 )
 
 
-DEDUP = {"raas": "dedup:rollout:* dedup:dead:*", "trainer": "dedup:version:* dedup:dead:*"}
+DEDUP = {
+    role: tuple(_KEYS.family("dedup", f"{kind}:*") for kind in kinds)
+    for role, kinds in {"raas": ("rollout", "dead"), "trainer": ("version", "dead")}.items()
+}
 """The dedup markers a role's hand-offs write: a RaaS cannot forge a trainer's `version:` marker (which
 would keep that version from being announced), nor a trainer a RaaS's."""
 
@@ -74,12 +83,16 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
         _g("entry errors", "errors", errors),
         _g("ledger counts", "ledger", "hincrby"),
         _g("in-flight groups", "in_flight", "srem"),
-        _g("dedup markers", DEDUP.get(role, "dedup:*"), "get set"),
-        _g("its consumer names (ownership scripts)", f"name:{role}:*", "get set del"),
-        _g("run identity", "run", run, write=False),
+        _g("dedup markers", DEDUP.get(role, "dedup"), "get set"),
+        _g(
+            "its consumer names (ownership scripts)",
+            (_KEYS.family("consumer_name", f"{role}:*"),),
+            "get set del",
+        ),
+        _g("run identity", "identity", run, write=False),
         _g("start checks", "state ledger versions", "exists", write=False),
         # the stop notice: written by the workers that judge the stop conditions, followed by all
-        _g("run stop notice", "run:stop", "hget" if role == "raas" else "hget hset del", role != "raas"),
+        _g("run stop notice", "stop", "hget" if role == "raas" else "hget hset del", role != "raas"),
     )
 
 
@@ -89,14 +102,14 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         _g("rollouts (hand-off)", "rollouts", "xadd type"),
         _g(
             "its heartbeat (ownership script; `astraflow health` reads it)",
-            "raas:*",
+            "raas",
             "hset pexpire del hgetall",
         ),
         *_plumbing("raas"),
-        _g("weight manifests", "weights:*:*", "hgetall", write=False),
-        _g("weight peers", "weights:*:*:peers", "zadd zrevrange zrem expire"),
-        _g("weight relay election", "weights:*:*:relay:*", "get set del"),
-        _g("weight-transfer secret", "weights:secret", "get", write=False),
+        _g("weight manifests", "weights", "hgetall", write=False),
+        _g("weight peers", "weight_peers", "zadd zrevrange zrem expire"),
+        _g("weight relay election", "weight_relay", "get set del"),
+        _g("weight-transfer secret", "weights_secret", "get", write=False),
         _g("notices", "notices", "xread xrevrange", write=False),
         _g("published versions", "versions", "xrevrange", write=False),
         _g("run state (versions, notice)", "state", "hmget hget", write=False),
@@ -106,34 +119,34 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "dataflow": (
         _g(
             "the dataflow's streams and state (its scripts)",
-            "prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
-            "formed:* trace:* traces batches:* scale completed",
+            "prompts rollouts versions notices metrics state curator ready replay samples refs formed trace "
+            "traces batches scale completed",
             _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists hlen "
             "expire del sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
             "zrevrange zremrangebyrank",
         ),
         _g("in-flight set (feeder, strays)", "in_flight", "sadd smembers scard"),
         _g("ledger (`astraflow scale`)", "ledger", "hgetall hmget hget", write=False),
-        _g("live pool: RaaS heartbeats", "raas:*", "hgetall", write=False),
-        _g("heartbeat holders", "name:raas:*", "get", write=False),
+        _g("live pool: RaaS heartbeats", "raas", "hgetall", write=False),
+        _g("heartbeat holders", (_KEYS.family("consumer_name", "raas:*"),), "get", write=False),
         *_plumbing("dataflow", run="exists hmget hget"),
     ),
     "trainer": (
-        _g("batches (its consumer group)", "batches:*", _CONSUMER),
+        _g("batches (its consumer group)", "batches", _CONSUMER),
         _g("versions (hand-off)", "versions", "xadd type xrevrange"),
         _g("metrics (and the stop conditions judged from them)", "metrics", "xadd xrange"),
-        _g("weight manifests", "weights:*:*", "hset hgetall del expire"),
-        _g("weight peers", "weights:*:*:peers", "del"),
-        _g("batch samples", "samples:*", "hmget", write=False),
+        _g("weight manifests", "weights", "hset hgetall del expire"),
+        _g("weight peers", "weight_peers", "del"),
+        _g("batch samples", "samples", "hmget", write=False),
         _g("run state (newest versions)", "state", "hmget", write=False),
-        _g("weight-transfer secret", "weights:secret", "get", write=False),
+        _g("weight-transfer secret", "weights_secret", "get", write=False),
         *_plumbing("trainer", errors="hget hset hdel hincrby"),
     ),
     # `astraflow top`, `inspect`, `ledger`, `trace`: reads only, every key but the weight secret
     "observer": (
         _g(
             "every key of the run but the weight secret, read only",
-            "[^w]* weights:*:*",
+            ("[^w]*", _KEYS.family("weights")),  # (a glob over every key whose name starts with no `w`)
             "type memory|usage xlen xinfo|groups xpending xrange xrevrange xread hgetall hget hmget scard "
             "zcard",
             write=False,
@@ -152,7 +165,8 @@ KEYLESS: dict[str, tuple[str, ...]] = {
 def script_families(role: str) -> set[str]:
     """The keys `role`'s scripts declare (EVALSHA needs write access to them; Redis then checks every
     command a script sends against the grants): its writable families and the run identity."""
-    return families(role, write=True) - {"run:stop"} | {"run"}  # (no script writes the stop notice)
+    # (no script writes the stop notice)
+    return families(role, write=True) - {_KEYS.family("stop")} | {_KEYS.family("identity")}
 
 
 def families(role: str, write: bool | None = None) -> set[str]:

@@ -177,12 +177,10 @@ class Errors:
 
 
 class Identity:
-    """Fields of the run's identity hash `run`."""
+    """Fields of the run's identity hash `run` (its stop notice: `StopNotice`, on `run:stop`)."""
 
     nonce = "nonce"
     created = "created"
-    stopped = "stopped"
-    stop_reason = "stop_reason"
 
 
 class Greso:
@@ -253,6 +251,16 @@ def lua_prelude(script: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+class StopNotice:
+    """Fields of the run's stop notice `run:stop` (`streams.identity.mark_stopped`)."""
+
+    stopped = "stopped"
+    """Unix seconds the run was ended."""
+    stop_reason = "stop_reason"
+    stopped_by = "stopped_by"
+    """`launcher`, or the role of the worker that judged the stop condition."""
+
+
 class GresoKind:
     """Kinds of zero-variance groups GRESO counts (`Greso.zero_var`, `Greso.p`, its streaks)."""
 
@@ -269,6 +277,8 @@ class Outcome:
     trained = "trained"
     dropped = Family("dropped: {}")
     """Dropped for a reason (`DropReason`, or a filter's)."""
+    scored = "scored"
+    """An eval group's (`Trace.eval`): scored, not dropped."""
 
 
 class DropReason:
@@ -303,4 +313,5 @@ Outcome.dropped_reason = Parse(Outcome.dropped.template)
 """The reason of a `dropped` outcome."""
 
 VALUE_NAMESPACES = (GresoKind, Outcome, DropReason, Uid)
+NAMESPACES += (StopNotice,)  # (declared after the first ones: a hash's fields like theirs)
 """Values (not field names) that Lua and Python share, exported into the Lua prelude like the names."""

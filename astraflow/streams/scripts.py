@@ -74,7 +74,7 @@ CREATE_RUN = Contract(
     "create_run",
     keys=("identity",),
     args=(Arg("nonce"), Arg("created", doc="unix seconds")),
-    reply="{nonce, created, stopped or ''}",
+    reply="{nonce, created} (never stopped: the stop notice is apart)",
 )
 STRAYS = Contract(
     "strays",

@@ -52,12 +52,12 @@ def test_the_raas_may_trim_create_groups_and_delete_only_where_its_work_is():
     raas = acl.allowed("raas")
     assert {f for c, f in raas if c == "xtrim"} == {"prompts", "dead"}
     assert {f for c, f in raas if c == "xgroup|create"} == {"prompts"}
-    assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*"}
+    assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*:*:*"}
     assert {f for c, f in raas if c == "set"} == {
         "dedup:rollout:*",
         "dedup:dead:*",
         "name:raas:*",
-        "weights:*:*:relay:*",
+        "weights:*:*:relay:*:*:*",
     }
     assert not {f for c, f in raas if c == "hset"} - {"raas:*", "errors"}
 

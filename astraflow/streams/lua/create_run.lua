@@ -3,5 +3,5 @@
 if redis.call('EXISTS', Key.identity) == 0 then
   redis.call('HSET', Key.identity, Identity.nonce, Arg.nonce, Identity.created, Arg.created)
 end
-local v = redis.call('HMGET', Key.identity, Identity.nonce, Identity.created, Identity.stopped)
-return {v[1], v[2], v[3] or ''}
+local v = redis.call('HMGET', Key.identity, Identity.nonce, Identity.created)
+return {v[1], v[2]}
