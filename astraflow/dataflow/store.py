@@ -133,6 +133,11 @@ class Store:
         keys, args = contract.call(**values)
         return await self.bus.hand_off_script(self._scripts[contract.name], keys, args)
 
+    def _submit_keys(self) -> dict[str, str]:
+        """The keys every submitting script takes (submit.lua, submit_eval.lua)."""
+        k = self.keys
+        return {"prompts": k.prompts, "state": k.state, "in_flight": k.in_flight, "ledger": k.ledger}
+
     def _room_args(self, backlog_limit: int | None, ready_limit: int | None) -> dict:
         """The arguments of the feeder's room (`scripts.ROOM_ARGS`)."""
         b = self.settings.batch
@@ -172,10 +177,7 @@ class Store:
         k, s = self.keys, self.settings
         status, submitted, left = await self._run(
             SUBMIT,
-            prompts=k.prompts,
-            state=k.state,
-            in_flight=k.in_flight,
-            ledger=k.ledger,
+            **self._submit_keys(),
             traces=k.traces,
             readys=[k.ready(m) for m in self.models],
             expected=cursor,
@@ -186,14 +188,7 @@ class Store:
             trace_max=s.trace_max_groups,
             trace_every=s.trace_every,
             items=[
-                {
-                    "submit": it.submit,
-                    "uid": it.uid,
-                    "row": it.row,
-                    "version": it.version,
-                    "fields": it.fields,
-                }
-                for it in items
+                {f: getattr(it, f) for f in ("submit", "uid", "row", "version", "fields")} for it in items
             ],
         )
         return status.decode(), int(submitted), _room(left)
@@ -206,10 +201,7 @@ class Store:
         k = self.keys
         n = await self._run(
             SUBMIT_EVAL,
-            prompts=k.prompts,
-            state=k.state,
-            in_flight=k.in_flight,
-            ledger=k.ledger,
+            **self._submit_keys(),
             metrics=k.metrics,
             version=version,
             now=f"{time.time():.3f}",
