@@ -13,7 +13,8 @@ import structlog
 from astraflow.dataflow.checks import Owned, check_groups, vocab_size
 from astraflow.dataflow.completions import Completions
 from astraflow.dataflow.evaluation import score
-from astraflow.dataflow.store import Collected, EvalRow, Room, Store
+from astraflow.dataflow.steps import Collected, EvalRow, Room
+from astraflow.dataflow.store import Store
 from astraflow.dataflow.verdicts import Judge
 from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
