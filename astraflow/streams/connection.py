@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 import time
@@ -82,6 +83,7 @@ def register_scripts(
     return {name: client.register_script(script_source(package, name, prelude)) for name in names}
 
 
+@functools.cache  # (the files do not change while a process runs; some callers register per call)
 def script_source(package: str, name: str, prelude: str | None = None) -> str:
     """The whole text of script `name` of `package` as `register_scripts` loads it; ValueError when the
     script breaks its contract (`Contract.check`)."""

@@ -27,27 +27,11 @@ import structlog
 from astraflow import processes
 from astraflow.errors import AstraflowError, describe
 from astraflow.streams.bus import Bus
-from astraflow.streams.connection import raise_if_cancelled
+from astraflow.streams.connection import raise_if_cancelled, register_scripts
+from astraflow.streams.scripts import BEAT, FREE_NAME, TAKE_NAME
 
 log = structlog.get_logger(__name__)
 
-# Set the name to ARGV[1] (PX ARGV[2]) if it is free or still holds ARGV[3] (our own, or a dead holder's).
-_TAKE = """
-local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[3] then return held end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return false
-"""
-_FREE = "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end"
-# Write the heartbeat hash KEYS[2] (fields ARGV[3..], plus `holder`), expiring in ARGV[2] ms, only while
-# the name KEYS[1] holds ARGV[1]. Returns 1 if written.
-_BEAT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'holder', ARGV[1], unpack(ARGV, 3))
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-return 1
-"""
 HOLDER_FIELD = "holder"
 _held: dict[str, str] = {}
 """Name key -> this process's holder value, for each name it holds now."""
@@ -71,11 +55,13 @@ async def hold_name(
     key = name_key(bus, role, name)
     me = f"{processes.pid_space()} {os.getpid()} {secrets.token_hex(4)}"
     ttl_ms = bus.settings.lease_ms
-    take = bus.redis.register_script(_TAKE)
+    scripts = register_scripts(bus.redis, names=(TAKE_NAME.name, FREE_NAME.name))
+    take = scripts[TAKE_NAME.name]
     deadline = time.monotonic() + 1.5 * ttl_ms / 1000
     expected = me
     while True:
-        held = await bus.call(lambda e=expected: take(keys=[key], args=[me, ttl_ms, e]))
+        keys, args = TAKE_NAME.call(name=key, holder=me, ttl_ms=ttl_ms, expected=expected)
+        held = await bus.call(lambda keys=keys, args=args: take(keys=keys, args=args))
         if not held:
             break
         held = held.decode()
@@ -106,16 +92,18 @@ async def hold_name(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await renew
         with contextlib.suppress(Exception):
-            await bus.redis.register_script(_FREE)(keys=[key], args=[me])
+            keys, args = FREE_NAME.call(name=key, holder=me)
+            await scripts[FREE_NAME.name](keys=keys, args=args)
 
 
 async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: list[str]) -> None:
     """Renew the name every third of its TTL; if another process holds it now (it expired while Redis
     was unreachable), record who and cancel `owner`, the task running under the name."""
+    keys, args = TAKE_NAME.call(name=key, holder=me, ttl_ms=ttl_ms, expected=me)
     while True:
         await asyncio.sleep(ttl_ms / 3000)
         try:
-            held = await bus.call(lambda: take(keys=[key], args=[me, ttl_ms, me]))
+            held = await bus.call(lambda: take(keys=keys, args=args))
         except Exception as e:  # Redis down: the bus waits it out elsewhere; try again next time
             raise_if_cancelled()
             log.warning("name_renewal_failed", key=key, error=describe(e))
@@ -143,9 +131,16 @@ async def write_heartbeat(bus: Bus, name: str, fields: dict, ttl_ms: int) -> boo
     me = held(bus, name)
     if me is None:
         return False
-    keys = [name_key(bus, "raas", name), bus.keys.raas(name)]
-    args = [me, ttl_ms, *(x for kv in fields.items() for x in kv)]
-    return bool(await bus.redis.register_script(_BEAT)(keys=keys, args=args))
+    keys, args = BEAT.call(
+        name=name_key(bus, "raas", name),
+        heartbeat=bus.keys.raas(name),
+        holder=me,
+        ttl_ms=ttl_ms,
+        holder_field=HOLDER_FIELD,
+        fields=fields,
+    )
+    beat = register_scripts(bus.redis, names=(BEAT.name,))[BEAT.name]
+    return bool(await beat(keys=keys, args=args))
 
 
 async def heartbeat_holder(bus: Bus, name: str, fields: dict) -> bool:

@@ -88,4 +88,17 @@ STRAYS = Contract(
     ),
     reply="{settled uids, uids stranded now (after settling)}",
 )
-CONTRACTS = (HANDOFF, RENEW, RELEASE, CLAIM, TRIM, CREATE_RUN, STRAYS)
+TAKE_NAME = Contract(
+    "take_name",
+    keys=("name",),
+    args=(Arg("holder"), Arg("ttl_ms"), Arg("expected", doc="its own holder value, or a dead holder's")),
+    reply="the holder that keeps it, or nil when taken",
+)
+FREE_NAME = Contract("free_name", keys=("name",), args=(Arg("holder"),), reply="1")
+BEAT = Contract(
+    "beat",
+    keys=("name", "heartbeat"),
+    args=(Arg("holder"), Arg("ttl_ms"), Arg("holder_field"), Pairs("fields")),
+    reply="1 if written, 0 when the name holds another",
+)
+CONTRACTS = (HANDOFF, RENEW, RELEASE, CLAIM, TRIM, CREATE_RUN, STRAYS, TAKE_NAME, FREE_NAME, BEAT)
