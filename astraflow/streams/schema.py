@@ -251,6 +251,17 @@ def lua_prelude(script: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Parse(Family):
+    """A family read back in Lua: its `lua()` is a function returning the arguments a name was built from
+    (nil when it is not of the family; the last one never empty)."""
+
+    def lua(self) -> str:
+        parts = ["".join("%" + c if c in "^$()%.[]*+-?" else c for c in p) for p in self.template.split("{}")]
+        groups = ["(.-)"] * (self.arity - 1) + ["(.+)"]
+        pattern = parts[0] + "".join(g + p for g, p in zip(groups, parts[1:], strict=True))
+        return f"function(s) return string.match(s, '^{pattern}$') end"
+
+
 class StopNotice:
     """Fields of the run's stop notice `run:stop` (`streams.identity.mark_stopped`)."""
 
@@ -259,6 +270,9 @@ class StopNotice:
     stop_reason = "stop_reason"
     stopped_by = "stopped_by"
     """`launcher`, or the role of the worker that judged the stop condition."""
+
+
+NAMESPACES += (StopNotice,)  # (declared after the first ones, a hash's fields like theirs)
 
 
 class GresoKind:
@@ -277,6 +291,8 @@ class Outcome:
     trained = "trained"
     dropped = Family("dropped: {}")
     """Dropped for a reason (`DropReason`, or a filter's)."""
+    dropped_reason = Parse(dropped.template)
+    """The reason of a `dropped` outcome."""
     scored = "scored"
     """An eval group's (`Trace.eval`): scored, not dropped."""
 
@@ -290,15 +306,6 @@ class DropReason:
     """Went stale waiting in the ready set (form.lua)."""
 
 
-class Parse(Family):
-    """A family read back in Lua: its `lua()` is a function returning the arguments a name was built from
-    (nil when it is not of the family)."""
-
-    def lua(self) -> str:
-        parts = ["".join("%" + c if c in "^$()%.[]*+-?" else c for c in p) for p in self.template.split("{}")]
-        return f"function(s) return string.match(s, '^{'(.-)'.join(parts)}$') end"
-
-
 class Uid:
     """Uid formats."""
 
@@ -309,9 +316,5 @@ class Uid:
     """Uid of a batch: (model, the run's nonce, the model's batch number), written by form.lua."""
 
 
-Outcome.dropped_reason = Parse(Outcome.dropped.template)
-"""The reason of a `dropped` outcome."""
-
 VALUE_NAMESPACES = (GresoKind, Outcome, DropReason, Uid)
-NAMESPACES += (StopNotice,)  # (declared after the first ones: a hash's fields like theirs)
 """Values (not field names) that Lua and Python share, exported into the Lua prelude like the names."""
