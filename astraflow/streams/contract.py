@@ -3,10 +3,10 @@
 
 The caller builds a call only through the declaration (`Contract.call`, keyword arguments), and the
 script reads its keys and arguments only as `Key.<name>` and `Arg.<name>`: tables generated into its
-prelude (`Contract.lua`) when it is registered (`connection.register_scripts`), the arguments decoded by
-`decode_args` (`streams/lua/common.lua`) from the spec generated here. No script spells `KEYS[n]` or
-`ARGV[n]`; `check` refuses a script that reads a name its contract does not declare, or declares one it
-never reads (at registration, and in `tests/unit/test_script_contracts.py` for every script).
+prelude (`Contract.lua`, with straight-line code that reads them) when it is registered
+(`connection.register_scripts`). No script spells `KEYS[n]` or `ARGV[n]`; `check` refuses a script that
+reads a name its contract does not declare, or declares one it never reads (at registration, and in
+`tests/unit/test_script_contracts.py` for every script).
 
 Each package with Lua scripts declares their contracts in its `scripts` module (`CONTRACTS`), one per
 `lua/<name>.lua`. A contract may `include` a folder of Lua files (`lua/<folder>/<name>.lua`): each
@@ -76,39 +76,9 @@ class KeyList:
 
 Field = Arg | List | Pairs | Many
 
-DECODER = """
--- Generated from astraflow/streams/contract.py: what makes a script's `Key` and `Arg`.
--- A call's arguments as a table by name (`Arg`), read from ARGV[at] on by `spec`: {name, kind[, more]}
--- each. Kinds: 'str' and 'bytes' as they are, 'int'/'num' a number (nil for ''), 'flag' a boolean
--- ('1'), 'list' a count then that many values of kind `more`, 'pairs' a count then that many name-value
--- pairs (a flat list), 'many' a count then that many records of spec `more`. Returns the table and
--- the position after it.
-local function decode_value(kind, v)
-  if kind == 'int' or kind == 'num' then return tonumber(v) end
-  if kind == 'flag' then return v == '1' end
-  return v
-end
-local function decode_args(spec, at)
-  local out = {}
-  for _, f in ipairs(spec) do
-    local name, kind = f[1], f[2]
-    if kind == 'list' or kind == 'pairs' then
-      local n, list = tonumber(ARGV[at]) * (kind == 'pairs' and 2 or 1), {}
-      for i = 1, n do list[i] = kind == 'pairs' and ARGV[at + i] or decode_value(f[3], ARGV[at + i]) end
-      out[name], at = list, at + 1 + n
-    elseif kind == 'many' then
-      local n, list = tonumber(ARGV[at]), {}
-      at = at + 1
-      for i = 1, n do list[i], at = decode_args(f[3], at) end
-      out[name] = list
-    else
-      out[name], at = decode_value(kind, ARGV[at]), at + 1
-    end
-  end
-  return out, at
-end
-
--- The keys from KEYS[from] on: a list of keys, or with `fields` of tables of that many keys each.
+KEY_LIST = """
+-- Generated from astraflow/streams/contract.py: the keys from KEYS[from] on, a list of keys, or with
+-- `fields` of tables of that many keys each.
 local function key_list(from, fields)
   local out = {}
   local width = math.max(1, #fields)
@@ -124,8 +94,7 @@ local function key_list(from, fields)
   return out
 end
 """
-"""The Lua that every contract's prelude uses (`decode_args`, `key_list`), generated like the rest of it so
-that no script file reads KEYS or ARGV."""
+"""The Lua of a contract's `rest` keys (`Contract.lua`)."""
 
 
 @dataclass(frozen=True)
@@ -166,14 +135,19 @@ class Contract:
         """The prelude that makes this contract's `Key` and `Arg` tables (see the module)."""
         items = [f"{k} = KEYS[{i}]" for i, k in enumerate(self.keys, 1)]
         lines = [
-            DECODER,
             f"-- Generated from the contract of {self.name}.lua: its keys and arguments by name.",
         ]
         lines.append(f"local Key = {{{', '.join(items)}}}")
         if self.rest is not None:
             fields = "{" + ", ".join(f"'{f}'" for f in self.rest.fields) + "}"
-            lines.append(f"Key.{self.rest.name} = key_list({len(self.keys) + 1}, {fields})")
-        lines.append(f"local Arg = decode_args({_spec(self.args)}, 1)")
+            lines += [KEY_LIST, f"Key.{self.rest.name} = key_list({len(self.keys) + 1}, {fields})"]
+        lines += [
+            "local Arg = " + _presized(self.args),
+            "do",
+            "  local at = 1",
+            *_decoder(self.args, "Arg", 1),
+        ]
+        lines.append("end")
         return "\n".join(lines) + "\n"
 
     def check(self, script: str) -> None:
@@ -228,19 +202,48 @@ def _scalar(kind: str, v: object) -> object:
     return v
 
 
-def _spec(fields: Sequence[Field]) -> str:
-    """The Lua table `decode_args` reads the arguments by: {name, kind[, fields]} each."""
-    parts = []
+def _presized(fields: Sequence[Field]) -> str:
+    """A Lua table constructor with a slot for each field (filled in after: no rehash as they come)."""
+    return "{" + ", ".join(f"{f.name} = false" for f in fields) + "}"
+
+
+def _value(kind: str, v: str) -> str:
+    """Lua reading ARGV value `v` as `kind`."""
+    return {"int": f"tonumber({v})", "num": f"tonumber({v})", "flag": f"{v} == '1'"}.get(kind, v)
+
+
+def _decoder(fields: Sequence[Field], into: str, depth: int) -> list[str]:
+    """Straight-line Lua reading `fields` from ARGV[at] on into table `into`, `at` left after them (no
+    interpreter of a spec: the hand-off runs this for every item it carries)."""
+    pad = "  " * depth
+    lines = []
     for f in fields:
         if isinstance(f, Arg):
-            parts.append(f"{{'{f.name}', '{f.kind}'}}")
-        elif isinstance(f, List):
-            parts.append(f"{{'{f.name}', 'list', '{f.kind}'}}")
-        elif isinstance(f, Pairs):
-            parts.append(f"{{'{f.name}', 'pairs'}}")
+            lines.append(f"{pad}{into}.{f.name} = {_value(f.kind, 'ARGV[at]')}; at = at + 1")
+        elif isinstance(f, List | Pairs):
+            width, kind = (2, "str") if isinstance(f, Pairs) else (1, f.kind)
+            lines += [
+                f"{pad}do",
+                f"{pad}  local n, list = tonumber(ARGV[at]) * {width}, {{}}",
+                f"{pad}  for i = 1, n do list[i] = {_value(kind, 'ARGV[at + i]')} end",
+                f"{pad}  {into}.{f.name}, at = list, at + 1 + n",
+                f"{pad}end",
+            ]
         else:
-            parts.append(f"{{'{f.name}', 'many', {_spec(f.fields)}}}")
-    return "{" + ", ".join(parts) + "}"
+            n, items, record, i = f"n{depth}", f"list{depth}", f"r{depth}", f"i{depth}"
+            lines += [
+                f"{pad}do",
+                f"{pad}  local {n}, {items} = tonumber(ARGV[at]), {{}}",
+                f"{pad}  at = at + 1",
+                f"{pad}  for {i} = 1, {n} do",
+                f"{pad}    local {record} = {_presized(f.fields)}",
+                *_decoder(f.fields, record, depth + 2),
+                f"{pad}    {items}[{i}] = {record}",
+                f"{pad}  end",
+                f"{pad}  {into}.{f.name} = {items}",
+                f"{pad}end",
+            ]
+    return lines
 
 
 def _nested(fields: Sequence[Field]) -> list[str]:
