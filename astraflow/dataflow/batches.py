@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from astraflow.dataflow.scripts import SET_ASIDE
 from astraflow.errors import DecodeError
 from astraflow.messages import Batch, batch_refs, decode_batch
 from astraflow.streams import LOST, Bus, Consumer, Delivery
@@ -67,7 +68,7 @@ class BatchReader:
         self._consumer = Consumer(bus, self.stream, GROUP_TRAINER, name)
         self._next_trim = time.monotonic() + bus.settings.trim_interval_ms / 1000
         self._scripts = register_scripts(
-            bus.redis, "astraflow.dataflow", ("set_aside",), prelude="common.lua"
+            bus.redis, "astraflow.dataflow", (SET_ASIDE.name,), prelude="common.lua"
         )
 
     async def open(self) -> None:
@@ -139,9 +140,22 @@ class BatchReader:
         """Dead-letter `received` with `reason` and count its groups dead, not trained, in the ledger (see
         set_aside.lua); returns 'ok', 'dup' (it was already) or 'lost' (another consumer owns it now)."""
         k = self.bus.keys
-        keys = [self.stream, k.dead, k.errors, k.ledger]
-        args = [GROUP_TRAINER, self._consumer.name, received.id, self.model, reason]
-        args += [self.bus.settings.capped_maxlen, DEAD_FIELD_MAX_BYTES, *self._fields(received)]
-        status = await self.bus.hand_off_script(self._scripts["set_aside"], keys, args)
+        attempts_field, error_field = self._fields(received)
+        keys, args = SET_ASIDE.call(
+            batches=self.stream,
+            dead=k.dead,
+            errors=k.errors,
+            ledger=k.ledger,
+            group=GROUP_TRAINER,
+            consumer=self._consumer.name,
+            id=received.id,
+            model=self.model,
+            reason=reason,
+            dead_maxlen=self.bus.settings.capped_maxlen,
+            max_field_bytes=DEAD_FIELD_MAX_BYTES,
+            attempts_field=attempts_field,
+            error_field=error_field,
+        )
+        status = await self.bus.hand_off_script(self._scripts[SET_ASIDE.name], keys, args)
         self._consumer.settled([received.id])
         return status.decode()

@@ -13,7 +13,8 @@ import structlog
 from astraflow.dataflow.checks import Owned, check_groups, vocab_size
 from astraflow.dataflow.completions import Completions
 from astraflow.dataflow.evaluation import score
-from astraflow.dataflow.store import Collected, EvalRow, Room, Store
+from astraflow.dataflow.steps import Collected, EvalRow, Room
+from astraflow.dataflow.store import Store
 from astraflow.dataflow.verdicts import Judge
 from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
@@ -23,7 +24,7 @@ from astraflow.streams.connection import raise_if_cancelled
 from astraflow.streams.keys import GROUP_DATAFLOW
 from astraflow.streams.records import MAX_METRIC_NAMES, EvalResult, Record, RolloutStats, encode_record
 from astraflow.streams.runstate import recorded_versions
-from astraflow.streams.schema import Trace
+from astraflow.streams.schema import Outcome, Trace
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -111,7 +112,7 @@ class Collector:
                 settled.append(item)
                 self.completions.seen(item.trace.get(Trace.raas, ""))
                 for part, outcome in zip(item.parts, outcomes, strict=False):
-                    if outcome == "ready":
+                    if outcome == Outcome.ready:
                         self.made_ready(part.model, part.n_samples)
         if not done.records_written:
             records = _records(settled)
@@ -145,7 +146,7 @@ class Collector:
             parts=[],
             rewards={},
             zero_variance=False,
-            trace={Trace.raas: group.raas, Trace.eval: f"dropped: {reason}" if reason else "scored"},
+            trace={Trace.raas: group.raas, Trace.eval: Outcome.dropped(reason) if reason else Outcome.scored},
             eval=EvalRow(group.eval_version, group.eval_dataset, scores, reason),
         )
 

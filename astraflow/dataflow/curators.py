@@ -1,10 +1,10 @@
-"""Prompt curators: whether the feeder submits a dataset row now. State lives in Redis (written by the
-collector, see collect.lua), so every replica decides the same way.
+"""Prompt curators: whether the feeder submits a dataset row now. State lives in Redis, written by each
+curator's Lua half (`lua/curators/<name>.lua`, run by collect.lua and announce.lua for the curator of that
+registered name), so every replica decides the same way.
 
-A curator registers here by name (`@curator("name")`), which is the value of `feeder.curator` (the
-settings' `Literal` is built from `CURATORS`) and selects its Lua half, `dataflow/lua/curators/<name>.lua`,
-the collector's update of its state. This module imports nothing at run time that imports the settings,
-so the settings can read the registry.
+A curator is its class here, registered by name (`@curator("name")`: the value of `feeder.curator`; the
+settings' `Literal` is built from `CURATORS`), and that file. This module imports nothing at run time that
+imports the settings, so the settings can read the registry.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from astraflow.streams.schema import Greso
+from astraflow.streams.schema import Greso, GresoKind
 
 if TYPE_CHECKING:
     from astraflow.dataflow.settings import FeederSettings
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 CURATORS: dict[str, type[Curator]] = {}
 """Registered name -> curator class, in registration order."""
+STREAK = "streak"
+"""The hash of per-row zero-variance streaks (`Keys.curator(STREAK)`: the Lua halves' `Key.streak`)."""
 
 
 def curator(name: str) -> Callable[[type[Curator]], type[Curator]]:
@@ -37,6 +39,13 @@ def curator(name: str) -> Callable[[type[Curator]], type[Curator]]:
 class Curator(ABC):
     name: ClassVar[str] = ""
     """The name it is registered under (`curator`)."""
+    state: ClassVar[str] = ""
+    """The curator's own hash (`Keys.curator(state)`: its Lua half's `Key.curator`); '' = none."""
+
+    @classmethod
+    def lua_params(cls, settings: FeederSettings) -> dict[str, object]:
+        """The settings its Lua half reads (`params`)."""
+        return {}
 
     def __init__(self, bus: Bus, settings: FeederSettings) -> None:
         self.bus, self.settings = bus, settings
@@ -63,9 +72,15 @@ class AcceptAll(Curator):
 class FilterSolved(Curator):
     """Skip prompts whose success-rate EWMA (mean reward of its groups) is above the threshold."""
 
+    state = "ewma"
+
+    @classmethod
+    def lua_params(cls, settings: FeederSettings) -> dict[str, object]:
+        return {"alpha": settings.solved_alpha}
+
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         limit = self.settings.solved_threshold
-        return [v is None or float(v) <= limit for v in await self._get("ewma", rows)]
+        return [v is None or float(v) <= limit for v in await self._get(self.state, rows)]
 
 
 @curator("greso")
@@ -74,13 +89,28 @@ class GresoCurator(Curator):
     max(floor, p^s), p = p_easy (they were all right) or p_hard (all wrong). The p's adapt once per
     version toward target shares of zero-variance groups (announce.lua)."""
 
+    state = "greso"
+
+    @classmethod
+    def lua_params(cls, settings: FeederSettings) -> dict[str, object]:
+        g = settings.greso
+        return {
+            "p_init": g.p_init,
+            "step": g.step,
+            "floor": g.floor,
+            "target_easy": g.target_easy,
+            "target_hard": g.target_hard,
+        }
+
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         g = self.settings.greso
-        key, kinds = self.bus.keys.curator(self.name), ("easy", "hard")
-        ps = await self.bus.call(lambda: self.bus.redis.hmget(key, [Greso.p(k) for k in kinds]))
-        p = {k: float(v or g.p_init) for k, v in zip(kinds, ps, strict=True)}
+        key = self.bus.keys.curator(self.state)
+        kinds = (GresoKind.easy, GresoKind.hard)
+        fields = [Greso.p(kind) for kind in kinds]
+        found = await self.bus.call(lambda: self.bus.redis.hmget(key, fields))
+        p = {kind: float(v or g.p_init) for kind, v in zip(kinds, found, strict=True)}
         out = []
-        for streak, u in zip(await self._get("streak", rows), randoms, strict=True):
+        for streak, u in zip(await self._get(STREAK, rows), randoms, strict=True):
             if streak is None:
                 out.append(True)
                 continue
@@ -99,7 +129,7 @@ class SkipZeroVariance(Curator):
     async def decide(self, rows: Sequence[int], randoms: Sequence[float], version: int) -> list[bool]:
         after, wait = self.settings.skip_after_groups, self.settings.skip_versions
         out = []
-        for streak in await self._get("streak", rows):  # `<zero-variance groups in a row> <version>`
+        for streak in await self._get(STREAK, rows):  # `<zero-variance groups in a row> <version>`
             if streak is None:
                 out.append(True)
                 continue

@@ -18,7 +18,8 @@ import structlog
 
 from astraflow.dataflow.completions import shown_slots
 from astraflow.dataflow.curators import make_curator
-from astraflow.dataflow.store import Room, Store, SubmitItem
+from astraflow.dataflow.steps import Room, SubmitItem
+from astraflow.dataflow.store import Store
 from astraflow.errors import DecodeError
 from astraflow.messages import Heartbeat, PromptGroup, decode, encode
 from astraflow.streams.names import heartbeat_holder

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
+from astraflow.dataflow.curators import CURATORS, STREAK
+from astraflow.dataflow.scripts import ANNOUNCE, COLLECT, FORM, ROOM, SUBMIT, SUBMIT_EVAL, VERSION
 from astraflow.dataflow.settings import DataflowSettings
+from astraflow.dataflow.steps import Collected, Room, Settled, SubmitItem
 from astraflow.messages import VersionPublished
 from astraflow.streams import Bus
 from astraflow.streams.connection import queue_script, register_scripts, with_script
+from astraflow.streams.contract import Contract
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER
 from astraflow.streams.runstate import MAX_VERSION_STEP, RunState, read_state
 from astraflow.streams.schema import Entry
 
-SCRIPTS = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
 INLINE_BYTES = 32 << 10
 """Accepted parts' bytes a settle passes to its script as arguments (one command); more go in by plain
 HSETs in a MULTI with it, as Lua copies its arguments into its own heap (`tests/bench/settle_bytes.py`:
@@ -26,99 +28,42 @@ up to this size Redis spends 1.0-1.4x as much on the arguments, the dataflow hal
 at 256 KiB Redis spends twice as much)."""
 
 
-@dataclass(frozen=True)
-class SubmitItem:
-    """One dataset position: submitted as `fields` (a PromptGroup entry) or skipped by the curator."""
-
-    submit: bool
-    uid: str
-    row: int
-    version: int
-    fields: Mapping[str, bytes]
-
-
-@dataclass(frozen=True)
-class Room:
-    """What the back-pressure limits admit now (a hint: `Store.submit` checks again, atomically)."""
-
-    groups: int
-    """Prompt groups that may be submitted."""
-    ready_full: bool
-    """No room because the ready sets are full (then a settle frees nothing: only a batch formed does)."""
-    cursor: int
-    notice: int | None
-    """The state's dataset cursor and last version announced (None: none yet)."""
-    eval_due: int | None = None
-    """The last notice when it is of an eval version whose groups no one submitted (its barrier's replica
-    died first): the feeder submits them."""
-
-
-@dataclass(frozen=True)
-class Part:
-    """One model's share of a collected group: accepted (reason '') or dropped with a reason."""
-
-    model: str
-    reason: str
-    min_version: int
-    n_samples: int
-    payload: bytes = b""
-
-
-@dataclass(frozen=True)
-class EvalRow:
-    """One collected eval row: per policy its metrics, or why it was dropped (`reason`)."""
-
-    version: int
-    dataset: str
-    scores: Mapping[str, Mapping[str, float]]
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Collected:
-    """A decoded rollout entry and what the collector decided for it."""
-
-    entry_id: str
-    uid: str
-    parts: Sequence[Part]
-    rewards: Mapping[str, tuple[float, int]]
-    """Per model, in the group's order: (mean reward, trajectories) of the trajectories that did not fail."""
-    zero_variance: bool
-    trace: Mapping[str, str]
-    metrics: Mapping[str, Mapping[str, tuple[float, int]]] = field(default_factory=dict)
-    """Per model and workflow metric: (sum, trajectories reporting it) over the trajectories that did not
-    fail."""
-
-    eval: EvalRow | None = None
-    """An eval group's scores (it has no parts: nothing of it is ever trained on)."""
-
-    @property
-    def mean_reward(self) -> float | None:
-        """The first model's mean reward (what the curators follow)."""
-        return next((mean for mean, _ in self.rewards.values()), None)
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What a settle (`Store.collect`) did."""
-
-    records_written: bool
-    """The `metrics` entries went out with it (every item settled 'ok')."""
-    replies: list[list[str]]
-    """Per item: [status, outcome per part...] (collect.lua)."""
-    room: Room | None = None
-    """The feeder's room just after the settle, under the limits asked for (None: none asked)."""
-
-
 class Store:
     def __init__(self, bus: Bus, settings: DataflowSettings, models: Sequence[str]) -> None:
         self.bus, self.settings, self.models = bus, settings, list(models)
         self.keys = bus.keys
-        self._scripts = register_scripts(bus.redis, "astraflow.dataflow", SCRIPTS, prelude="common.lua")
+        names = tuple(c.name for c in (SUBMIT, SUBMIT_EVAL, ROOM, COLLECT, FORM, VERSION, ANNOUNCE))
+        self._scripts = register_scripts(bus.redis, "astraflow.dataflow", names, prelude="common.lua")
+        curator = CURATORS[settings.feeder.curator]
+        self._curator = {
+            "curator_state": self.keys.curator(curator.state or settings.feeder.curator),
+            "curator": settings.feeder.curator,
+            "streak": self.keys.curator(STREAK),
+            "curator_params": curator.lua_params(settings.feeder),
+        }
+        """The curator's keys and arguments of collect.lua and announce.lua (`scripts.CURATOR_KEYS`)."""
 
-    async def _run(self, name: str, keys: list[str], args: list):
+    async def _run(self, contract: Contract, **values):
+        """Run the script of `contract` with its keys and arguments by name."""
         # Every script decides and acknowledges: with redis.min_replicas_ack, only once replicas have it.
-        return await self.bus.hand_off_script(self._scripts[name], keys, args)
+        keys, args = contract.call(**values)
+        return await self.bus.hand_off_script(self._scripts[contract.name], keys, args)
+
+    def _submit_keys(self) -> dict[str, str]:
+        """The keys every submitting script takes (submit.lua, submit_eval.lua)."""
+        k = self.keys
+        return {"prompts": k.prompts, "state": k.state, "in_flight": k.in_flight, "ledger": k.ledger}
+
+    def _room_args(self, backlog_limit: int | None, ready_limit: int | None) -> dict:
+        """The arguments of the feeder's room (`scripts.ROOM_ARGS`)."""
+        b = self.settings.batch
+        return {
+            "raas_group": GROUP_RAAS,
+            "backlog_limit": backlog_limit,
+            "ready_limit": ready_limit,
+            "unit": b.unit,
+            "batch_size": b.size,
+        }
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -145,23 +90,23 @@ class Store:
     ) -> tuple[str, int, Room]:
         """Submit/skip `items` from dataset position `cursor`; returns (status, submitted, the room left
         after it: its cursor the new one)."""
-        k = self.keys
-        keys = [k.prompts, k.state, k.in_flight, k.ledger, k.traces, *(k.ready(m) for m in self.models)]
-        args: list = [cursor, GROUP_RAAS, backlog_limit, ready_limit, k.trace_prefix]
-        args += [
-            self.settings.trace_retention_s,
-            f"{time.time():.3f}",
-            len(items),
-            self.settings.trace_max_groups,
-            self.settings.batch.unit,
-            self.settings.batch.size,
-            self.settings.trace_every,
-        ]
-        for it in items:
-            args += [int(it.submit), it.uid, it.row, it.version, len(it.fields)]
-            for name, value in it.fields.items():
-                args += [name, value]
-        status, submitted, left = await self._run("submit", keys, args)
+        k, s = self.keys, self.settings
+        status, submitted, left = await self._run(
+            SUBMIT,
+            **self._submit_keys(),
+            traces=k.traces,
+            readys=[k.ready(m) for m in self.models],
+            expected=cursor,
+            **self._room_args(backlog_limit, ready_limit),
+            trace_prefix=k.trace_prefix,
+            trace_ttl_s=s.trace_retention_s,
+            now=f"{time.time():.3f}",
+            trace_max=s.trace_max_groups,
+            trace_every=s.trace_every,
+            items=[
+                {f: getattr(it, f) for f in ("submit", "uid", "row", "version", "fields")} for it in items
+            ],
+        )
         return status.decode(), int(submitted), _room(left)
 
     async def submit_eval(
@@ -170,21 +115,28 @@ class Store:
         """Submit the eval groups of `version` (PromptGroup entries) unless they were, with the `rows` of
         each dataset in the metrics stream; returns how many groups."""
         k = self.keys
-        args: list = [version, f"{time.time():.3f}", len(groups), self.bus.settings.capped_maxlen, len(rows)]
-        for name, n in rows.items():
-            args += [name, n]
-        for fields in groups:
-            args += [fields[Entry.uid], len(fields)]
-            for name, value in fields.items():
-                args += [name, value]
-        keys = [k.prompts, k.state, k.in_flight, k.ledger, k.metrics]
-        return int(await self._run("submit_eval", keys, args))
+        n = await self._run(
+            SUBMIT_EVAL,
+            **self._submit_keys(),
+            metrics=k.metrics,
+            version=version,
+            now=f"{time.time():.3f}",
+            metrics_maxlen=self.bus.settings.capped_maxlen,
+            datasets=[{"name": name, "rows": n} for name, n in rows.items()],
+            groups=[{"uid": fields[Entry.uid], "fields": fields} for fields in groups],
+        )
+        return int(n)
 
     async def room(self, backlog_limit: int, ready_limit: int) -> Room:
         """What the feeder may submit now, and where (room.lua: one script, read only)."""
-        keys = [self.keys.prompts, self.keys.state, *(self.keys.ready(m) for m in self.models)]
-        args = [GROUP_RAAS, backlog_limit, ready_limit, self.settings.batch.unit, self.settings.batch.size]
-        script = self._scripts["room"]  # (read only: no wait for replicas, unlike `_run`)
+        k = self.keys
+        keys, args = ROOM.call(
+            prompts=k.prompts,
+            state=k.state,
+            readys=[k.ready(m) for m in self.models],
+            **self._room_args(backlog_limit, ready_limit),
+        )
+        script = self._scripts[ROOM.name]  # (read only: no wait for replicas, unlike `_run`)
         return _room(await self.bus.call(lambda: script(keys=keys, args=args)))
 
     async def collect(
@@ -198,33 +150,32 @@ class Store:
         fields) when every item settles 'ok', and reading the feeder's room under `limits` (backlog and
         ready-set limits, as `room` takes them) after it: the settle is what frees room."""
         k, s = self.keys, self.settings
-        keys = [k.rollouts, k.in_flight, k.ledger, k.state, k.curator("ewma"), k.curator("streak")]
-        keys += [k.curator("greso"), k.errors, k.metrics, k.prompts]
-        index = {}
-        for m in self.models:
-            index[m] = len(keys) + 1
-            keys += [k.ready(m), k.samples(m), k.refs(m)]
-        args: list = [GROUP_DATAFLOW, consumer, s.max_staleness_steps, k.trace_prefix, s.trace_retention_s]
-        curator = "" if s.feeder.curator == "accept_all" else s.feeder.curator
         inline = sum(len(p.payload) for it in items for p in it.parts if not p.reason) <= INLINE_BYTES
-        args += [s.collector.order, s.feeder.solved_alpha, f"{time.time():.3f}", curator, int(not inline)]
-        args.append(len(items))
-        for it in items:
-            mean = "" if it.mean_reward is None else repr(it.mean_reward)
-            args += [it.entry_id, it.uid, mean, int(it.zero_variance), len(it.trace)]
-            for name, value in it.trace.items():
-                args += [name, value]
-            args.append(len(it.parts))
-            for p in it.parts:
-                bytes_ = p.payload if inline and not p.reason else b""
-                args += [p.model, index[p.model], p.reason, p.min_version, p.n_samples, bytes_]
-        args += [self.bus.settings.capped_maxlen, len(records)]
-        for fields in records:
-            args.append(len(fields))
-            for name, value in fields.items():
-                args += [name, value]
-        args += [GROUP_RAAS, *(limits or ("", "")), s.batch.unit, s.batch.size]
-        script = self._scripts["collect"]
+        index = {m: i for i, m in enumerate(self.models, 1)}
+        keys, args = COLLECT.call(
+            rollouts=k.rollouts,
+            in_flight=k.in_flight,
+            ledger=k.ledger,
+            state=k.state,
+            errors=k.errors,
+            metrics=k.metrics,
+            prompts=k.prompts,
+            models=[{"ready": k.ready(m), "samples": k.samples(m), "refs": k.refs(m)} for m in self.models],
+            group=GROUP_DATAFLOW,
+            consumer=consumer,
+            max_staleness=s.max_staleness_steps,
+            trace_prefix=k.trace_prefix,
+            trace_ttl_s=s.trace_retention_s,
+            order=s.collector.order,
+            now=f"{time.time():.3f}",
+            **self._curator,
+            written=not inline,
+            items=[_settle_item(it, index, inline) for it in items],
+            metrics_maxlen=self.bus.settings.capped_maxlen,
+            records=[{"fields": fields} for fields in records],
+            **self._room_args(*(limits or (None, None))),
+        )
+        script = self._scripts[COLLECT.name]
         if inline:
             written, replies, room = await self.bus.call(lambda: script(keys=keys, args=args))
         else:
@@ -253,37 +204,96 @@ class Store:
         short): `short`, the batch units (samples or groups) missing for this batch ('wait') or for the
         next ('ok')."""
         k, s, b = self.keys, self.settings, self.settings.batch
-        keys = [k.ready(model), k.samples(model), k.refs(model), k.replay(model), k.batches(model)]
-        keys += [k.ledger, k.state, k.formed(model), k.identity]
-        quota = round(b.replay_ratio * b.size)
-        capacity = b.replay_capacity if b.replay_ratio > 0 else 0
-        args: list = [model, s.max_staleness_steps, b.size, b.unit, quota, b.replay_selection, capacity]
-        args += [b.prefetch, GROUP_TRAINER, k.trace_prefix, s.trace_retention_s, s.collector.order]
-        args += [f"{time.time():.3f}", *(repr(r) for r in randoms)]
-        status, uid, fresh, replayed, expired, short = await self._run("form", keys, args)
+        status, uid, fresh, replayed, expired, short = await self._run(
+            FORM,
+            ready=k.ready(model),
+            samples=k.samples(model),
+            refs=k.refs(model),
+            replay=k.replay(model),
+            batches=k.batches(model),
+            ledger=k.ledger,
+            state=k.state,
+            formed=k.formed(model),
+            identity=k.identity,
+            model=model,
+            max_staleness=s.max_staleness_steps,
+            size=b.size,
+            unit=b.unit,
+            replay_quota=round(b.replay_ratio * b.size),
+            selection=b.replay_selection,
+            capacity=b.replay_capacity if b.replay_ratio > 0 else 0,
+            prefetch=b.prefetch,
+            trainer_group=GROUP_TRAINER,
+            trace_prefix=k.trace_prefix,
+            trace_ttl_s=s.trace_retention_s,
+            order=s.collector.order,
+            now=f"{time.time():.3f}",
+            randoms=[repr(r) for r in randoms],
+        )
         return status.decode(), uid.decode(), int(fresh), int(replayed), int(expired), int(short)
 
     async def record_version(self, consumer: str, entry_id: str, msg: VersionPublished) -> str:
         """Record a published version with the XACK of its entry; returns 'ok', 'dup', 'lost', or 'far'
         (more than MAX_VERSION_STEP past the model's recorded version: nothing recorded nor acked)."""
-        keys = [self.keys.versions, self.keys.state, self.keys.errors]
-        args = [GROUP_DATAFLOW, consumer, entry_id, msg.model, msg.version, msg.manifest_key, int(msg.eval)]
-        args += [msg.checkpoint, msg.incarnation, MAX_VERSION_STEP]
-        return (await self._run("version", keys, args)).decode()
+        k = self.keys
+        status = await self._run(
+            VERSION,
+            versions=k.versions,
+            state=k.state,
+            errors=k.errors,
+            group=GROUP_DATAFLOW,
+            consumer=consumer,
+            id=entry_id,
+            model=msg.model,
+            version=msg.version,
+            manifest_key=msg.manifest_key,
+            eval=msg.eval,
+            checkpoint=msg.checkpoint,
+            incarnation=msg.incarnation,
+            max_step=MAX_VERSION_STEP,
+        )
+        return status.decode()
 
     async def announce(
         self, expected: int, version: int, fields: Mapping[str, bytes], forget: Sequence[str]
     ) -> tuple[str, int]:
         """Publish the notice of `version` if `expected` is still the last announced one."""
-        g = self.settings.feeder.greso
-        keys = [self.keys.notices, self.keys.state, self.keys.curator("greso")]
-        args: list = [expected, version, self.bus.settings.capped_maxlen]
-        args += [int(self.settings.feeder.curator == "greso"), g.p_init, g.step, g.floor]
-        args += [g.target_easy, g.target_hard, len(forget), *forget]
-        for name, value in fields.items():
-            args += [name, value]
-        status, last = await self._run("announce", keys, args)
+        status, last = await self._run(
+            ANNOUNCE,
+            notices=self.keys.notices,
+            state=self.keys.state,
+            **self._curator,
+            expected=expected,
+            version=version,
+            maxlen=self.bus.settings.capped_maxlen,
+            forget=forget,
+            notice=fields,
+        )
         return status.decode(), int(last)
+
+
+def _settle_item(it: Collected, index: Mapping[str, int], inline: bool) -> dict:
+    """One item of a collect.lua call (`scripts.COLLECT`): its parts' bytes passed when `inline`."""
+    parts = [
+        {
+            "model": p.model,
+            "index": index[p.model],
+            "reason": p.reason,
+            "min_version": p.min_version,
+            "n_samples": p.n_samples,
+            "payload": p.payload if inline and not p.reason else b"",
+        }
+        for p in it.parts
+    ]
+    mean = None if it.mean_reward is None else repr(it.mean_reward)
+    return {
+        "entry_id": it.entry_id,
+        "uid": it.uid,
+        "mean_reward": mean,
+        "zero_var": it.zero_variance,
+        "trace": it.trace,
+        "parts": parts,
+    }
 
 
 def _room(reply: list) -> Room:

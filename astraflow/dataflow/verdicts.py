@@ -11,7 +11,7 @@ import numpy as np
 
 from astraflow.dataflow.checks import InvalidRollout, Owned
 from astraflow.dataflow.settings import CollectorSettings
-from astraflow.dataflow.store import Collected, Part
+from astraflow.dataflow.steps import Collected, Part
 from astraflow.decoding import column
 from astraflow.messages import RolloutGroup, SampleGroup, Trajectory, pack
 from astraflow.streams.schema import Trace

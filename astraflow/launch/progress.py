@@ -259,11 +259,7 @@ def render(s: Snapshot, window: int, target: float | None):
         streams.add_column(col, overflow="fold")
     for v in s.streams:
         for g in v.groups or [None]:
-            name = (
-                v.key.rsplit(":", 1)[-1]
-                if ":batches:" not in v.key
-                else "batches:" + v.key.rsplit(":", 1)[-1]
-            )
+            name = v.key  # (without the run prefix: `inspect_run`)
             if g is None:
                 streams.add_row(name, str(v.length), "-", "-", "-")
             else:

@@ -25,8 +25,9 @@ from astraflow.dataflow.ledger import Ledger
 from astraflow.errors import DecodeError
 from astraflow.launch.progress import Progress
 from astraflow.streams import Bus
-from astraflow.streams.identity import existing, mark_stopped, stop_key
+from astraflow.streams.identity import existing, mark_stopped
 from astraflow.streams.records import DeadLetterRecord, decode_record
+from astraflow.streams.schema import StopNotice
 
 log = structlog.get_logger(__name__)
 FOLLOW_EVERY_S = 1.0
@@ -114,9 +115,9 @@ async def stopped_reason(bus: Bus) -> str | None:
 async def stop_notice(bus: Bus) -> tuple[str | None, str | None]:
     """(reason, by whom) as the stop notice says (None where it does not): what its writer claims, for
     display; `stopped_elsewhere` is the verdict a launcher gives it."""
-    key = stop_key(bus)  # (HGET each: the one command on it every role's user may send)
-    reason = await bus.call(lambda: bus.redis.hget(key, "stop_reason"))
-    by = await bus.call(lambda: bus.redis.hget(key, "stopped_by"))
+    key = bus.keys.stop  # (HGET each: the one command on it every role's user may send)
+    reason = await bus.call(lambda: bus.redis.hget(key, StopNotice.stop_reason))
+    by = await bus.call(lambda: bus.redis.hget(key, StopNotice.stopped_by))
     return _text(reason), _text(by)
 
 

@@ -13,7 +13,7 @@ from astraflow.dataflow.ledger import read_ledger
 from astraflow.ops.context import settings_from, with_bus
 from astraflow.streams import Bus
 from astraflow.streams.records import DeadLetterRecord, decode_record
-from astraflow.streams.schema import Trace
+from astraflow.streams.schema import Outcome, Trace
 
 
 def cmd_ledger(args) -> int:
@@ -82,13 +82,13 @@ def render_trace(uid: str, trace: dict[str, str], models: Sequence[str]) -> str:
         if Trace.outcome(m) not in trace:
             continue
         outcome = trace[Trace.outcome(m)]
-        if outcome == "trained":
+        if outcome == Outcome.trained:
             outcome = (
                 f"trained in batch {trace.get(Trace.batch(m))} (formed at trainer version "
                 f"{trace.get(Trace.batch_version(m))}, trained by the step to the next version)"
                 + when(Trace.batched_at(m))
             )
-        elif outcome == "ready":
+        elif outcome == Outcome.ready:
             outcome = f"ready, min token version {trace.get(Trace.min_version(m))}, waiting for a batch"
         lines.append(f"  {m}: {outcome}")
     if Trace.dead in trace:

@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 ROLES = ("raas", "dataflow", "trainer", "observer")
 WORKERS = ("raas", "dataflow", "trainer")
 RAAS_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-OWN = ("raas:*", "name:raas:*")
-"""A RaaS's own keys (its heartbeat, its consumer name): a per-RaaS user (`accounts`) has them for its
-id only, so no RaaS can take over another's name or write its heartbeat."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +50,17 @@ class Grant:
     """False: a read-only key selector (`%R~`), so a write command is refused even where listed."""
 
 
-def _g(what: str, families: str, commands: str, write: bool = True) -> Grant:
-    return Grant(what, tuple(families.split()), tuple(commands.split()), write)
+_KEYS = Keys("RUN")
+OWN = (_KEYS.family("raas"), _KEYS.family("consumer_name", "raas:*"))
+"""A RaaS's own keys (its heartbeat, its consumer name): a per-RaaS user (`accounts`) has them for its
+id only, so no RaaS can take over another's name or write its heartbeat."""
+
+
+def _g(what: str, families: str | tuple[str, ...], commands: str, write: bool = True) -> Grant:
+    """A grant of `commands` on `families`: names of `Keys` keys and key-building methods (each one's
+    family: `ready` -> `ready:*`), or patterns built from them (`_KEYS.family`)."""
+    patterns = tuple(_KEYS.family(f) for f in families.split()) if isinstance(families, str) else families
+    return Grant(what, patterns, tuple(commands.split()), write)
 
 
 # Commands without keys every process may send: SELECT for a URL with a database number, transactions,
@@ -67,7 +73,7 @@ _CONSUMER = _READER + " xinfo|consumers xgroup|delconsumer xtrim"
 
 
 _DATAFLOW = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")
-_BUS = ("astraflow.streams", None, (*SCRIPT_NAMES, "name_take", "name_free", "heartbeat"))
+_BUS = ("astraflow.streams", None, (*SCRIPT_NAMES, "take_name", "free_name", "beat"))
 ROLE_SCRIPTS: dict[str, tuple[tuple[str, str | None, tuple[str, ...]], ...]] = {
     "raas": (_BUS, ("astraflow.weights", None, ("elect", "resign"))),
     "dataflow": (
@@ -91,7 +97,10 @@ def role_sources(role: str) -> list[str]:
     return [script_source(name, pkg, prelude) for pkg, prelude, names in scripts for name in names]
 
 
-DEDUP = {"raas": "dedup:rollout:* dedup:dead:*", "trainer": "dedup:version:* dedup:dead:*"}
+DEDUP = {
+    role: tuple(_KEYS.family("dedup", f"{kind}:*") for kind in kinds)
+    for role, kinds in {"raas": ("rollout", "dead"), "trainer": ("version", "dead")}.items()
+}
 """The dedup markers a role's hand-offs write: a RaaS cannot forge a trainer's `version:` marker (which
 would keep that version from being announced), nor a trainer a RaaS's."""
 
@@ -106,12 +115,16 @@ def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmge
         _g("entry errors", "errors", errors),
         _g("ledger counts", "ledger", "hincrby"),
         _g("in-flight groups", "in_flight", "srem"),
-        _g("dedup markers", DEDUP.get(role, "dedup:*"), "get set"),
-        _g("its consumer names (ownership scripts)", f"name:{role}:*", "get set del"),
-        _g("run identity", "run", run, write=False),
+        _g("dedup markers", DEDUP.get(role, "dedup"), "get set"),
+        _g(
+            "its consumer names (ownership scripts)",
+            (_KEYS.family("consumer_name", f"{role}:*"),),
+            "get set del",
+        ),
+        _g("run identity", "identity", run, write=False),
         _g("start checks", "state ledger versions", "exists", write=False),
         # the stop notice: written by the workers that judge the stop conditions, followed by all
-        _g("run stop notice", "run:stop", "hget" if role == "raas" else "hget hset del", role != "raas"),
+        _g("run stop notice", "stop", "hget" if role == "raas" else "hget hset del", role != "raas"),
     )
 
 
@@ -121,14 +134,14 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         _g("rollouts (hand-off)", "rollouts", "xadd type"),
         _g(
             "its heartbeat (ownership script; `astraflow health` reads it)",
-            "raas:*",
+            "raas",
             "hset pexpire del hgetall",
         ),
         *_plumbing("raas"),
-        _g("weight manifests", "weights:*:*", "hgetall", write=False),
-        _g("weight peers", "weights:*:*:peers", "zadd zrevrange zrem expire"),
-        _g("weight relay election", "weights:*:*:relay:*", "get set del"),
-        _g("weight-transfer secret", "weights:secret", "get", write=False),
+        _g("weight manifests", "weights", "hgetall", write=False),
+        _g("weight peers", "weight_peers", "zadd zrevrange zrem expire"),
+        _g("weight relay election", "weight_relay", "get set del"),
+        _g("weight-transfer secret", "weights_secret", "get", write=False),
         _g("notices", "notices", "xread xrevrange", write=False),
         _g("published versions", "versions", "xrevrange", write=False),
         _g("run state (versions, notice)", "state", "hmget hget", write=False),
@@ -138,13 +151,13 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
     "dataflow": (
         _g(
             "the dataflow's streams and state (its scripts)",
-            "prompts rollouts versions notices metrics state curator:* ready:* replay:* samples:* refs:* "
-            "formed:* trace:* traces batches:* scale completed",
+            "prompts rollouts versions notices metrics state curator ready replay samples refs formed trace "
+            "traces batches scale completed",
             _CONSUMER + " xadd xrevrange xread hget hset hdel hincrby hsetnx hgetall hmget hexists hlen "
             "expire sadd smembers scard zadd zcard zlexcount zrange zrangebylex zrangebyscore zrem "
             "zrevrange zremrangebyrank",
         ),
-        _g("lineage records aged out (no stream: it may delete no other key)", "trace:*", "del"),
+        _g("lineage records aged out (no stream: it may delete no other key)", "trace", "del"),
         _g(
             "streams with forged ids repaired (repair.lua)",
             "rollouts versions dead",
@@ -152,26 +165,26 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         ),
         _g("in-flight set (feeder, strays)", "in_flight", "sadd smembers scard"),
         _g("ledger (`astraflow scale`)", "ledger", "hgetall hmget hget", write=False),
-        _g("live pool: RaaS heartbeats", "raas:*", "hgetall", write=False),
-        _g("heartbeat holders", "name:raas:*", "get", write=False),
+        _g("live pool: RaaS heartbeats", "raas", "hgetall", write=False),
+        _g("heartbeat holders", (OWN[1],), "get", write=False),
         *_plumbing("dataflow", run="exists hmget hget"),
     ),
     "trainer": (
-        _g("batches (its consumer group)", "batches:*", _CONSUMER),
+        _g("batches (its consumer group)", "batches", _CONSUMER),
         _g("versions (hand-off)", "versions", "xadd type xrevrange"),
         _g("metrics (and the stop conditions judged from them)", "metrics", "xadd xrange"),
-        _g("weight manifests", "weights:*:*", "hset hgetall del expire"),
-        _g("weight peers", "weights:*:*:peers", "del"),
-        _g("batch samples", "samples:*", "hmget", write=False),
+        _g("weight manifests", "weights", "hset hgetall del expire"),
+        _g("weight peers", "weight_peers", "del"),
+        _g("batch samples", "samples", "hmget", write=False),
         _g("run state (newest versions)", "state", "hmget", write=False),
-        _g("weight-transfer secret", "weights:secret", "get", write=False),
+        _g("weight-transfer secret", "weights_secret", "get", write=False),
         *_plumbing("trainer", errors="hget hset hdel hincrby"),
     ),
     # `astraflow top`, `inspect`, `ledger`, `trace`: reads only, every key but the weight secret
     "observer": (
         _g(
             "every key of the run but the weight secret, read only",
-            "[^w]* weights:*:*",
+            ("[^w]*", _KEYS.family("weights")),  # (a glob over every key whose name starts with no `w`)
             "type memory|usage xlen xinfo|groups xpending xrange xrevrange xread hgetall hget hmget scard "
             "zcard",
             write=False,
@@ -190,7 +203,8 @@ KEYLESS: dict[str, tuple[str, ...]] = {
 def script_families(role: str) -> set[str]:
     """The keys `role`'s functions are handed (FCALL needs write access to them; Redis then checks every
     command a function sends against the grants): its writable families and the run identity."""
-    return families(role, write=True) - {"run:stop"} | {"run"}  # (no script writes the stop notice)
+    # (no script writes the stop notice)
+    return families(role, write=True) - {_KEYS.family("stop")} | {_KEYS.family("identity")}
 
 
 def families(role: str, write: bool | None = None) -> set[str]:
@@ -248,23 +262,23 @@ class AclUser:
 
 
 def accounts(raas_ids: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The users to make, by label: one `raas:<id>` per RaaS id (each holds only its own name and
+    """The users to make, by label: one `raas/<id>` per RaaS id (each holds only its own name and
     heartbeat: OWN) where ids are given, else one `raas` user that every RaaS shares; then the others."""
     bad = [i for i in raas_ids if not RAAS_ID.fullmatch(i)]
     if bad:
         raise ConfigError(f"RaaS id {bad[0]!r}: letters, digits, '_', '.' and '-' only (at most 64)")
-    return (*(f"raas:{i}" for i in raas_ids), *ROLES[1:]) if raas_ids else ROLES
+    return (*(f"raas/{i}" for i in raas_ids), *ROLES[1:]) if raas_ids else ROLES
 
 
 def user_name(run: str, label: str) -> str:
-    """The user of `label` (a role, or `raas:<id>`) in `run`: `af-RUN-raas`, `af-RUN-raas-raas-0`."""
-    return f"af-{run}-{label.replace(':', '-')}"
+    """The user of `label` (a role, or `raas/<id>`) in `run`: `af-RUN-raas`, `af-RUN-raas-raas-0`."""
+    return f"af-{run}-{label.replace('/', '-')}"
 
 
 def acl_user(run: str, label: str, password: str) -> AclUser:
-    """The user of `label` (a role, or `raas:<id>`: `accounts`) in `run`: reset, then enabled with
+    """The user of `label` (a role, or `raas/<id>`: `accounts`) in `run`: reset, then enabled with
     `password`, its key patterns and commands."""
-    role, _, worker = label.partition(":")
+    role, _, worker = label.partition("/")
     if role not in ROLES or (worker and role != "raas"):
         raise ValueError(f"unknown role: {label!r}")
     bind = lambda fs: tuple(f.replace("*", worker) if worker and f in OWN else f for f in fs)  # noqa: E731

@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams.chunks import arg_bytes, chunked
 from astraflow.streams.connection import queue_script, reconnecting, register_scripts, with_script
+from astraflow.streams.contract import Contract
 from astraflow.streams.entries import (
     DEAD_FIELD_MAX_BYTES,
     MAX_FIELDS,
@@ -29,11 +30,12 @@ from astraflow.streams.entries import (
     entry_uid,
 )
 from astraflow.streams.handoff import handoff_call, handoff_cost
-from astraflow.streams.identity import RunIdentity, new_identity_args
+from astraflow.streams.identity import RunIdentity, new_identity
 from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
 from astraflow.streams.records import DeadLetterRecord, encode_record
 from astraflow.streams.replica import ReplicaReads, connect_clients
 from astraflow.streams.schema import Errors
+from astraflow.streams.scripts import CLAIM, CREATE_RUN, HANDOFF, RELEASE, RENEW, TRIM
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 log = structlog.get_logger(__name__)
@@ -118,7 +120,7 @@ class Bus:
 
     async def identity(self) -> RunIdentity:
         """The run's identity, created now if it has none (atomic: concurrent bootstraps get the same)."""
-        reply = await self._script("create_run", [self.keys.identity], new_identity_args())
+        reply = await self._script(CREATE_RUN, identity=self.keys.identity, **new_identity())
         return RunIdentity.parse(*reply)
 
     async def ensure_group(self, stream: str, group: str) -> None:
@@ -141,8 +143,10 @@ class Bus:
 
         return await reconnecting(call, self.reconnect_max_s, lost, probe=self.redis.ping)
 
-    async def _script(self, name: str, keys: list[str], args: list):
-        return await self.call(lambda: self._scripts[name](keys=keys, args=args))
+    async def _script(self, contract: Contract, **values):
+        """Run the bus's script of `contract` with its keys and arguments by name, through reconnects."""
+        keys, args = contract.call(**values)
+        return await self.call(lambda: self._scripts[contract.name](keys=keys, args=args))
 
     # -- producing -------------------------------------------------------------------------------------
 
@@ -191,7 +195,7 @@ class Bus:
         """One hand-off script call of `items` (see handoff.lua)."""
         keys, args = handoff_call(self.keys, stream, group, consumer, self.dedup_ttl_ms, items)
         try:
-            replies, ignored = await self.hand_off_script(self._scripts["handoff"], keys, args)
+            replies, ignored = await self.hand_off_script(self._scripts[HANDOFF.name], keys, args)
         except ResponseError as e:
             raise BusError(f"hand-off refused: {e}") from None
         for key in ignored:
@@ -272,13 +276,16 @@ class Bus:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
         lost = []
         for chunk in self._chunks(ids, lambda i: (1, arg_bytes([i]))):
-            lost += await self._script("renew", [stream], [group, consumer, *chunk])
+            lost += await self._script(RENEW, stream=stream, group=group, consumer=consumer, ids=chunk)
         return [i.decode() for i in lost]
 
     async def release(self, stream: str, group: str, consumer: str, entry_id: str, reason: str) -> bool:
         """Give an owned entry back for redelivery now, recording `reason`; False if no longer owned."""
-        args = [group, consumer, entry_id, reason]
-        return bool(await self._script("release", [stream, self.keys.errors], args))
+        errors = self.keys.errors
+        reply = await self._script(
+            RELEASE, stream=stream, errors=errors, group=group, consumer=consumer, id=entry_id, reason=reason
+        )
+        return bool(reply)
 
     async def claim(
         self,
@@ -302,18 +309,31 @@ class Bus:
         claimed entries.
         """
         s = self.settings
-        mode = "own" if own else "others"
-        tracked = int(stream in self.keys.tracked_streams())
-        min_idle = since_ms if own else s.lease_ms
-        args = [mode, group, consumer, min_idle, start, count, s.max_deliveries, s.capped_maxlen, tracked]
-        args.append(DEAD_FIELD_MAX_BYTES)
-        keys = [stream, self.keys.dead, self.keys.errors, self.keys.in_flight, self.keys.ledger]
+        k = self.keys
+        keys, args = CLAIM.call(
+            stream=stream,
+            dead=k.dead,
+            errors=k.errors,
+            in_flight=k.in_flight,
+            ledger=k.ledger,
+            mode="own" if own else "others",
+            group=group,
+            consumer=consumer,
+            min_idle=since_ms if own else s.lease_ms,
+            start=start,
+            count=count,
+            max_deliveries=s.max_deliveries,
+            dead_maxlen=s.capped_maxlen,
+            tracked=stream in k.tracked_streams(),
+            max_field_bytes=DEAD_FIELD_MAX_BYTES,
+            skip=skip,
+        )
         failures = self.failures
 
         async def attempt():
             if not own and self.failures != failures:  # Redis went away meanwhile: idle times now
                 return [b""]  # include the outage, so no reclaim until the consumer's wait has passed
-            return await self._scripts["claim"](keys=keys, args=[*args, *skip])
+            return await self._scripts[CLAIM.name](keys=keys, args=args)
 
         reply = await self.call(attempt)
         entries = []
@@ -347,4 +367,6 @@ class Bus:
         group = self.keys.group_of(stream)
         if group is None:
             raise ValueError(f"{stream} is not a stream of run {self.keys.run!r} that can be trimmed")
-        return int(await self._script("trim", [stream], [CONSUMER_FORGET_MS, group]))
+        return int(
+            await self._script(TRIM, stream=stream, forget_idle_ms=CONSUMER_FORGET_MS, run_group=group)
+        )

@@ -25,6 +25,7 @@ from redis.exceptions import (
 )
 
 from astraflow.errors import BusConnectionError, BusError, describe
+from astraflow.streams.contract import declared, includes
 from astraflow.streams.functions import FunctionMissing, Script
 from astraflow.streams.lean import LeanRedis, lean_connections
 from astraflow.streams.schema import lua_prelude
@@ -70,16 +71,21 @@ def client_kwargs(settings: RedisSettings, read_timeout_s: float | None) -> dict
     }
 
 
-@functools.cache
+@functools.cache  # (the files do not change while a process runs; some callers register per call)
 def script_source(name: str, package: str = "astraflow.streams", prelude: str | None = None) -> str:
     """The whole source of script `<package>/lua/<name>.lua` as Redis runs it: the schema's names
-    (`schema.lua_prelude`), the helpers every script shares (`astraflow/streams/lua/common.lua`) and the
-    package's `prelude` file prepended. The same text is registered here and loaded as a function by
-    `astraflow redis acl --apply` (`functions.load`): its digest names both."""
+    (`schema.lua_prelude`), the helpers every script shares (`astraflow/streams/lua/common.lua`), the
+    package's `prelude` file and its contract's `Key` and `Arg` (`contract.Contract.lua`, with the Lua parts
+    it includes) prepended. The same text is registered here and loaded as a function by `astraflow redis
+    acl --apply` (`functions.load`): its digest names both. ValueError when the script breaks its contract
+    (`Contract.check`)."""
     lua = resources.files(package) / "lua"
     head = (resources.files("astraflow.streams") / "lua" / "common.lua").read_text() + "\n"
     head += (lua / prelude).read_text() + "\n" if prelude else ""
-    text = head + (lua / f"{name}.lua").read_text()
+    contract = declared(package, name)
+    body = includes(contract, lua) + (lua / f"{name}.lua").read_text()
+    contract.check(body)
+    text = head + contract.lua() + body
     return lua_prelude(text) + text
 
 

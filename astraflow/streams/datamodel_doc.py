@@ -7,32 +7,42 @@ import sys
 from pathlib import Path
 
 from astraflow.streams import schema
-from astraflow.streams.schema import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER, Family
+from astraflow.streams.schema import GROUP_DATAFLOW, GROUP_RAAS, GROUP_TRAINER, Family, Keys
 
 ENTRY = ", ".join(f"`{v}`" for v in schema.names(schema.Entry).values())
-ROWS = [
-    ("prompts", f"stream, group `{GROUP_RAAS}`", f"prompt groups: {ENTRY}; plain `policy`, `workflow`, `n`"),
+K = Keys("RUN")
+ROWS = [  # (a family's arguments as `<name>`: `Keys.family`)
     (
-        "rollouts",
+        K.family("prompts"),
+        f"stream, group `{GROUP_RAAS}`",
+        f"prompt groups: {ENTRY}; plain `policy`, `workflow`, `n`",
+    ),
+    (
+        K.family("rollouts"),
         f"stream, group `{GROUP_DATAFLOW}`",
         "rollout groups: the same; plain `raas`, `reward` (mean), `token_versions`, `tokens`, `status`",
     ),
     (
-        "versions",
+        K.family("versions"),
         f"stream, group `{GROUP_DATAFLOW}`",
         "published versions; plain `step`, `incarnation`, `eval`",
     ),
-    ("notices", "capped stream", "versions to load; plain `load` (`model=version ...`), `eval`"),
-    ("batches:<model>", f"stream, group `{GROUP_TRAINER}`", schema.BatchEntry),
-    ("dead", "capped stream", schema.DeadLetter),
-    ("metrics", "capped stream", schema.MetricEntry),
-    ("raas:<id>", "hash, TTL", "a heartbeat: the message, plain `capacity`, `in_flight`, `versions`, ..."),
-    ("state", "hash", schema.State),
-    ("ledger", "hash", schema.Counters),
-    ("errors", "hash", schema.Errors),
-    ("run", "hash", schema.Identity),
-    ("curator:greso", "hash", schema.Greso),
-    ("trace:<uid>", "hash, TTL", schema.Trace),
+    (K.family("notices"), "capped stream", "versions to load; plain `load` (`model=version ...`), `eval`"),
+    (K.family("batches", None), f"stream, group `{GROUP_TRAINER}`", schema.BatchEntry),
+    (K.family("dead"), "capped stream", schema.DeadLetter),
+    (K.family("metrics"), "capped stream", schema.MetricEntry),
+    (
+        K.family("raas", None),
+        "hash, TTL",
+        "a heartbeat: the message, plain `capacity`, `in_flight`, `versions`, ...",
+    ),
+    (K.family("state"), "hash", schema.State),
+    (K.family("ledger"), "hash", schema.Counters),
+    (K.family("errors"), "hash", schema.Errors),
+    (K.family("identity"), "hash", schema.Identity),
+    (K.family("stop"), "hash", schema.StopNotice),
+    (K.short(K.curator("greso")), "hash", schema.Greso),
+    (K.family("trace", None), "hash, TTL", schema.Trace),
 ]
 
 

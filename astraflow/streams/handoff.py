@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from astraflow.streams.chunks import ARG_OVERHEAD_BYTES
 from astraflow.streams.entries import Delivery, Item, Out
 from astraflow.streams.keys import Keys
+from astraflow.streams.scripts import HANDOFF
 
 BINDING_CHARS = 32
 """Hex digits of a dedup marker's binding (`binding_of`)."""
@@ -42,24 +43,35 @@ def handoff_cost(keys: Keys, item: Item) -> tuple[int, int]:
 def handoff_call(
     keys: Keys, stream: str, group: str, consumer: str, ttl_ms: int, items: Sequence[Item]
 ) -> tuple[list[str], list[bytes | str | int]]:
-    """The KEYS and ARGV of one handoff.lua call of `items` from `stream` (see the script's header)."""
-    call_keys = [stream, keys.errors, keys.in_flight, keys.ledger]
+    """The KEYS and ARGV of one handoff.lua call of `items` from `stream` (`scripts.HANDOFF`)."""
+    outputs: list[str] = []
     index: dict[str, int] = {}
 
     def key_index(key: str) -> int:
         if key not in index:
-            call_keys.append(key)
-            index[key] = len(call_keys)
+            outputs.append(key)
+            index[key] = len(outputs)
         return index[key]
 
-    args: list[bytes | str | int] = [group, consumer, ttl_ms, len(items)]
+    calls = []
     for entry, outs, dead_uid in items:
         input_id = entry.id if isinstance(entry, Delivery) else entry
-        args += [input_id, dead_uid, len(outs)]
+        written = []
         for out in outs:
             dedup = key_index(keys.dedup(out.dedup)) if out.dedup else 0
             binding = binding_of(stream, input_id, out) if out.dedup and input_id else ""
-            args += [key_index(out.stream), dedup, binding, len(out.fields)]
-            for name, value in out.fields.items():
-                args += [name, value]
-    return call_keys, args
+            written.append(
+                {"stream": key_index(out.stream), "dedup": dedup, "binding": binding, "fields": out.fields}
+            )
+        calls.append({"input_id": input_id, "dead_uid": dead_uid, "outs": written})
+    return HANDOFF.call(
+        input=stream,
+        errors=keys.errors,
+        in_flight=keys.in_flight,
+        ledger=keys.ledger,
+        outputs=outputs,
+        group=group,
+        consumer=consumer,
+        ttl_ms=ttl_ms,
+        items=calls,
+    )

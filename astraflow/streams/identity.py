@@ -24,14 +24,15 @@ import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from redis.exceptions import ResponseError
 
 from astraflow.errors import RunExistsError
+from astraflow.streams.connection import script_source
 from astraflow.streams.keys import Keys
-from astraflow.streams.schema import lua_prelude
+from astraflow.streams.schema import Identity, StopNotice
+from astraflow.streams.scripts import CREATE_RUN
 
 if TYPE_CHECKING:
     from astraflow.streams.bus import Bus
@@ -47,28 +48,23 @@ class RunIdentity:
     stopped: float | None = None
 
     @classmethod
-    def parse(cls, nonce: bytes, created: bytes, stopped: bytes | None) -> RunIdentity:
+    def parse(cls, nonce: bytes, created: bytes, stopped: bytes | None = None) -> RunIdentity:
         return cls(nonce.decode(), float(created), float(stopped) if stopped else None)
 
 
-def new_identity_args() -> list[str]:
-    """ARGV of `create_run.lua`: a fresh nonce and the creation time."""
-    return [secrets.token_hex(6), f"{time.time():.3f}"]
+def new_identity() -> dict[str, str]:
+    """The arguments of `create_run.lua`: a fresh nonce and the creation time."""
+    return {"nonce": secrets.token_hex(6), "created": f"{time.time():.3f}"}
 
 
 async def existing(bus: Bus) -> RunIdentity | None:
     """The run's identity, or None (never creates one)."""
-    nonce, created = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, ["nonce", "created"]))
+    fields = [Identity.nonce, Identity.created]
+    nonce, created = await bus.call(lambda: bus.redis.hmget(bus.keys.identity, fields))
     if nonce is None:
         return None
-    stopped = await bus.call(lambda: bus.redis.hget(stop_key(bus), "stopped"))
+    stopped = await bus.call(lambda: bus.redis.hget(bus.keys.stop, StopNotice.stopped))
     return RunIdentity.parse(nonce, created, stopped)
-
-
-def stop_key(bus: Bus) -> str:
-    """The hash of the run's stop notice (`stopped`, `stop_reason`): apart from the identity, which no
-    worker may write, so that the workers that judge the run's stop conditions may."""
-    return f"{bus.keys.identity}:stop"
 
 
 async def keys_of(bus: Bus, first_only: bool = False) -> list[bytes]:
@@ -122,7 +118,7 @@ def _refused(e: ResponseError) -> bool:
 
 async def _unstop(bus: Bus) -> None:
     try:
-        await bus.call(lambda: bus.redis.delete(stop_key(bus)))
+        await bus.call(lambda: bus.redis.delete(bus.keys.stop))
     except ResponseError as e:
         if not _refused(e):
             raise
@@ -150,8 +146,9 @@ async def _identity(bus: Bus, current: RunIdentity | None) -> RunIdentity:
 async def provision(client, keys: Keys) -> RunIdentity:
     """Create the run's identity and weight-transfer secret unless they exist (an admin `client`): what
     workers under per-role ACL users read and may not write."""
-    script = (Path(__file__).parent / "lua" / "create_run.lua").read_text()
-    reply = await client.eval(lua_prelude(script) + script, 1, keys.identity, *new_identity_args())
+    call_keys, args = CREATE_RUN.call(identity=keys.identity, **new_identity())
+    script = script_source(CREATE_RUN.name)
+    reply = await client.eval(script, len(call_keys), *call_keys, *args)
     await client.set(keys.weights_secret, secrets.token_hex(32), nx=True)
     return RunIdentity.parse(*reply)
 
@@ -161,9 +158,13 @@ async def mark_stopped(bus: Bus, reason: str | None = None, by: str = "") -> Non
     judged it): its workers stop, and a worker started later does not join it unless resuming. Whoever
     may write the notice may write any reason: a launcher trusts none it did not judge itself
     (`launch.stops`)."""
-    fields = {"stopped": f"{time.time():.3f}", **({"stop_reason": reason} if reason else {})}
-    fields |= {"stopped_by": by} if by else {}
-    await bus.call(lambda: bus.redis.hset(stop_key(bus), mapping=fields))
+    fields = {
+        StopNotice.stopped: f"{time.time():.3f}",
+        StopNotice.stop_reason: reason,
+        StopNotice.stopped_by: by,
+    }
+    written = {name: value for name, value in fields.items() if value}
+    await bus.call(lambda: bus.redis.hset(bus.keys.stop, mapping=written))
 
 
 async def forget(bus: Bus, created: RunIdentity) -> bool:

@@ -6,6 +6,7 @@ a run lives in one slot and one Lua script may touch any of them.
 
 from __future__ import annotations
 
+import inspect
 import re
 
 # Default durations (milliseconds). Settings fields take their defaults from here.
@@ -46,9 +47,16 @@ class Keys:
 
     @property
     def identity(self) -> str:
-        """Hash `run`: the run's identity - `nonce`, `created` (unix s), `stopped` (unix s, once the run was
-        ended) and `stop_reason` - written when the run is bootstrapped (see `streams.identity`)."""
+        """Hash `run`: the run's identity - `nonce`, `created` (unix s) - written when the run is
+        bootstrapped (see `streams.identity`)."""
         return self._k("run")
+
+    @property
+    def stop(self) -> str:
+        """Hash `run:stop`: the run's stop notice - `stopped` (unix s, once the run was ended), `stop_reason`,
+        `stopped_by` - apart from the identity, which no worker may write, so that the workers that judge
+        the run's stop conditions may."""
+        return self._k("run:stop")
 
     @property
     def prompts(self) -> str:
@@ -205,6 +213,16 @@ class Keys:
     def capped_streams(self) -> list[str]:
         """Streams without a consumer group, trimmed by length (readers use plain XREAD)."""
         return [self.notices, self.dead, self.metrics]
+
+    def family(self, name: str, each: str = "*") -> str:
+        """The names of key family `name` (a key or key-building method of this class) without the run
+        prefix, `each` for every argument, or `<argument name>` when `each` is None: `ready:*`,
+        `ready:<model>` (the ACL's key patterns, the data model's table)."""
+        attr = getattr(self, name)
+        if not callable(attr):
+            return self.short(attr)
+        params = inspect.signature(attr).parameters
+        return self.short(attr(*(f"<{p}>" if each is None else each for p in params)))
 
     def short(self, key: str) -> str:
         """`key` without the run prefix, for display."""

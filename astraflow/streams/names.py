@@ -28,10 +28,10 @@ from astraflow import processes
 from astraflow.errors import AstraflowError, describe
 from astraflow.streams.bus import Bus
 from astraflow.streams.connection import raise_if_cancelled, register_scripts
+from astraflow.streams.scripts import BEAT, FREE_NAME, TAKE_NAME
 
 log = structlog.get_logger(__name__)
 
-NAME_SCRIPTS = ("name_take", "name_free", "heartbeat")
 HOLDER_FIELD = "holder"
 _held: dict[str, str] = {}
 """Name key -> this process's holder value, for each name it holds now."""
@@ -55,11 +55,13 @@ async def hold_name(
     key = name_key(bus, role, name)
     me = f"{processes.pid_space()} {os.getpid()} {secrets.token_hex(4)}"
     ttl_ms = bus.settings.lease_ms
-    take = _scripts(bus)["name_take"]
+    scripts = register_scripts(bus.redis, names=(TAKE_NAME.name, FREE_NAME.name))
+    take = scripts[TAKE_NAME.name]
     deadline = time.monotonic() + 1.5 * ttl_ms / 1000
     expected = me
     while True:
-        held = await bus.call(lambda e=expected: take(keys=[key], args=[me, ttl_ms, e]))
+        keys, args = TAKE_NAME.call(name=key, holder=me, ttl_ms=ttl_ms, expected=expected)
+        held = await bus.call(lambda keys=keys, args=args: take(keys=keys, args=args))
         if not held:
             break
         held = held.decode()
@@ -90,16 +92,18 @@ async def hold_name(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await renew
         with contextlib.suppress(Exception):
-            await _scripts(bus)["name_free"](keys=[key], args=[me])
+            keys, args = FREE_NAME.call(name=key, holder=me)
+            await scripts[FREE_NAME.name](keys=keys, args=args)
 
 
 async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: list[str]) -> None:
     """Renew the name every third of its TTL; if another process holds it now (it expired while Redis
     was unreachable), record who and cancel `owner`, the task running under the name."""
+    keys, args = TAKE_NAME.call(name=key, holder=me, ttl_ms=ttl_ms, expected=me)
     while True:
         await asyncio.sleep(ttl_ms / 3000)
         try:
-            held = await bus.call(lambda: take(keys=[key], args=[me, ttl_ms, me]))
+            held = await bus.call(lambda: take(keys=keys, args=args))
         except Exception as e:  # Redis down: the bus waits it out elsewhere; try again next time
             raise_if_cancelled()
             log.warning("name_renewal_failed", key=key, error=describe(e))
@@ -109,10 +113,6 @@ async def _renew(bus: Bus, take, key: str, me: str, ttl_ms: int, owner, lost: li
             log.error("name_taken_over", key=key, holder=lost[0])
             owner.cancel()
             return
-
-
-def _scripts(bus: Bus) -> dict:
-    return register_scripts(bus.redis, names=NAME_SCRIPTS)
 
 
 def name_key(bus: Bus, role: str, name: str) -> str:
@@ -131,9 +131,16 @@ async def write_heartbeat(bus: Bus, name: str, fields: dict, ttl_ms: int) -> boo
     me = held(bus, name)
     if me is None:
         return False
-    keys = [name_key(bus, "raas", name), bus.keys.raas(name)]
-    args = [me, ttl_ms, *(x for kv in {**fields, HOLDER_FIELD: me}.items() for x in kv)]
-    return bool(await _scripts(bus)["heartbeat"](keys=keys, args=args))
+    keys, args = BEAT.call(
+        name=name_key(bus, "raas", name),
+        heartbeat=bus.keys.raas(name),
+        holder=me,
+        ttl_ms=ttl_ms,
+        holder_field=HOLDER_FIELD,
+        fields=fields,
+    )
+    beat = register_scripts(bus.redis, names=(BEAT.name,))[BEAT.name]
+    return bool(await beat(keys=keys, args=args))
 
 
 async def heartbeat_holder(bus: Bus, name: str, fields: dict) -> bool:

@@ -14,6 +14,7 @@ import structlog
 
 from astraflow.streams.bus import Bus
 from astraflow.streams.connection import register_scripts
+from astraflow.streams.scripts import REPAIR
 
 log = structlog.get_logger(__name__)
 HORIZON_MS = 3_600_000
@@ -24,9 +25,9 @@ from that clock, and a clock set back by less than this is still served)."""
 async def repair(bus: Bus, stream: str) -> int:
     """Repair `stream` if its last id lies past the horizon; returns the entries deleted (0 when there was
     nothing to repair)."""
-    script = register_scripts(bus.redis, names=("repair",))["repair"]
-    group = bus.keys.group_of(stream) or ""
-    deleted = int(await bus.call(lambda: script(keys=[stream], args=[group, HORIZON_MS])))
+    script = register_scripts(bus.redis, names=(REPAIR.name,))[REPAIR.name]
+    keys, args = REPAIR.call(stream=stream, group=bus.keys.group_of(stream) or "", horizon_ms=HORIZON_MS)
+    deleted = int(await bus.call(lambda: script(keys=keys, args=args)))
     if deleted >= 0:
         log.warning("stream_repaired", stream=bus.keys.short(stream), deleted=deleted)
     return max(deleted, 0)

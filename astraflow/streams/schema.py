@@ -219,12 +219,10 @@ class Errors:
 
 
 class Identity:
-    """Fields of the run's identity hash `run`."""
+    """Fields of the run's identity hash `run` (its stop notice: `StopNotice`, on `run:stop`)."""
 
     nonce = "nonce"
     created = "created"
-    stopped = "stopped"
-    stop_reason = "stop_reason"
 
 
 class Greso:
@@ -278,7 +276,7 @@ def lua_prelude(script: str | None = None) -> str:
     code = None if script is None else "\n".join(line.split("--", 1)[0] for line in script.splitlines())
     used = None if code is None else set(re.findall(r"\b([A-Z][A-Za-z]+)\.([a-z_]+)", code))
     lines = ["-- Generated from astraflow/streams/schema.py at registration: the names this script uses."]
-    for ns in NAMESPACES:
+    for ns in (*NAMESPACES, *VALUE_NAMESPACES):
         declared = names(ns)
         wanted = declared if used is None else {a for n, a in used if n == ns.__name__}
         if not wanted:
@@ -293,3 +291,72 @@ def lua_prelude(script: str | None = None) -> str:
         ]
         lines.append(f"local {ns.__name__} = {{{', '.join(items)}}}")
     return "\n".join(lines) + "\n"
+
+
+class Parse(Family):
+    """A family read back in Lua: its `lua()` is a function returning the arguments a name was built from
+    (nil when it is not of the family; the last one never empty)."""
+
+    def lua(self) -> str:
+        parts = ["".join("%" + c if c in "^$()%.[]*+-?" else c for c in p) for p in self.template.split("{}")]
+        groups = ["(.-)"] * (self.arity - 1) + ["(.+)"]
+        pattern = parts[0] + "".join(g + p for g, p in zip(groups, parts[1:], strict=True))
+        return f"function(s) return string.match(s, '^{pattern}$') end"
+
+
+class StopNotice:
+    """Fields of the run's stop notice `run:stop` (`streams.identity.mark_stopped`)."""
+
+    stopped = "stopped"
+    """Unix seconds the run was ended."""
+    stop_reason = "stop_reason"
+    stopped_by = "stopped_by"
+    """`launcher`, or the role of the worker that judged the stop condition."""
+
+
+NAMESPACES += (StopNotice,)  # (declared after the first ones, a hash's fields like theirs)
+
+
+class GresoKind:
+    """Kinds of zero-variance groups GRESO counts (`Greso.zero_var`, `Greso.p`, its streaks)."""
+
+    easy = "easy"
+    """Every sample solved it (mean reward >= 0.5)."""
+    hard = "hard"
+    """Every sample failed it."""
+
+
+class Outcome:
+    """A model's outcome in a trace (`Trace.outcome`), also collect.lua's per-part reply."""
+
+    ready = "ready"
+    trained = "trained"
+    dropped = Family("dropped: {}")
+    """Dropped for a reason (`DropReason`, or a filter's)."""
+    dropped_reason = Parse(dropped.template)
+    """The reason of a `dropped` outcome."""
+    scored = "scored"
+    """An eval group's (`Trace.eval`): scored, not dropped."""
+
+
+class DropReason:
+    """Why the dataflow drops a group's part (beside the filters' own reasons)."""
+
+    stale_ingest = "stale_ingest"
+    """Already too stale when collected (collect.lua)."""
+    stale_wait = "stale_wait"
+    """Went stale waiting in the ready set (form.lua)."""
+
+
+class Uid:
+    """Uid formats."""
+
+    eval = EVAL_UID
+    eval_parts = Parse(EVAL_UID.template)
+    """(version, dataset, row) of an eval group's uid; collect.lua tells eval groups by it."""
+    batch = Family("{}:{}:{}")
+    """Uid of a batch: (model, the run's nonce, the model's batch number), written by form.lua."""
+
+
+VALUE_NAMESPACES = (GresoKind, Outcome, DropReason, Uid)
+"""Values (not field names) that Lua and Python share, exported into the Lua prelude like the names."""

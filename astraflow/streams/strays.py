@@ -17,6 +17,7 @@ import structlog
 from astraflow.streams.bus import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.keys import STRAY_GRACE_MS
+from astraflow.streams.scripts import STRAYS
 
 log = structlog.get_logger(__name__)
 REASON = (
@@ -35,7 +36,7 @@ class Strays:
         self.bus = bus
         self.after_s = (bus.settings.lease_ms + grace_ms) / 1000
         self.seen: dict[str, float] = {}
-        self._script = register_scripts(bus.redis, names=("strays",))["strays"]
+        self._script = register_scripts(bus.redis, names=(STRAYS.name,))[STRAYS.name]
         self._next = 0.0
 
     async def sweep(self, now: float | None = None) -> list[str]:
@@ -55,8 +56,16 @@ class Strays:
     async def _call(self, settle: list[str]) -> tuple[list[str], list[str]]:
         k, s = self.bus.keys, self.bus.settings
         streams = k.tracked_streams()
-        keys = [k.in_flight, k.dead, k.ledger, *streams]
-        args = [s.capped_maxlen, REASON, len(streams), *(k.group_of(x) for x in streams), *settle]
+        keys, args = STRAYS.call(
+            in_flight=k.in_flight,
+            dead=k.dead,
+            ledger=k.ledger,
+            streams=streams,
+            dead_maxlen=s.capped_maxlen,
+            reason=REASON,
+            groups=[k.group_of(x) for x in streams],
+            uids=settle,
+        )
         settled, stranded = await self.bus.call(lambda: self._script(keys=keys, args=args))
         return [u.decode() for u in settled], [u.decode() for u in stranded]
 

@@ -26,6 +26,7 @@ from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import MAX_VERSION_STEP, last_notice, recorded_versions
 from astraflow.weights import codec, layout, local, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
+from astraflow.weights.scripts import MANIFEST
 from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
@@ -98,7 +99,8 @@ class WeightPublisher:
         """Seconds of the last version's background stages: `scan` (digests, changes), `delta` (encode)."""
         self._digest = ""  # of the served version
         self._manifest: WeightManifest | None = None  # of the served version
-        self._write_manifest = register_scripts(bus.redis, "astraflow.weights", ("manifest",))["manifest"]
+        scripts = register_scripts(bus.redis, "astraflow.weights", (MANIFEST.name,))
+        self._write_manifest = scripts[MANIFEST.name]
 
     async def publish(
         self,
@@ -229,10 +231,12 @@ class WeightPublisher:
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
         peers = self.bus.keys.weight_peers(self.model, manifest.version)
-        args = [self.settings.manifest_ttl_s, *(x for kv in encode(manifest).items() for x in kv)]
+        keys, args = MANIFEST.call(
+            manifest=key, peers=peers, ttl_s=self.settings.manifest_ttl_s, fields=encode(manifest)
+        )
         # A hand-off like the version's: with redis.min_replicas_ack, done only once replicas have it, so a
         # version announced after a failover never names a manifest the old primary took with it.
-        await self.bus.hand_off_script(self._write_manifest, [key, peers], args)
+        await self.bus.hand_off_script(self._write_manifest, keys, args)
         await self._notify(manifest, step, eval_, once)
 
     async def _notify(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:

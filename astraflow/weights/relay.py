@@ -21,6 +21,7 @@ from astraflow.messages import WeightManifest
 from astraflow.streams import Bus
 from astraflow.streams.connection import register_scripts
 from astraflow.weights.buffer import reserve
+from astraflow.weights.scripts import ELECT, RESIGN
 from astraflow.weights.transport import Source
 
 
@@ -35,8 +36,8 @@ class Election:
             endpoint,
             ttl_s * 1000,
         )
-        scripts = register_scripts(bus.redis, "astraflow.weights", ("elect", "resign"))
-        self._script, self._resign = scripts["elect"], scripts["resign"]
+        scripts = register_scripts(bus.redis, "astraflow.weights", (ELECT.name, RESIGN.name))
+        self._script, self._resign = scripts[ELECT.name], scripts[RESIGN.name]
         self.won: set[str] = set()
         """Relay keys this process was elected to (`resign` gives them up)."""
 
@@ -47,8 +48,8 @@ class Election:
         key = self.bus.keys.weight_relay(
             self.model, manifest.version, manifest.incarnation, self.region, what
         )
-        args = [self.endpoint, self.ttl_ms, failed]
-        got = await self.bus.call(lambda: self._script(keys=[key], args=args))
+        keys, args = ELECT.call(relay=key, endpoint=self.endpoint, ttl_ms=self.ttl_ms, failed=failed)
+        got = await self.bus.call(lambda: self._script(keys=keys, args=args))
         got = got.decode() if isinstance(got, bytes) else got
         if got == self.endpoint:
             self.won.add(key)
@@ -57,8 +58,11 @@ class Election:
     async def resign(self) -> int:
         """Give up every seat this process still holds (a stopping RaaS: pullers would otherwise try it,
         fail, and unseat it one by one); one try, no reconnects. Returns how many it held."""
-        keys, self.won = sorted(self.won), set()
-        return int(await self._resign(keys=keys, args=[self.endpoint])) if keys else 0
+        seats, self.won = sorted(self.won), set()
+        if not seats:
+            return 0
+        keys, args = RESIGN.call(seats=seats, endpoint=self.endpoint)
+        return int(await self._resign(keys=keys, args=args))
 
 
 class Spool:

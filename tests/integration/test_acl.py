@@ -123,7 +123,7 @@ RARE = {
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
         " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
-        " del@weights:*:*:relay:* zrem@weights:*:*:peers fcall@weights:*:*:peers"  # relays, peers leaving
+        " del@weights:*:*:relay:*:*:* zrem@weights:*:*:peers fcall@weights:*:*:peers"  # relays, peers
         " zrevrange@weights:*:*:peers"  # choosing a peer to pull from (on the trainer's host: its file)
     ),
     "trainer": _rare(
@@ -236,7 +236,7 @@ def _attacks(k: Keys) -> dict[str, tuple]:
         "hset_run_nonce": ("HSET", k.identity, "nonce", "forged"),
         "hset_run_stopped": ("HSET", k.identity, "stopped", 1),
         "hdel_run_stopped": ("HDEL", k.identity, "stopped"),
-        "hset_run_stop_notice": ("HSET", f"{k.identity}:stop", "stopped", 1),
+        "hset_run_stop_notice": ("HSET", k.stop, "stopped", 1),
         "set_ledger_wrong_type": ("SET", k.ledger, "x"),
         "del_ledger": ("DEL", k.ledger),
         "set_weights_secret": ("SET", k.weights_secret, "known"),
@@ -347,7 +347,7 @@ async def test_workers_start_checks_work_under_their_users(admin, server, tmp_pa
             created = await provision(admin, Keys(RUN))  # `astraflow redis acl --apply`
             assert await open_run(bus, fresh=False, resume=True) == created  # adopted
             assert await open_run(bus, fresh=False, resume=False) == created  # joins it from now on
-            await admin.hset(f"{Keys(RUN).identity}:stop", "stopped", 1)  # the run's stop notice
+            await admin.hset(Keys(RUN).stop, "stopped", 1)  # the run's stop notice
             if role == "raas":  # only the workers that may stop a run may resume it
                 with pytest.raises(RunExistsError, match="may not resume it"):
                     await open_run(bus, fresh=False, resume=True)
@@ -361,7 +361,7 @@ async def test_workers_start_checks_work_under_their_users(admin, server, tmp_pa
             await bus.close()
     # refused: only the writes of the run identity (its creation) and the RaaS's resumption
     refusals = {(e["reason"], e["object"]) for e in await denials(admin)}
-    assert refusals == {("key", Keys(RUN).identity), ("key", f"{Keys(RUN).identity}:stop")}
+    assert refusals == {("key", Keys(RUN).identity), ("key", Keys(RUN).stop)}
 
 
 async def denials(admin) -> list[dict]:
@@ -474,7 +474,7 @@ async def test_a_raas_of_its_own_user_cannot_take_another_raas_s_name(admin, ser
     buses = {}
     for i in ("raas-0", "raas-1"):
         s = base.model_copy(deep=True)
-        s.redis.username, s.redis.password = acl.user_name(RUN, f"raas:{i}"), SecretStr(f"raas:{i}-pw")
+        s.redis.username, s.redis.password = acl.user_name(RUN, f"raas/{i}"), SecretStr(f"raas/{i}-pw")
         buses[i] = connect(server.display_url, s)
     k = Keys(RUN)
     try:

@@ -118,7 +118,7 @@ async def test_while_redis_is_full_the_functions_that_free_memory_still_run(admi
         bus.reconnect_max_s = 0.5
         assert await bus.renew(stream, "trainer", "t-0", ["1-0"]) == ["1-0"]  # (runs: not its entry)
         assert await bus.trim(stream) == 0
-        take = register_scripts(bus.redis, names=("name_take",))["name_take"]
+        take = register_scripts(bus.redis, names=("take_name",))["take_name"]
         with pytest.raises(Exception, match="maxmemory") as refused_:
             await take(keys=[bus.keys.consumer_name("trainer:t-0")], args=["me", 1000, "me"])
         assert is_transient(refused_.value)  # waited out, as a write refused for memory always was

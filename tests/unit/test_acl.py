@@ -52,12 +52,12 @@ def test_the_raas_may_neither_trim_nor_remove_consumers_and_deletes_only_where_i
     raas = acl.allowed("raas")
     assert {f for c, f in raas if c in ("xtrim", "xgroup|delconsumer", "xsetid", "xdel")} == set()
     assert {f for c, f in raas if c == "xgroup|create"} == {"prompts"}
-    assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*"}
+    assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*:*:*"}
     assert {f for c, f in raas if c == "set"} == {
         "dedup:rollout:*",
         "dedup:dead:*",
         "name:raas:*",
-        "weights:*:*:relay:*",
+        "weights:*:*:relay:*:*:*",
     }
     assert not {f for c, f in raas if c == "hset"} - {"raas:*", "errors"}
 
@@ -94,8 +94,8 @@ def test_unknown_role_is_refused():
 def test_a_per_raas_user_holds_only_its_own_name_and_heartbeat():
     assert acl.accounts() == acl.ROLES
     labels = acl.accounts(("raas-0", "raas-1"))
-    assert labels == ("raas:raas-0", "raas:raas-1", "dataflow", "trainer", "observer")
-    user = acl.acl_user("r1", "raas:raas-0", "pw")
+    assert labels == ("raas/raas-0", "raas/raas-1", "dataflow", "trainer", "observer")
+    user = acl.acl_user("r1", "raas/raas-0", "pw")
     assert user.name == "af-r1-raas-raas-0"
     keys = set(_key_patterns(user.rules))
     assert {"~af:{r1}:name:raas:raas-0", "~af:{r1}:raas:raas-0"} <= keys
@@ -119,7 +119,7 @@ async def test_the_acl_command_makes_one_user_and_password_per_raas_id(tmp_path,
     assert sorted(line.split("=")[0] for line in (tmp_path / "r1.pw").read_text().splitlines()) == [
         "dataflow",
         "observer",
-        "raas:raas-0",
-        "raas:raas-1",
+        "raas/raas-0",
+        "raas/raas-1",
         "trainer",
     ]

@@ -1,6 +1,11 @@
-"""The run's data model has one home (`astraflow/streams/schema.py`): these tests fail when a Lua script or
-a Python module spells a state field, ledger counter or entry field itself instead of taking it from the
-schema (Lua: the generated prelude, `schema.lua_prelude`; Python: the schema's names)."""
+"""The run's data model has one home (`astraflow/streams/schema.py`, keys in `streams/keys.py`): these
+tests fail when a Lua script or a Python module spells a name of any of its namespaces, a value the
+scripts write (an outcome, a drop reason, a GRESO kind, a uid format) or a key name itself instead of
+taking it from the schema (Lua: the generated prelude, `schema.lua_prelude`; Python: the schema's names),
+in any of the forms that were in use: f-strings, `%` and `+` building names, `hset(mapping={...})`, hash
+commands' field lists, fields read after HGETALL, comparisons with a value; in Lua `redis.pcall`,
+HINCRBYFLOAT, double-quoted strings and the literal text of patterns. Each form has a self-test that
+injects it and shows it caught."""
 
 import ast
 import re
@@ -13,7 +18,7 @@ from astraflow.streams import schema
 
 pytestmark = pytest.mark.timeout(60)
 ROOT = Path(astraflow.__file__).parent
-LUA = sorted(ROOT.glob("*/lua/*.lua"))
+LUA = sorted([*ROOT.glob("*/lua/*.lua"), *ROOT.glob("*/lua/*/*.lua")])  # (with the curators' halves)
 HASH_AND_STREAM = ("HSET", "HSETNX", "HGET", "HMGET", "HINCRBY", "HDEL", "HEXISTS", "XADD")
 KEYWORDS = {"MAXLEN", "~", "*"}
 VALUES = {"samples", "unknown", "skip_zero_variance"}
@@ -86,10 +91,11 @@ def test_every_lua_script_runs_with_the_generated_prelude():
     for path in LUA:
         code = lua_code(path.read_text())
         used = set(re.findall(r"\b([A-Z][A-Za-z]+)\.[a-z_]+", code))
-        declared = {ns.__name__ for ns in schema.NAMESPACES}
-        assert used <= declared, (path.name, used - declared)
+        declared = {ns.__name__ for ns in (*schema.NAMESPACES, *schema.VALUE_NAMESPACES)}
+        assert used - {"Key", "Arg"} <= declared, (path.name, used - declared)  # (Key, Arg: its contract's)
         for name, attr in re.findall(r"\b([A-Z][A-Za-z]+)\.([a-z_]+)", code):
-            assert attr in schema.names(getattr(schema, name)), f"{path.name}: {name}.{attr} is not declared"
+            if name not in ("Key", "Arg"):
+                assert attr in schema.names(getattr(schema, name)), f"{path.name}: {name}.{attr} not declared"
 
 
 # -- Python ----------------------------------------------------------------------------------------------
@@ -204,3 +210,208 @@ def test_a_metrics_entry_read_by_field_name_fails():
     added = '\n\ndef f(f):\n    return f.get("kind") == "rollouts" and float(f["reward_sum"])\n'
     text = path.read_text() + added
     assert len(entry_offences(path, text)) == 2
+
+
+# -- every form, every namespace, key names (issue 40) ------------------------------------------------------
+
+ALL_NAMESPACES = (*schema.NAMESPACES, *schema.VALUE_NAMESPACES)
+KEYS = schema.Keys("RUN")
+NOT_KEYS = {
+    "family",
+    "short",
+    "grouped_streams",
+    "group_of",
+    "tracked_streams",
+    "capped_streams",
+    "trace_prefix",
+}
+KEY_FAMILIES = [n for n, v in vars(schema.Keys).items() if not n.startswith("_") and n not in NOT_KEYS]
+KEY_NAMES = {KEYS.family(n) for n in KEY_FAMILIES if not callable(getattr(KEYS, n))}
+"""Whole key names (`prompts`, `run:stop`)."""
+KEY_SEGMENTS = {
+    seg
+    for n in KEY_FAMILIES
+    for seg in (
+        KEYS.family(n, "\0").split("\0")
+        if callable(getattr(KEYS, n))
+        else [":" + KEYS.family(n).split(":", 1)[1]]
+        if ":" in KEYS.family(n)
+        else []
+    )
+    if re.search(r"[a-z]", seg) and ":" in seg
+}
+"""Fixed parts of the key families that hold a letter and a colon (`ready:`, `:peers`, `curator:`)."""
+ALL_SEGMENTS = segments(*ALL_NAMESPACES) | KEY_SEGMENTS
+FIELD_NAMES = constants(*schema.NAMESPACES) - VALUES
+LUA_ALL_NAMES = (FIELD_NAMES | constants(*schema.VALUE_NAMESPACES) | KEY_NAMES) - VALUES
+LUA_MAGIC = re.compile(r"%[a-zA-Z%]|[\^$()\[\]*+?]|\.-|\.")
+LUA_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
+
+
+def lua_literals(code: str) -> list[tuple[str, bool]]:
+    """(text, double-quoted) of every string literal of `code`."""
+    return [
+        (m.group(1) if m.group(1) is not None else m.group(2), m.group(2) is not None)
+        for m in LUA_STRING.finditer(code)
+    ]
+
+
+def lua_offences_all(path: Path, text: str) -> list[str]:
+    """A Lua script spelling a name of any namespace, a value, a key name or part of one: in a hash or
+    stream command (`redis.call` or `redis.pcall`, HINCRBYFLOAT included), in a pattern (its literal
+    text), in single or double quotes; and any double-quoted string (the house style is single)."""
+    code, out = lua_code(text), []
+    for m in re.finditer(r"redis\.p?call\('([A-Z]+)'", code):
+        if m.group(1) in (*HASH_AND_STREAM, "HINCRBYFLOAT", "HMSET", "HGETALL", "HSTRLEN"):
+            depth, i = 1, m.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(code[i], 0)
+                i += 1
+            for s, _ in lua_literals(code[m.end() : i - 1]):
+                if re.search(r"\w", s) and s not in KEYWORDS:
+                    out.append(f"{path.name}: {m.group(1)} '{s}'")
+    for s, double in lua_literals(code):
+        if double:
+            out.append(f'{path.name}: "{s}" is double-quoted')
+        literal = LUA_MAGIC.sub(" ", s) if ("%" in s or "^" in s) else s  # a pattern: its literal text
+        if s in VALUES:
+            continue
+        if literal in LUA_ALL_NAMES or any(seg in literal for seg in ALL_SEGMENTS):
+            out.append(f"{path.name}: '{s}' spells a name of the schema")
+    return out
+
+
+def test_lua_scripts_spell_no_name_value_or_key_in_any_form():
+    offences = [o for path in LUA for o in lua_offences_all(path, path.read_text())]
+    assert offences == []
+
+
+@pytest.mark.parametrize(
+    ("added", "caught"),
+    [
+        ("redis.call('HINCRBYFLOAT', state, 'bogus', 1)", "HINCRBYFLOAT 'bogus'"),
+        ("redis.pcall('HSET', state, 'bogus', 1)", "HSET 'bogus'"),
+        ('local x = "v:" .. model', '"v:" is double-quoted'),
+        ('local x = "v:" .. model', "'v:' spells a name"),
+        ("local v = string.match(uid, '^eval:(%d+):')", "spells a name"),
+        ("local r = string.match(o, '^dropped: (.+)$')", "spells a name"),
+        ("local o = 'trained'", "'trained' spells a name"),
+        ("local k = 'hard'", "'hard' spells a name"),
+        ("local k = prefix .. 'ready:' .. model", "'ready:' spells a name"),
+        ("local n = redis.call('HGET', k, 'stop_reason')", "HGET 'stop_reason'"),
+        ("local n = redis.call('HGET', k, 'p_easy')", "'p_easy' spells a name"),
+    ],
+)
+def test_each_lua_form_is_caught(added, caught):
+    path = ROOT / "dataflow" / "lua" / "version.lua"
+    assert any(caught in o for o in lua_offences_all(path, path.read_text() + "\n" + added + "\n"))
+
+
+def _constants(node: ast.AST) -> list[str]:
+    """The text of a str or bytes constant, or of each one in a list, tuple or set."""
+    items = node.elts if isinstance(node, ast.List | ast.Tuple | ast.Set) else [node]
+    out = []
+    for n in items:
+        if isinstance(n, ast.Constant) and isinstance(n.value, str | bytes):
+            out.append(n.value.decode(errors="replace") if isinstance(n.value, bytes) else n.value)
+    return out
+
+
+def _built_text(node: ast.AST) -> str | None:
+    """The fixed text of a string being built: an f-string's constant parts, `"..." % x`'s format, or a
+    `+` of strings (None: not a string being built)."""
+    if isinstance(node, ast.JoinedStr):
+        return "\0".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant):
+        return re.sub(r"%[-#0 +]*\d*(?:\.\d+)?[sdifr]", "\0", str(node.left.value))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        parts = [p for side in (node.left, node.right) for p in _constants(side)]
+        return "\0".join(parts) if parts else None
+    return None
+
+
+def _name_like(part: str) -> bool:
+    """Whether a fixed part of a string being built is part of a name (not prose that mentions one): it
+    holds a segment, and nothing but name characters besides; or it is a whole key name."""
+    if part in KEY_NAMES:
+        return True
+    return any(seg in part and re.fullmatch(r"[\w:.|*-]*", part.replace(seg, "")) for seg in ALL_SEGMENTS)
+
+
+def python_offences_all(path: Path, text: str) -> list[str]:
+    """A Python module building a name of any namespace or a key (an f-string, `%`, `+`), writing fields by
+    name in `hset(mapping={...})` or a hash command's field list, reading a field by name from what
+    HGETALL returned, or comparing with a value the Lua scripts write (an outcome, a drop reason)."""
+    tree, out = ast.parse(text), []
+    hashes: set[str] = set()  # names bound to an HGETALL's reply
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "hgetall"
+            for c in ast.walk(node.value)
+        ):
+            hashes |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    values = constants(*schema.VALUE_NAMESPACES)
+    for node in ast.walk(tree):
+        built = _built_text(node)
+        if built is not None and any(_name_like(part) for part in built.split("\0")):
+            out.append(f"{path.name}:{node.lineno}: builds a name of the schema or a key ({built!r})")
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in {*REDIS, "hgetall", "hmget"}:
+            for kw in node.keywords:
+                if kw.arg == "mapping" and isinstance(kw.value, ast.Dict):
+                    names = [s for k in kw.value.keys if k is not None for s in _constants(k)]
+                    out += [f"{path.name}:{node.lineno}: hset mapping spells {s!r}" for s in names]
+            for arg in node.args[1:]:
+                spelled = [
+                    s for s in _constants(arg) if s in FIELD_NAMES or s.startswith(("p_", "zero_var_"))
+                ]
+                out += [f"{path.name}:{node.lineno}: {s!r} written or read by name" for s in spelled]
+        read = None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in hashes:
+            read = node.slice
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "get"
+            and isinstance(node.func.value, ast.Name)  # type: ignore[attr-defined]
+            and node.func.value.id in hashes  # type: ignore[attr-defined]
+            and node.args
+        ):
+            read = node.args[0]
+        if read is not None:
+            out += [f"{path.name}:{node.lineno}: {s!r} read by name after HGETALL" for s in _constants(read)]
+        sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+        if any(isinstance(x, ast.Name) and x.id == "status" for x in sides):
+            continue  # (a script's or a step's status: a vocabulary of its own, `'ready'` among it)
+        if isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.Eq | ast.NotEq):
+            for side in (node.left, *node.comparators):
+                out += [
+                    f"{path.name}:{node.lineno}: compares with {s!r}" for s in _constants(side) if s in values
+                ]
+    return out
+
+
+def test_python_modules_spell_no_name_value_or_key_in_any_form():
+    paths = [path for path in sorted(ROOT.rglob("*.py")) if path not in OWNERS]
+    offences = [o for path in paths for o in python_offences_all(path, path.read_text())]
+    assert offences == []
+
+
+@pytest.mark.parametrize(
+    ("added", "caught"),
+    [
+        ('def f(m):\n    return f"{m}:trained"', "builds a name"),
+        ('def f(m):\n    return "v:%s" % m', "builds a name"),
+        ('def f(m):\n    return "eval_pending:" + m', "builds a name"),
+        ('def f(k):\n    return f"{k.identity}:stop"', "builds a name"),
+        ('def f(k, m):\n    return f"{k.prefix}ready:{m}"', "builds a name"),
+        ('async def f(r, k):\n    await r.hset(k, mapping={"stopped": 1})', "hset mapping spells 'stopped'"),
+        ('async def f(r, k):\n    return await r.hmget(k, ["p_easy", "p_hard"])', "'p_easy' written or read"),
+        ('async def f(r, k):\n    return await r.hget(k, "nonce")', "'nonce' written or read"),
+        ('async def f(r, k):\n    h = await r.hgetall(k)\n    return h[b"stop_reason"]', "after HGETALL"),
+        ('async def f(r, k):\n    h = await r.hgetall(k)\n    return h.get("anything")', "after HGETALL"),
+        ('def f(o):\n    return o == "trained"', "compares with 'trained'"),
+        ('def f(o):\n    return "stale_wait" != o', "compares with 'stale_wait'"),
+    ],
+)
+def test_each_python_form_is_caught(added, caught):
+    path = ROOT / "dataflow" / "barrier.py"
+    assert any(caught in o for o in python_offences_all(path, path.read_text() + "\n\n" + added + "\n"))

@@ -38,20 +38,20 @@ def proximal_gaps(tiny_model, group: SampleGroup, share_prefix: bool, monkeypatc
     (`PolicyTrainer.step` with decoupled PPO, at the weights that sampled the group)."""
     from transformers import AutoModelForCausalLM
 
-    from astraflow.trainer import step as step_module
+    from astraflow.trainer import losses
     from astraflow.trainer.step import PolicyTrainer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     settings = TrainerSettings(share_prefix=share_prefix, loss=LossSettings(correction="decoupled"))
     trainer = PolicyTrainer(model, settings)
     seen: list[tuple] = []
-    policy_loss = step_module.policy_loss
+    policy_loss = losses.policy_loss
 
     def spy(logp, behav, adv, mask, cfg, prox=None, *rest):
         seen.append((behav.detach().clone(), prox.detach().clone(), mask.clone()))
         return policy_loss(logp, behav, adv, mask, cfg, prox, *rest)
 
-    monkeypatch.setattr(step_module, "policy_loss", spy)
+    monkeypatch.setattr(losses, "policy_loss", spy)
     trainer.step(Batch(uid="b", model="policy", version=0, groups=[group]))
     gaps = torch.cat([(prox - behav)[mask > 0].abs() for behav, prox, mask in seen])
     assert len(gaps) == sum(int(t.loss_mask.sum()) for t in group.trajectories)

@@ -107,6 +107,7 @@ async def test_the_loss_sees_behaviour_logprobs_of_their_version_and_proximal_on
 
     from astraflow.engines.hf import HFEngine
     from astraflow.engines.settings import EngineSettings
+    from astraflow.trainer import losses
     from astraflow.trainer import step as step_module
     from astraflow.trainer.step import PolicyTrainer
 
@@ -136,7 +137,7 @@ async def test_the_loss_sees_behaviour_logprobs_of_their_version_and_proximal_on
 
     seen: list[tuple] = []
     forward = step_module.token_logprobs
-    policy_loss = step_module.policy_loss
+    policy_loss = losses.policy_loss
     current: dict = {}
 
     def spy_forward(m, mb, **kw):
@@ -148,7 +149,7 @@ async def test_the_loss_sees_behaviour_logprobs_of_their_version_and_proximal_on
         return policy_loss(logp, behav, adv, mask, cfg, prox, *rest)
 
     monkeypatch.setattr(step_module, "token_logprobs", spy_forward)
-    monkeypatch.setattr(step_module, "policy_loss", spy_loss)
+    monkeypatch.setattr(losses, "policy_loss", spy_loss)
     before = with_weights(model, model.state_dict())  # the trainer's weights before the stale batch
     stats = trainer.step(Batch(uid="b3", model="policy", version=2, groups=[old, newer]))
     assert stats["staleness_max"] == 2 and stats["staleness_mean"] == 1.5

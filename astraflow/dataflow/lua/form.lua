@@ -3,21 +3,14 @@
 -- trained groups into the bounded replay set - one atomic step. Groups are never split.
 -- A batch entry refers to its groups (fields of the samples hash, see `hold`/`release`): the bytes stay
 -- put until the trainer has acknowledged every batch holding them.
--- KEYS[1] ready set, KEYS[2] samples hash, KEYS[3] refs hash, KEYS[4] replay set, KEYS[5] batches
--- stream, KEYS[6] ledger, KEYS[7] state, KEYS[8] formed index (batches not yet acknowledged, by id;
--- member 'sortable_id id ref1 ref2 ...'), KEYS[9] the run's identity (its nonce is part of every batch
--- uid: `model:nonce:n`, so no batch of another run of this name passes for one of this run)
--- ARGV: model, max_staleness, size, unit ('samples'/'groups'), replay_quota (in units), replay_selection
---   ('latest'/'uniform'), replay_capacity (groups; 0 = keep none), prefetch, trainer_group, trace_prefix,
---   trace_ttl_s, order, now, then for 'uniform': random numbers in [0, 1)
--- Returns {status ('ok', 'full': prefetch reached, 'wait': not enough ready), batch uid, fresh groups,
--- replayed groups, expired groups, units missing: for this batch ('wait'), for the next one ('ok': what
--- is left ready, its replay share as this one's), 0 ('full')}.
-local ready, samples, refs, replay, batches = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local ledger, state, formed, identity = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local model, max_staleness, size, unit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local replay_quota, selection, capacity, prefetch = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local trainer_group, prefix, ttl, order, now = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+-- Keys, arguments and reply: `FORM` in astraflow/dataflow/scripts.py. The identity's nonce is part of
+-- every batch uid (`model:nonce:n`), so no batch of another run of this name passes for one of this run.
+-- The formed index holds the batches not yet acknowledged, by id (member 'sortable_id id ref1 ref2 ...').
+local ready, samples, refs, replay, batches = Key.ready, Key.samples, Key.refs, Key.replay, Key.batches
+local ledger, state, formed, identity = Key.ledger, Key.state, Key.formed, Key.identity
+local model, max_staleness, size, unit = Arg.model, Arg.max_staleness, Arg.size, Arg.unit
+local replay_quota, selection, capacity, prefetch = Arg.replay_quota, Arg.selection, Arg.capacity, Arg.prefetch
+local trainer_group, prefix, ttl, order, now = Arg.trainer_group, Arg.trace_prefix, Arg.trace_ttl_s, Arg.order, Arg.now
 
 local nonce = redis.call('HGET', identity, Identity.nonce)  -- before any write: an error here changes nothing
 if not nonce then return redis.error_reply('ERR run not bootstrapped: no identity at ' .. identity) end
@@ -70,12 +63,12 @@ local free, freed = releaser(samples, refs)
 for i, member in ipairs(expired) do
   local uid, _, _, ref = parse_member(member)
   free(ref)
-  trace(prefix, uid, ttl, {Trace.outcome(model), 'dropped: stale_wait', Trace.expired_seq(model), first_seq + i})
+  trace(prefix, uid, ttl, {Trace.outcome(model), Outcome.dropped(DropReason.stale_wait), Trace.expired_seq(model), first_seq + i})
 end
 freed()
 for k = 1, #expired, 1000 do redis.call('ZREM', ready, unpack(expired, k, math.min(k + 999, #expired))) end
 count(Counters.model_ready(model), -#expired)
-count(Counters.dropped(model, 'stale_wait'), #expired)
+count(Counters.dropped(model, DropReason.stale_wait), #expired)
 
 if undelivered >= prefetch then
   flush(ledger)
@@ -92,9 +85,9 @@ if replay_quota > 0 then
     candidates = redis.call('ZREVRANGE', replay, 0, -1)
   else
     local all, taken = redis.call('ZRANGE', replay, 0, -1), {}
-    for i = 14, #ARGV do
+    for _, r in ipairs(Arg.randoms) do
       if #candidates == #all then break end
-      local k = math.floor(tonumber(ARGV[i]) * #all) + 1
+      local k = math.floor(r * #all) + 1
       while taken[k] do k = k % #all + 1 end  -- next free one: distinct picks
       taken[k] = true
       candidates[#candidates + 1] = all[k]
@@ -124,7 +117,7 @@ if fresh_units + replayed_units < size then
 end
 
 local seq = redis.call('HINCRBY', state, State.seq, 1)
-local batch_uid = model .. ':' .. nonce .. ':' .. redis.call('HINCRBY', state, State.batches(model), 1)
+local batch_uid = Uid.batch(model, nonce, redis.call('HINCRBY', state, State.batches(model), 1))
 local uids, replayed_uids, batch_refs = {}, {}, {}
 for _, member in ipairs(fresh) do
   local uid, _, _, ref = parse_member(member)
@@ -151,7 +144,7 @@ for _, member in ipairs(fresh) do
   redis.call('ZREM', ready, member)  -- the ready set's reference passes to the batch
   count(Counters.model_ready(model), -1)
   count(Counters.model_trained(model), 1)
-  trace(prefix, uid, ttl, {Trace.outcome(model), 'trained', Trace.batch(model), batch_uid,
+  trace(prefix, uid, ttl, {Trace.outcome(model), Outcome.trained, Trace.batch(model), batch_uid,
     Trace.batch_version(model), version, Trace.batch_seq(model), seq, Trace.batched_at(model), now})
   if capacity > 0 then
     redis.call('ZADD', replay, seq, member)

@@ -2,14 +2,11 @@
 -- from `trained` (counted when the batch was formed) to `dead` - in one atomic step. For a batch the
 -- trainer refused (non-finite values, a step that was not finite) or that it died training too often.
 -- The groups a batch replayed were trained before: only `replayed` is taken back for them.
--- KEYS[1] batches stream, KEYS[2] dead stream, KEYS[3] errors hash (the entry's fields are removed: its
--- recorded error and its step attempts), KEYS[4] ledger
--- ARGV: group, consumer, entry_id, model, reason, dead_maxlen, max_field_bytes, attempts_field, error_field
--- Returns 'ok', 'dup' (already settled: a retry) or 'lost' (another consumer owns it now, or a
--- failover lost it).
-local batches, dead, errors, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, consumer, id, model, reason = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local dead_maxlen, max_field_bytes = ARGV[6], tonumber(ARGV[7])
+-- The entry's fields in the errors hash are removed: its recorded error and its step attempts.
+-- Keys, arguments and reply: `SET_ASIDE` in astraflow/dataflow/scripts.py.
+local batches, dead, errors, ledger = Key.batches, Key.dead, Key.errors, Key.ledger
+local group, consumer, id, model, reason = Arg.group, Arg.consumer, Arg.id, Arg.model, Arg.reason
+local dead_maxlen, max_field_bytes = Arg.dead_maxlen, Arg.max_field_bytes
 
 local status = ownership(batches, group, consumer, id)
 if status ~= 'ok' then return status end
@@ -27,7 +24,7 @@ if entry then
 end
 redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
 redis.call('XACK', batches, group, id)
-redis.call('HDEL', errors, Errors.entry(batches, id), ARGV[8], ARGV[9])
+redis.call('HDEL', errors, Errors.entry(batches, id), Arg.attempts_field, Arg.error_field)
 
 local replayed, fresh = {}, 0
 for uid in string.gmatch(headers[BatchEntry.replayed] or '', '%S+') do replayed[uid] = true end

@@ -3,24 +3,17 @@
 -- (`submitted`, then `collected` or `dead`), so the identity holds; `eval_pending:<v>` counts those not
 -- collected yet (collect.lua), which the barrier waits for. A `kind=eval_submitted` metrics entry per
 -- dataset says how many rows its eval has (a run stopped mid-eval reports the rows scored of these).
--- KEYS[1] prompts, KEYS[2] state, KEYS[3] in-flight set, KEYS[4] ledger, KEYS[5] metrics
--- ARGV: version, now, n_groups, metrics_maxlen, n_datasets, then per dataset: name, rows; then per
---   group: uid, n_fields, f1, v1, ...
--- Returns the groups submitted (0: already submitted).
-local prompts, state, in_flight, ledger, metrics = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local version, now, n, maxlen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+-- Keys, arguments and reply: `SUBMIT_EVAL` in astraflow/dataflow/scripts.py.
+local prompts, state, in_flight, ledger, metrics = Key.prompts, Key.state, Key.in_flight, Key.ledger, Key.metrics
+local version, now, n, maxlen = Arg.version, Arg.now, #Arg.groups, Arg.metrics_maxlen
 if redis.call('HSETNX', state, State.eval_submitted(version), now) == 0 then return 0 end
-local pos = 6
-for _ = 1, tonumber(ARGV[5]) do
+for _, d in ipairs(Arg.datasets) do
   redis.call('XADD', metrics, 'MAXLEN', '~', maxlen, '*', Entry.kind, MetricEntry.kind_eval_submitted,
-    Entry.version, version, MetricEntry.dataset, ARGV[pos], MetricEntry.rows, ARGV[pos + 1], MetricEntry.time, now)
-  pos = pos + 2
+    Entry.version, version, MetricEntry.dataset, d.name, MetricEntry.rows, d.rows, MetricEntry.time, now)
 end
-for _ = 1, n do
-  local uid, n_fields = ARGV[pos], tonumber(ARGV[pos + 1])
-  redis.call('XADD', prompts, '*', unpack(ARGV, pos + 2, pos + 1 + 2 * n_fields))
-  redis.call('SADD', in_flight, uid)
-  pos = pos + 2 + 2 * n_fields
+for _, g in ipairs(Arg.groups) do
+  redis.call('XADD', prompts, '*', unpack(g.fields))
+  redis.call('SADD', in_flight, g.uid)
 end
 redis.call('HSET', state, State.eval_pending(version), n)
 redis.call('HINCRBY', ledger, Counters.submitted, n)

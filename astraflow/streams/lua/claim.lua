@@ -18,24 +18,21 @@
 -- Dead-lettering an entry of a tracked stream (one prompt group per entry) also settles its group (the
 -- uid its `data` starts with, `entry_uid`; never the plain `uid` field): the uid leaves the in-flight set
 -- and the ledger counts it dead.
--- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] errors hash, KEYS[4] in-flight set, KEYS[5] ledger
--- ARGV: mode, group, consumer, min_idle_ms ('others') or since (ms, 'own'), start, count, max_deliveries,
---       dead_maxlen, tracked ('1'/'0'),
---       max_field_bytes (larger fields of a dead letter are replaced by their size and digest), skip ids...
--- Returns {next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end.
-local stream, dead, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local mode, group, consumer, min_idle, start = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local count, max_deliveries, dead_maxlen, tracked = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], ARGV[9] == '1'
-local max_field_bytes = tonumber(ARGV[10])
+-- Keys, arguments and reply: `CLAIM` in astraflow/streams/scripts.py. Larger fields of a dead letter than
+-- `max_field_bytes` are replaced by their size and digest.
+local stream, dead, errors, in_flight, ledger = Key.stream, Key.dead, Key.errors, Key.in_flight, Key.ledger
+local mode, group, consumer, min_idle, start = Arg.mode, Arg.group, Arg.consumer, Arg.min_idle, Arg.start
+local count, max_deliveries, dead_maxlen, tracked = Arg.count, Arg.max_deliveries, Arg.dead_maxlen, Arg.tracked
+local max_field_bytes = Arg.max_field_bytes
 local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
 
 local skip = {}
-for i = 11, #ARGV do skip[ARGV[i]] = true end
+for _, id in ipairs(Arg.skip) do skip[id] = true end
 
 local pending, since, now
 if mode == 'own' then
   local t = redis.call('TIME')
-  since, now = tonumber(ARGV[4]), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  since, now = tonumber(min_idle), tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   pending = redis.call('XPENDING', stream, group, start, '+', count, consumer)
 else
   pending = redis.call('XPENDING', stream, group, 'IDLE', min_idle, start, '+', count)

@@ -16,25 +16,22 @@
 -- An item may also settle a prompt group as dead (its entry is being dead-lettered): the group's uid
 -- leaves the in-flight set and, if it was there, the ledger counts it dead - once, whoever retries.
 --
--- KEYS[1] input stream (any key of the run when there is none), KEYS[2] errors hash, KEYS[3] in-flight
--- set, KEYS[4] ledger hash, KEYS[5..] output streams and dedup keys, referenced by index from ARGV.
--- ARGV: group, consumer, dedup_ttl_ms, n_items, then per item:
---   input_id, dead_uid ('' = none), n_outputs, then per output: stream_index, dedup_index (0 = none),
---   binding ('' = none), n_fields, f1, v1, ...
+-- Keys, arguments and reply: `HANDOFF` in astraflow/streams/scripts.py (built by `streams.handoff`). Its
+-- outputs name their stream and dedup key by index in `Key.outputs`.
 -- An acknowledged input's recorded error (errors hash, written by release and claim) is removed with it.
--- Returns {replies, ignored}: one reply per item, {status, id of each output ('' when unknown)}, status
+-- Reply: {replies, ignored}: one reply per item, {status, id of each output ('' when unknown)}, status
 -- 'ok', 'dup' (already done: every output existed, or the input was already acknowledged) or 'lost'
 -- (another consumer has it, or this server never delivered it: the read was lost in a failover); and the
 -- dedup keys whose markers were ignored (not this hand-off's).
 
-local input, errors, in_flight, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, consumer, ttl, n_items = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local input, errors, in_flight, ledger, outputs = Key.input, Key.errors, Key.in_flight, Key.ledger, Key.outputs
+local group, consumer, ttl, items = Arg.group, Arg.consumer, Arg.ttl_ms, Arg.items
 
 -- Pass 1, read-only: every output stream must be a stream (or not exist yet); the lowest and highest
 -- input ids.
-local checked, pos, lo, hi = {}, 5, nil, nil
-for _ = 1, n_items do
-  local id, n_out = ARGV[pos], tonumber(ARGV[pos + 2])
+local checked, lo, hi = {}, nil, nil
+for _, item in ipairs(items) do
+  local id = item.input_id
   if id ~= '' then
     local key = {string.match(id, '^(%d+)-(%d+)$')}
     if #key ~= 2 then return redis.error_reply('ERR input id ' .. id .. ' is not a stream id') end
@@ -42,9 +39,8 @@ for _ = 1, n_items do
     if not lo or id_before(key, lo) then lo = key end
     if not hi or id_before(hi, key) then hi = key end
   end
-  pos = pos + 3
-  for _ = 1, n_out do
-    local stream, n_fields = KEYS[tonumber(ARGV[pos])], tonumber(ARGV[pos + 3])
+  for _, out in ipairs(item.outs) do
+    local stream, n_fields = outputs[out.stream], #out.fields / 2
     if n_fields < 1 or n_fields > 1000 then
       return redis.error_reply('ERR output to ' .. stream .. ' has ' .. n_fields .. ' fields (1 to 1000)')
     end
@@ -56,7 +52,6 @@ for _ = 1, n_items do
       end
       checked[stream] = true
     end
-    pos = pos + 4 + 2 * n_fields
   end
 end
 
@@ -71,27 +66,23 @@ end
 
 -- Pass 2: per item, decide and write.
 local replies, ignored, acked, done = {}, {}, {}, {}
-pos = 5
-for i = 1, n_items do
-  local id, dead_uid, n_out = ARGV[pos], ARGV[pos + 1], tonumber(ARGV[pos + 2])
-  pos = pos + 3
+for i, item in ipairs(items) do
+  local id, dead_uid = item.input_id, item.dead_uid
   local owned = id == '' or (owns[id] and not done[id])
-  local reply, first, all_done = {'ok'}, pos, n_out > 0
-  for j = 1, n_out do
-    local dedup, binding = tonumber(ARGV[pos + 1]), ARGV[pos + 2]
-    local existing = dedup > 0 and redis.call('GET', KEYS[dedup])
+  local reply, all_done = {'ok'}, #item.outs > 0
+  for j, out in ipairs(item.outs) do
+    local existing = out.dedup > 0 and redis.call('GET', outputs[out.dedup])
     if existing then
       local marked, bound = string.match(existing, '^(%S+) ?(%S*)$')
-      if marked and (binding == '' or bound == binding) then
+      if marked and (out.binding == '' or bound == out.binding) then
         existing = marked
       else
-        if owned then ignored[#ignored + 1] = KEYS[dedup] end
+        if owned then ignored[#ignored + 1] = outputs[out.dedup] end
         existing = false
       end
     end
     reply[j + 1] = existing or ''
     all_done = all_done and existing ~= false
-    pos = pos + 4 + 2 * tonumber(ARGV[pos + 3])
   end
   if all_done or done[id] or (not owned and not_owned(input, group, id) == 'dup') then
     reply[1] = 'dup'
@@ -99,19 +90,15 @@ for i = 1, n_items do
     reply[1] = 'lost'
   end
   if owned then
-    local p = first
-    for j = 1, n_out do
-      local n_fields = tonumber(ARGV[p + 3])
+    for j, out in ipairs(item.outs) do
       if reply[j + 1] == '' then
-        local dedup, binding = tonumber(ARGV[p + 1]), ARGV[p + 2]
-        local new_id = redis.call('XADD', KEYS[tonumber(ARGV[p])], '*', unpack(ARGV, p + 4, p + 3 + 2 * n_fields))
-        if dedup > 0 then
-          local marker = binding == '' and new_id or new_id .. ' ' .. binding
-          redis.call('SET', KEYS[dedup], marker, 'PX', ttl)
+        local new_id = redis.call('XADD', outputs[out.stream], '*', unpack(out.fields))
+        if out.dedup > 0 then
+          local marker = out.binding == '' and new_id or new_id .. ' ' .. out.binding
+          redis.call('SET', outputs[out.dedup], marker, 'PX', ttl)
         end
         reply[j + 1] = new_id
       end
-      p = p + 4 + 2 * n_fields
     end
     if dead_uid ~= '' and redis.call('SREM', in_flight, dead_uid) == 1 then
       redis.call('HINCRBY', ledger, Counters.dead, 1)

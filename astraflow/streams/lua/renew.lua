@@ -2,12 +2,11 @@
 -- Owner-checked: an entry that another consumer reclaimed is reported lost, never taken back. An entry
 -- this consumer is releasing (release.lua marked it with RELEASED_IDLE) keeps its mark: a renewal racing
 -- the release must not turn the failed attempt into one that never happened.
--- KEYS[1] stream; ARGV: group, consumer, ids... Returns the ids this consumer no longer owns.
+-- Keys, arguments and reply: `RENEW` in astraflow/streams/scripts.py.
 -- function flags: allow-oom (it frees memory or grows none: it must run while Redis is full)
-local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+local stream, group, consumer = Key.stream, Arg.group, Arg.consumer
 local lost = {}
-for i = 3, #ARGV do
-  local id = ARGV[i]
+for _, id in ipairs(Arg.ids) do
   local p = redis.call('XPENDING', stream, group, id, id, 1, consumer)[1]
   if not p then
     lost[#lost + 1] = id

@@ -1,12 +1,11 @@
 -- Repair a stream whose ids someone pushed past the present: an entry written with an explicit id (the
--- largest, 18446744073709551615-..., exhausts the stream: every later XADD fails). Entries past ARGV[2]
--- ms beyond Redis's clock are deleted (and acknowledged in the run's group), the stream's last id is set
+-- largest, 18446744073709551615-..., exhausts the stream: every later XADD fails). Entries past `horizon_ms`
+-- beyond Redis's clock are deleted (and acknowledged in the run's group), the stream's last id is set
 -- back to its newest remaining entry (or 0-1), and so is the group's last delivered id where it lay
 -- beyond. A stream whose last id is within the horizon is left alone.
--- KEYS[1] stream; ARGV[1] the run's group on it ('' for none), ARGV[2] horizon_ms.
--- Returns the number of entries deleted, or -1 where nothing was wrong.
+-- Keys, arguments and reply: `REPAIR` in astraflow/streams/scripts.py.
 -- function flags: allow-oom (it frees memory or grows none: it must run while Redis is full)
-local stream, group, horizon = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local stream, group, horizon = Key.stream, Arg.group, Arg.horizon_ms
 if redis.call('EXISTS', stream) == 0 then return -1 end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

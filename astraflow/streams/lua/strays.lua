@@ -6,11 +6,9 @@
 -- settle it. The caller names the uids it has seen stranded for longer than lease + grace: those still
 -- stranded now are dead-lettered with the reason, leave the in-flight set and count as `dead` in the
 -- ledger, so `submitted == in_flight + ready + trained + dropped + dead` still holds.
--- KEYS[1] in-flight set, KEYS[2] dead stream, KEYS[3] ledger, KEYS[4..] the tracked streams
--- ARGV: dead_maxlen, reason, n_streams, the run's group of each tracked stream..., uids to settle...
--- Returns {settled uids, uids stranded now (after settling)}.
-local in_flight, dead, ledger = KEYS[1], KEYS[2], KEYS[3]
-local dead_maxlen, reason, n_streams = ARGV[1], ARGV[2], tonumber(ARGV[3])
+-- Keys, arguments and reply: `STRAYS` in astraflow/streams/scripts.py.
+local in_flight, dead, ledger = Key.in_flight, Key.dead, Key.ledger
+local dead_maxlen, reason = Arg.dead_maxlen, Arg.reason
 
 local backed = {}
 local function back(fields)  -- (by the uid its `data` starts with: the plain `uid` field is for people)
@@ -18,8 +16,8 @@ local function back(fields)  -- (by the uid its `data` starts with: the plain `u
   if uid then backed[uid] = true end
 end
 
-for s = 1, n_streams do
-  local stream, group = KEYS[3 + s], ARGV[3 + s]
+for s, stream in ipairs(Key.streams) do
+  local group = Arg.groups[s]
   if redis.call('EXISTS', stream) == 1 then
     local last = nil
     for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
@@ -44,8 +42,7 @@ for s = 1, n_streams do
 end
 
 local settled = {}
-for i = 4 + n_streams, #ARGV do
-  local uid = ARGV[i]
+for _, uid in ipairs(Arg.uids) do
   if not backed[uid] and redis.call('SREM', in_flight, uid) == 1 then
     redis.call('HINCRBY', ledger, Counters.dead, 1)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', Entry.kind, DeadLetter.kind,

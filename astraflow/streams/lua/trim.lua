@@ -1,14 +1,14 @@
 -- Trim a grouped stream up to what the run's group has acknowledged, never further.
--- An entry is safe to drop when the run's group (ARGV[2], `Keys.group_of`) delivered it (id <=
+-- An entry is safe to drop when the run's group (`run_group`, `Keys.group_of`) delivered it (id <=
 -- last-delivered-id) and it is not pending there. MINID trims entries strictly below the smallest id that
 -- group still needs. Other groups on the stream are not the run's (anyone allowed XGROUP CREATE may add
 -- one): waiting for them would let one idle group stop all trimming, so they are ignored.
 -- It also removes from the group the consumers that hold nothing and have not been seen for
 -- `forget_idle_ms`: every process start uses a new consumer name, and the old names would pile up in
 -- XINFO CONSUMERS. (A live consumer removed this way is recreated by its next read; it held nothing.)
--- KEYS[1] stream; ARGV[1] forget_idle_ms, ARGV[2] the run's group. Returns the number of entries removed.
+-- Keys, arguments and reply: `TRIM` in astraflow/streams/scripts.py.
 -- function flags: allow-oom (it frees memory or grows none: it must run while Redis is full)
-local stream, forget_idle, run_group = KEYS[1], tonumber(ARGV[1]), ARGV[2]
+local stream, forget_idle, run_group = Key.stream, Arg.forget_idle_ms, Arg.run_group
 
 local function parse(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')

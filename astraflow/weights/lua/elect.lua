@@ -1,10 +1,10 @@
 -- Elect the one process of a region that pulls a version's bytes (delta or full) over the long link.
--- KEYS[1] the relay key; ARGV: this process's endpoint, ttl ms, an endpoint seen failing ('' = none).
--- A failed relay still named in the key is unseated first. Returns the elected endpoint.
-if ARGV[3] ~= '' and redis.call('GET', KEYS[1]) == ARGV[3] then
-  redis.call('DEL', KEYS[1])
+-- Keys, arguments and reply: `ELECT` in astraflow/weights/scripts.py. A failed relay still named in the
+-- relay key is unseated first.
+if Arg.failed ~= '' and redis.call('GET', Key.relay) == Arg.failed then
+  redis.call('DEL', Key.relay)
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return ARGV[1]
+if redis.call('SET', Key.relay, Arg.endpoint, 'NX', 'PX', Arg.ttl_ms) then
+  return Arg.endpoint
 end
-return redis.call('GET', KEYS[1])
+return redis.call('GET', Key.relay)
