@@ -24,7 +24,7 @@ from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import MAX_VERSION_STEP, last_notice, recorded_versions
-from astraflow.weights import codec, layout, local, scan
+from astraflow.weights import codec, layout, local, on_device, scan
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
@@ -98,6 +98,9 @@ class WeightPublisher:
         """Seconds of the last version's background stages: `scan` (digests, changes), `delta` (encode)."""
         self._digest = ""  # of the served version
         self._manifest: WeightManifest | None = None  # of the served version
+        self.on_device: on_device.DeviceVersions | None = None
+        """Versions built on the trainer's device (`weights.build_on`), chosen at the first `publish`."""
+        self._chosen = False
         self._write_manifest = register_scripts(bus.redis, "astraflow.weights", ("manifest",))["manifest"]
 
     async def publish(
@@ -117,8 +120,25 @@ class WeightPublisher:
         which a restarted trainer trains again, differently)."""
         async with self._publishing:  # one writer of the idle half at a time, in call order
             await self.wait()
-            half = await asyncio.to_thread(self.buffer.write_state, state)
+            half = None
+            if self._on_device(state) is not None:
+                if self.on_device.on.startswith("cuda"):  # type: ignore[union-attr]
+                    self.on_device.snapshot(state)  # type: ignore[union-attr]  # enqueued: no host wait
+                else:
+                    await asyncio.to_thread(self.on_device.snapshot, state)  # type: ignore[union-attr]
+            else:
+                half = await asyncio.to_thread(self.buffer.write_state, state)
             self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
+
+    def _on_device(self, state: Mapping) -> on_device.DeviceVersions | None:
+        """Where versions are built, decided (and logged) once: see `weights.build_on`."""
+        if not self._chosen:
+            self._chosen = True
+            on = on_device.choose(self.settings.build_on, state)
+            if on is not None:
+                self.on_device = on_device.DeviceVersions(self.specs, on, self.settings.dtype)
+            log.info("weights_build_path", model=self.model, on=on or "host", setting=self.settings.build_on)
+        return self.on_device
 
     async def _keep_evals(self, idle: int | None) -> None:
         """After a flip, in the background while the trainer trains on: an eval version the flip left in
@@ -148,7 +168,7 @@ class WeightPublisher:
             await task
 
     async def _finish(
-        self, half: Half, version: int, step: int, eval_: bool, durable: Awaitable | None, once: bool
+        self, half: Half | None, version: int, step: int, eval_: bool, durable: Awaitable | None, once: bool
     ) -> None:
         base = self.buffer.served
         if self._manifest is not None and base is not None and base.version == version:
@@ -165,13 +185,21 @@ class WeightPublisher:
         served = (
             self._manifest if compare and self._manifest and self._manifest.version == base.version else None
         )
-        seen = await asyncio.to_thread(
-            scan.scan,
-            half.data,
-            base.data if compare else None,
-            self.settings.dtype,
-            old_digests=served.chunk_digests if served is not None else None,  # of the served half's bytes
-        )
+        checked = None
+        if half is None:  # built on the device: checked there, then landed in the host half
+            checked = await asyncio.to_thread(self.on_device.check)  # type: ignore[union-attr]
+            if checked.nonfinite:
+                raise NonFiniteWeights(f"{self.model} v{version}: {checked.nonfinite} weights are NaN or inf")
+            half = await asyncio.to_thread(self.buffer.claim)
+            seen = await asyncio.to_thread(self.on_device.land, half, compare)  # type: ignore[union-attr]
+        else:
+            seen = await asyncio.to_thread(
+                scan.scan,
+                half.data,
+                base.data if compare else None,
+                self.settings.dtype,
+                old_digests=served.chunk_digests if served is not None else None,  # of the served bytes
+            )
         self.timings = {"scan": time.perf_counter() - started, "delta": 0.0}
         if seen.nonfinite:  # the trainer checks its steps; this is the last line before any engine
             raise NonFiniteWeights(f"{self.model} v{version}: {seen.nonfinite} weights are NaN or inf")
@@ -195,6 +223,8 @@ class WeightPublisher:
             await durable
         old = base.version if base is not None else None
         self.buffer.flip(version)
+        if self.on_device is not None and checked is not None:
+            self.on_device.flip()
         source = Source(
             half.fileno(), half.data_offset, len(half.data), hold=lambda cut: self.buffer.reading(half, cut)
         )
@@ -221,10 +251,24 @@ class WeightPublisher:
             delta_digest=delta_digest,
             base_digest=base_digest,
             file=local.describe(half.path, half.data_offset),
+            device_checksum=checked.checksum if checked is not None else "",
         )
         self._manifest = manifest
+        if checked is not None:
+            await self._share(manifest)
         await self._announce(manifest, step, eval_, once)
         await self._keep_evals(old)
+
+    async def _share(self, manifest: WeightManifest) -> None:
+        """Say where engines on this host map the version (`weights.share`), before it is announced."""
+        record = self.on_device.shared(  # type: ignore[union-attr]
+            self.model, manifest.version, manifest.device_checksum, manifest.file
+        )
+        if record is not None:
+            key = self.bus.keys.weights_shared(self.model, manifest.version)
+            await self.bus.call(
+                lambda: self.bus.redis.set(key, record.encode(), ex=self.settings.manifest_ttl_s)
+            )
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)
