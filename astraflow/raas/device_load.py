@@ -19,6 +19,7 @@ applied to a verified base (the receiver's invariant), a half by the receiver's 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 
@@ -50,6 +51,8 @@ class DeviceLoader:
         """Model -> (version, manifest digest, flat tensor) the engine holds."""
         self.last: dict[str, str] = {}
         """Model -> the way its last version came (`shared`, `delta`, `half`)."""
+        self.pause_s: dict[str, float] = {}
+        """Model -> seconds its engine was paused for the last load (pause, copy in, resume)."""
 
     async def shared(self, model: str, engine: Engine, manifest: WeightManifest) -> bool:
         """Load the version from the trainer's device when it shares it here (way 1); False when it does
@@ -117,11 +120,14 @@ class DeviceLoader:
         return torch.empty(nbytes, dtype=torch.uint8, device=where)
 
     async def _load(self, model: str, engine: Engine, manifest: WeightManifest, flat, way: str) -> None:
+        views = tensors(flat, manifest.tensors)
+        started = time.perf_counter()
         try:
             await engine.pause()
-            await engine.load_tensors(tensors(flat, manifest.tensors), manifest.version)
+            await engine.load_tensors(views, manifest.version)
         finally:
             await engine.resume()
+        self.pause_s[model] = time.perf_counter() - started
         self._mirrors[model] = (manifest.version, manifest.digest, flat)
         self.last[model] = way
 

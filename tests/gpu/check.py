@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from astraflow.trainer import torch_range
-from tests.gpu import checks
+from tests.gpu import checks, device_rows
 from tests.gpu.checks import Row
 from tests.gpu.children import ChildError
 
@@ -134,6 +134,14 @@ def main() -> int:
         label, path = models["large"]
         need = 8 * sum(f.stat().st_size for f in path.glob("*.safetensors")) // 2  # served bf16 x 8
         attempt(rows, f"weight path {label}", checks.weight_path, label, path, device, buffers_dir(tmp, need))
+        buffers = buffers_dir(tmp, need)
+        attempt(rows, f"on the device {label}", device_rows.device_path, label, path, device, tmp, buffers)
+        dims = device_rows.QWEN_7B if device == "cuda" else DRY
+        attempt(
+            rows, "on the device 7B shape", device_rows.seven_b, device, tmp, buffers_dir(tmp, 8 << 30), dims
+        )
+        attempt(rows, "a sharded checkpoint", device_rows.sharded, tmp, device)
+        rows.extend(device_rows.vllm())
         label, path = models["small"]
         attempt(rows, f"hf engine {label}", checks.hf_engine, label, path, device, *sizes["generate"])
         attempt(rows, "FSDP2 vs 1 process", checks.fsdp, device, tmp)
