@@ -5,6 +5,10 @@ trainer's critical path - and returns. A background task then scans the half in 
 (digests, the elements changed since the served one, none NaN or inf), encodes the delta, flips, serves
 both over TCP, writes the manifest `weights:<model>:<version>` and adds the entry to `versions`. The
 next `publish` first waits for that task, so the halves stay consistent.
+
+Where `weights.build_on` says so (`auto`: weights on CUDA), `publish` only enqueues a cast-copy into a
+slot on the weights' device (`weights.on_device`); the background then checks, compares and lands the
+version there, and also writes the record engines on this host map it by (`weights.share`).
 """
 
 from __future__ import annotations
