@@ -9,6 +9,10 @@
 (e) FSDP2 on one GPU over NCCL against one process: fp32 parameters and bf16 served tensors;
 (f) FSDP2 on two gloo ranks on the CPU (the publication's gather with more than one rank);
 (g) FSDP2 on two GPUs over NCCL where the node has two (else a row saying it skipped).
+(h) versions built on the device and taken by an hf engine in another process, 1.5B shape
+    (`tests/gpu/device_rows.py`): trainer blocked, publish to served by CUDA IPC, the engine's pause,
+    a version over loopback TCP with the delta applied on the device;
+(i) the 7B shape's weight path alone by CUDA IPC; (j) a sharded checkpoint; (k) vLLM's row.
 
 The first line names the GPU, driver, CUDA, torch and transformers; a torch outside the supported range
 is refused in one line (`astraflow.trainer.torch_range`).

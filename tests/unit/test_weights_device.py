@@ -123,3 +123,18 @@ def test_nonfinite_counts_nan_and_inf_bits():
     values = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0], dtype=torch.bfloat16)
     assert device.nonfinite(values.view(torch.int16), "bfloat16") == 3
     assert device.nonfinite(values.float().view(torch.int32), "float32") == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_every_function_gives_the_host_paths_bytes():
+    n = 3 * device.CHECK_WORDS + 17
+    old, new = versions(n, 2, seed=2)
+    a = torch.from_numpy(new.view(np.uint8).copy()).cuda()
+    b = torch.from_numpy(old.view(np.uint8).copy()).cuda()
+    assert device.checksum(a) == reference_checksum(new.tobytes())
+    host = device.to_host(*device.changes(a, b, 2))
+    delta = codec.encode(old.tobytes(), new.tobytes(), 2)
+    assert codec.encode_parts(device.parts(*host, 2, n), n, 2) == delta
+    device.apply_delta(b, delta)
+    assert torch.equal(a, b)

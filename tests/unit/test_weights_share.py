@@ -49,3 +49,28 @@ def test_a_cuda_handle_without_cuda_here_is_out_of_reach():
 
 def test_a_record_from_another_host_is_out_of_reach():
     assert Reader("cpu").take(record(host="another-boot-id")) is None
+
+
+TAKE_CUDA = """
+import sys, torch
+from astraflow.weights.share import Reader, SharedVersion
+flat = Reader("cuda").take(SharedVersion.decode(bytes.fromhex(sys.argv[1])))
+print(flat.cpu().numpy().tobytes().hex())
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_another_process_maps_a_cuda_version_by_ipc_and_checks_it():
+    import subprocess
+    import sys
+
+    from astraflow.weights import device, share
+
+    flat = torch.randint(0, 256, (1 << 16,), dtype=torch.uint8, device="cuda")
+    handle = share.export(flat)
+    shared = SharedVersion("policy", 1, flat.numel(), device.checksum(flat), local.host(), cuda=handle)
+    done = subprocess.run(
+        [sys.executable, "-c", TAKE_CUDA, shared.encode().hex()], capture_output=True, text=True, check=True
+    )
+    assert bytes.fromhex(done.stdout.strip()) == flat.cpu().numpy().tobytes()
