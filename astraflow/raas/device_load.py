@@ -27,8 +27,8 @@ from astraflow.engines import Engine
 from astraflow.errors import DecodeError, WeightIntegrityError
 from astraflow.messages import TensorSpec, WeightManifest
 from astraflow.streams import Bus
-from astraflow.weights import device
-from astraflow.weights.share import Reader, SharedVersion
+from astraflow.weights import device, share
+from astraflow.weights.share import Reader
 
 log = structlog.get_logger(__name__)
 
@@ -59,12 +59,10 @@ class DeviceLoader:
         not, or the copy failed its checksum (logged): then pull it (`from_half`)."""
         if engine.tensors_device is None or not manifest.device_checksum:
             return False
-        key = self.bus.keys.weights_shared(model, manifest.version)
-        record = await self.bus.read_only(lambda r: r.get(key))
-        if not record:
-            return False
         try:
-            shared = SharedVersion.decode(record)
+            shared = await share.get(self.bus, model, manifest.version)
+            if shared is None:
+                return False
             if (shared.version, shared.checksum) != (manifest.version, manifest.device_checksum):
                 raise DecodeError("shared version: not the manifest's version")
         except DecodeError as e:

@@ -12,6 +12,7 @@ the changed elements' indices and bits cross for the delta, `device.changes`) an
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import structlog
@@ -32,6 +33,13 @@ def choose(build_on: str, state) -> str | None:
     if build_on == "host" or (build_on == "auto" and where.type != "cuda"):
         return None
     return str(where)
+
+
+def for_state(state, specs: list[TensorSpec], settings, model: str) -> DeviceVersions | None:
+    """The device versions of a publisher of `state` (`WeightsSettings`), None on the host; logged."""
+    on = choose(settings.build_on, state)
+    log.info("weights_build_path", model=model, on=on or "host", setting=settings.build_on)
+    return None if on is None else DeviceVersions(specs, on, settings.dtype)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,13 @@ class DeviceVersions:
         self.building = 1 if self.served == 0 else 0
         device.snapshot(state, self.specs, self.new)
         self._ready = device.mark(self.on)
+
+    async def take(self, state) -> None:
+        """`snapshot`: on CUDA enqueued from the caller's thread (no host wait), on the CPU in a thread."""
+        if self.on.startswith("cuda"):
+            self.snapshot(state)
+        else:
+            await asyncio.to_thread(self.snapshot, state)
 
     def check(self) -> Checked:
         """The new version's checksum and count of NaN/inf elements, on the device (blocks this thread)."""

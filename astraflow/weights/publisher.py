@@ -28,7 +28,7 @@ from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import MAX_VERSION_STEP, last_notice, recorded_versions
-from astraflow.weights import codec, layout, local, on_device, scan
+from astraflow.weights import codec, layout, local, on_device, scan, share
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.served_files import ServedFiles
 from astraflow.weights.server import WeightServer
@@ -124,25 +124,15 @@ class WeightPublisher:
         which a restarted trainer trains again, differently)."""
         async with self._publishing:  # one writer of the idle half at a time, in call order
             await self.wait()
+            if not self._chosen:  # where versions are built, decided once (`weights.build_on`)
+                self._chosen = True
+                self.on_device = on_device.for_state(state, self.specs, self.settings, self.model)
             half = None
-            if self._on_device(state) is not None:
-                if self.on_device.on.startswith("cuda"):  # type: ignore[union-attr]
-                    self.on_device.snapshot(state)  # type: ignore[union-attr]  # enqueued: no host wait
-                else:
-                    await asyncio.to_thread(self.on_device.snapshot, state)  # type: ignore[union-attr]
+            if self.on_device is not None:
+                await self.on_device.take(state)
             else:
                 half = await asyncio.to_thread(self.buffer.write_state, state)
             self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
-
-    def _on_device(self, state: Mapping) -> on_device.DeviceVersions | None:
-        """Where versions are built, decided (and logged) once: see `weights.build_on`."""
-        if not self._chosen:
-            self._chosen = True
-            on = on_device.choose(self.settings.build_on, state)
-            if on is not None:
-                self.on_device = on_device.DeviceVersions(self.specs, on, self.settings.dtype)
-            log.info("weights_build_path", model=self.model, on=on or "host", setting=self.settings.build_on)
-        return self.on_device
 
     async def _keep_evals(self, idle: int | None) -> None:
         """After a flip, in the background while the trainer trains on: an eval version the flip left in
@@ -265,14 +255,10 @@ class WeightPublisher:
 
     async def _share(self, manifest: WeightManifest) -> None:
         """Say where engines on this host map the version (`weights.share`), before it is announced."""
-        record = self.on_device.shared(  # type: ignore[union-attr]
-            self.model, manifest.version, manifest.device_checksum, manifest.file
-        )
+        on = self.on_device
+        record = on.shared(self.model, manifest.version, manifest.device_checksum, manifest.file)  # type: ignore[union-attr]
         if record is not None:
-            key = self.bus.keys.weights_shared(self.model, manifest.version)
-            await self.bus.call(
-                lambda: self.bus.redis.set(key, record.encode(), ex=self.settings.manifest_ttl_s)
-            )
+            await share.put(self.bus, record, self.settings.manifest_ttl_s)
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)

@@ -92,6 +92,19 @@ class SharedVersion:
         return out
 
 
+async def put(bus, record: SharedVersion, ttl_s: int) -> None:
+    """Write `record` beside its version's manifest (`Keys.weights_shared`) for `ttl_s` seconds."""
+    key = bus.keys.weights_shared(record.model, record.version)
+    await bus.call(lambda: bus.redis.set(key, record.encode(), ex=ttl_s))
+
+
+async def get(bus, model: str, version: int) -> SharedVersion | None:
+    """The record of `version`, None when there is none; DecodeError when it is malformed."""
+    key = bus.keys.weights_shared(model, version)
+    found = await bus.read_only(lambda r: r.get(key))
+    return SharedVersion.decode(found) if found else None
+
+
 def gpu_uuid(index: int) -> str:
     import torch
 

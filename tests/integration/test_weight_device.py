@@ -88,11 +88,13 @@ except Exception as e:
 
 def take_elsewhere(record: bytes) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", TAKE, record.hex()], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", TAKE, record.hex()], capture_output=True, text=True, timeout=120, check=True
     )
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # three Python processes that import torch
+@pytest.mark.timeout(300)
 async def test_another_process_takes_the_shared_version_and_checks_it(bus, tmp_path):
     settings = WeightsSettings(full_every=100, build_on="device")
     pub, state, _ = await trainer(bus, settings, tmp_path / "trainer")
