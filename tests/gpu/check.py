@@ -141,9 +141,8 @@ def main() -> int:
         buffers = buffers_dir(tmp, need)
         attempt(rows, f"on the device {label}", device_rows.device_path, label, path, device, tmp, buffers)
         dims = device_rows.QWEN_7B if device == "cuda" else DRY
-        attempt(
-            rows, "on the device 7B shape", device_rows.seven_b, device, tmp, buffers_dir(tmp, 8 << 30), dims
-        )
+        seven = buffers_dir(tmp, 32 << 30 if device == "cuda" else 1 << 30)  # two 15 GB halves at 7B
+        attempt(rows, "on the device 7B shape", device_rows.seven_b, device, tmp, seven, dims)
         attempt(rows, "a sharded checkpoint", device_rows.sharded, tmp, device)
         rows.extend(device_rows.vllm())
         label, path = models["small"]

@@ -45,18 +45,28 @@ def config(dims: dict, tied: bool):
 
 
 def random_state(dims: dict, device: str) -> dict:
-    """An fp32 state dict of the shape's parameters, random, on `device` (no model, no optimizer)."""
+    """A bf16 state dict of the shape's parameters, random, on `device` (no model, no optimizer: the 7B
+    shape's weight path fits beside it on an 80 GB GPU)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(config(dims, tied=False))
     g = torch.Generator(device=device).manual_seed(0)
-    return {n: torch.randn(p.shape, generator=g, device=device) * 0.02 for n, p in meta.named_parameters()}
+    return {
+        n: (torch.randn(p.shape, generator=g, device=device) * 0.02).to(torch.bfloat16)
+        for n, p in meta.named_parameters()
+    }
+
+
+CHANGED = 0.025
+"""Share of bf16 elements a bf16 state's emulated step moves by one unit in the last place (what a real
+lr-1e-6 AdamW step changes: 2.4% at the 0.5B shape, `tests/bench/weight_path.py`)."""
 
 
 def emulated_step(state: dict, seed: int) -> None:
-    """Adam's first step at lr 1e-6: every element moves by lr (tied tensors once)."""
+    """Adam's first step at lr 1e-6 on an fp32 master: every element moves by lr; on a bf16 state (no
+    master) `CHANGED` of the elements move by one unit in the last place. Tied tensors once."""
     import torch
 
     seen = set()
@@ -66,7 +76,11 @@ def emulated_step(state: dict, seed: int) -> None:
             continue
         seen.add(t.data_ptr())
         g = g or torch.Generator(device=t.device).manual_seed(seed)
-        t.add_(torch.randn(t.shape, generator=g, device=t.device).sign_(), alpha=-LR)
+        if t.dtype == torch.bfloat16:
+            moved = torch.rand(t.shape, generator=g, device=t.device) < CHANGED
+            t.view(torch.int16).add_(moved.to(torch.int16))
+        else:
+            t.add_(torch.randn(t.shape, generator=g, device=t.device).sign_(), alpha=-LR)
 
 
 def copy_limit_s(nbytes: int, device: str) -> float:
@@ -224,7 +238,7 @@ def seven_b(device: str, tmp: Path, buffers: Path, dims: dict) -> list[Row]:
     same = run(tmp, state, device, "shared", None, buffers)
     del state
     worst = max(same[2]["served"], same[3]["served"])
-    what = f"7B shape{'' if device == 'cuda' else ' (tiny stand-in)'}, {nbytes / 2**30:.2f} GiB"
+    what = f"7B shape{'' if device == 'cuda' else ' (tiny stand-in)'}, bf16 state, {nbytes / 2**30:.2f} GiB"
     return [
         Row(
             f"on the device {what}: publish to served, IPC (worst of delta, full)",
