@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from astraflow.trainer import torch_range
-from tests.gpu import checks, device_rows
+from tests.gpu import checks, device_rows, load_rows
 from tests.gpu.checks import Row
 from tests.gpu.children import ChildError
 
@@ -143,8 +143,8 @@ def main() -> int:
         dims = device_rows.QWEN_7B if device == "cuda" else DRY
         seven = buffers_dir(tmp, 32 << 30 if device == "cuda" else 1 << 30)  # two 15 GB halves at 7B
         attempt(rows, "on the device 7B shape", device_rows.seven_b, device, tmp, seven, dims)
-        attempt(rows, "a sharded checkpoint", device_rows.sharded, tmp, device)
-        rows.extend(device_rows.vllm())
+        attempt(rows, "a sharded checkpoint", load_rows.sharded, tmp, device)
+        rows.extend(load_rows.vllm())
         label, path = models["small"]
         attempt(rows, f"hf engine {label}", checks.hf_engine, label, path, device, *sizes["generate"])
         attempt(rows, "FSDP2 vs 1 process", checks.fsdp, device, tmp)
