@@ -294,6 +294,9 @@ class WeightManifest(Message):
     (whichever trainer incarnation produced them)."""
     file: WeightFile | None = None
     """The served half's file, for receivers on the trainer's host (`weights.local`); None: none."""
+    device_checksum: str = ""
+    """`weights.device.checksum` of the weight data where the trainer built it on its device ('' where it
+    built it on the host): checked by engines that take the version device to device."""
 
     def readable(self) -> dict[str, str]:
         base = "" if self.base_version is None else str(self.base_version)

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from astraflow.engines.settings import EngineSettings
@@ -78,6 +79,14 @@ class Engine(ABC):
     @abstractmethod
     async def load_weights(self, path: str, version: int) -> None:
         """Load the Hugging Face checkpoint directory `path` as `version`; only while paused."""
+
+    tensors_device: str | None = None
+    """The device whose tensors `load_tensors` takes (None: the engine loads versions from files only)."""
+
+    async def load_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
+        """Load a version given as torch tensors on `tensors_device`, by the names of a Hugging Face
+        checkpoint, as `version`; only while paused. Only engines with a `tensors_device` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} loads versions from files only")
 
     @abstractmethod
     async def resume(self) -> None: ...

@@ -17,7 +17,9 @@ import itertools
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.hf_batch import Progress, prefill
@@ -53,6 +55,7 @@ class HFEngine(Engine):
         self.device = torch.device(hf_device(self.settings))
         model = AutoModelForCausalLM.from_pretrained(self.settings.model, dtype=dtype)
         self.model = model.to(self.device).eval()
+        self.tensors_device = str(self.device)
         tokenizer = AutoTokenizer.from_pretrained(self.settings.model)
         self.eos_ids = {tokenizer.eos_token_id, *_as_set(self.model.generation_config.eos_token_id)} - {None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -128,6 +131,12 @@ class HFEngine(Engine):
         await asyncio.to_thread(self._load_state, Path(path))
         self.version = version
 
+    async def load_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
+        if not self._paused:
+            raise RuntimeError("load_tensors needs a paused engine")
+        await asyncio.to_thread(self._apply_state, tensors, "the version's tensors")
+        self.version = version
+
     def _load_state(self, path: Path) -> None:
         from safetensors.torch import load_file
 
@@ -136,6 +145,10 @@ class HFEngine(Engine):
             state.update(load_file(f))
         if not state:
             raise FileNotFoundError(f"no *.safetensors in {path}")
+        self._apply_state(state, path)
+
+    def _apply_state(self, state: Mapping[str, Any], path) -> None:
+        """Copy `state` into the model, every name and shape checked first: never half loaded."""
         current = self.model.state_dict()
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
         missing, unexpected = set(current) - set(state) - tied, set(state) - set(current)

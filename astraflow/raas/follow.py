@@ -21,6 +21,7 @@ import structlog
 from astraflow.engines import Engine
 from astraflow.errors import WeightIntegrityError, describe
 from astraflow.messages import VersionNotice, WeightManifest, decode
+from astraflow.raas.device_load import DeviceLoader
 from astraflow.raas.metrics import Metrics
 from astraflow.streams import Bus
 from astraflow.streams.connection import raise_if_cancelled
@@ -48,6 +49,8 @@ class NoticeFollower:
         """Model -> trainer incarnation of the loaded weights (from the notices)."""
         self._loads = asyncio.Lock()
         self._loaded = asyncio.Condition()  # notified after every weight load and applied notice
+        self.device_loads = DeviceLoader(bus)
+        """Versions into engines that take tensors: device to device, no files (`raas.device_load`)."""
 
     async def at_least(self, models: list[str], version: int) -> None:
         """Wait until `models` are loaded at `version` or newer."""
@@ -104,6 +107,9 @@ class NoticeFollower:
         if model in notice.checkpoints:  # no transfer, but no trust either: checked against the manifest
             hold, path = nullcontext(), notice.checkpoints[model]
             await self._verify_checkpoint(path, manifest)
+        elif receiver is not None and manifest and getattr(engine, "tensors_device", None):
+            hold, path = nullcontext(), None  # loaded by `_load_tensors`, no file read
+            await self._load_tensors(model, engine, receiver, manifest, version)
         elif receiver is not None and manifest:
             half = await receiver.sync(manifest, version)
             hold, path = receiver.buffer.reading(half), str(half.dir)  # type: ignore[union-attr]
@@ -113,11 +119,12 @@ class NoticeFollower:
         with hold:
             if half is not None:  # verified when pulled; checked again as the engine is about to read it
                 await receiver.check_served(half)  # type: ignore[union-attr]
-            try:
-                await engine.pause()
-                await engine.load_weights(path, version)
-            finally:
-                await engine.resume()
+            if path is not None:
+                try:
+                    await engine.pause()
+                    await engine.load_weights(path, version)
+                finally:
+                    await engine.resume()
         async with self._loaded:
             self._loaded.notify_all()
         self.metrics.loaded(time.perf_counter() - started)
@@ -127,8 +134,27 @@ class NoticeFollower:
             version=version,
             pull_s=pulled - started,
             load_s=time.perf_counter() - pulled,
+            way="files" if path is not None else self.device_loads.last.get(model),
         )
         return True
+
+    async def _load_tensors(
+        self, model: str, engine: Engine, receiver: WeightReceiver, manifest_key: str, version: int
+    ) -> None:
+        """The version into an engine that takes tensors (`raas.device_load`): shared by the trainer on
+        this host, else pulled by the receiver and applied (a delta) or copied (a half) on the device."""
+        fields = await self.bus.read_only(lambda r: r.hgetall(manifest_key), fresh=bool)
+        manifest = decode(fields, WeightManifest) if fields else None
+        if manifest is None or manifest.version != version:
+            manifest = None  # gone or replaced: the receiver's sync says so
+        elif await self.device_loads.shared(model, engine, manifest):
+            return
+        half = await receiver.sync(manifest_key, version)
+        manifest = manifest or receiver.served_manifest
+        with receiver.buffer.reading(half):  # type: ignore[union-attr]
+            await receiver.check_served(half)
+            delta = receiver.delta_of(version)
+            await self.device_loads.from_half(model, engine, manifest, half, delta)
 
     async def _verify_checkpoint(self, path: str, manifest_key: str | None) -> None:
         fields = {}

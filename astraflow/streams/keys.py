@@ -158,6 +158,10 @@ class Keys:
     def weights(self, model: str, version: int) -> str:
         return self._k(f"weights:{model}:{version}")
 
+    def weights_shared(self, model: str, version: int) -> str:
+        """String: where engines on the trainer's host map that version (`weights.share.SharedVersion`)."""
+        return self._k(f"weights:{model}:{version}:shared")
+
     def weight_peers(self, model: str, version: int) -> str:
         """Sorted set (score: when it joined): `region|endpoint` of processes serving that version."""
         return self._k(f"weights:{model}:{version}:peers")

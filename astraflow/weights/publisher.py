@@ -5,6 +5,10 @@ trainer's critical path - and returns. A background task then scans the half in 
 (digests, the elements changed since the served one, none NaN or inf), encodes the delta, flips, serves
 both over TCP, writes the manifest `weights:<model>:<version>` and adds the entry to `versions`. The
 next `publish` first waits for that task, so the halves stay consistent.
+
+Where `weights.build_on` says so (`auto`: weights on CUDA), `publish` only enqueues a cast-copy into a
+slot on the weights' device (`weights.on_device`); the background then checks, compares and lands the
+version there, and also writes the record engines on this host map it by (`weights.share`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from astraflow.messages import VersionPublished, WeightManifest, decode, encode
 from astraflow.streams import Bus, Out
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.runstate import MAX_VERSION_STEP, last_notice, recorded_versions
-from astraflow.weights import codec, layout, local, scan
+from astraflow.weights import codec, layout, local, on_device, scan, share
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.scripts import MANIFEST
 from astraflow.weights.served_files import ServedFiles
@@ -99,6 +103,9 @@ class WeightPublisher:
         """Seconds of the last version's background stages: `scan` (digests, changes), `delta` (encode)."""
         self._digest = ""  # of the served version
         self._manifest: WeightManifest | None = None  # of the served version
+        self.on_device: on_device.DeviceVersions | None = None
+        """Versions built on the trainer's device (`weights.build_on`), chosen at the first `publish`."""
+        self._chosen = False
         scripts = register_scripts(bus.redis, "astraflow.weights", (MANIFEST.name,))
         self._write_manifest = scripts[MANIFEST.name]
 
@@ -119,7 +126,14 @@ class WeightPublisher:
         which a restarted trainer trains again, differently)."""
         async with self._publishing:  # one writer of the idle half at a time, in call order
             await self.wait()
-            half = await asyncio.to_thread(self.buffer.write_state, state)
+            if not self._chosen:  # where versions are built, decided once (`weights.build_on`)
+                self._chosen = True
+                self.on_device = on_device.for_state(state, self.specs, self.settings, self.model)
+            half = None
+            if self.on_device is not None:
+                await self.on_device.take(state)
+            else:
+                half = await asyncio.to_thread(self.buffer.write_state, state)
             self._finishing = asyncio.create_task(self._finish(half, version, step, eval_, durable, once))
 
     async def _keep_evals(self, idle: int | None) -> None:
@@ -150,7 +164,7 @@ class WeightPublisher:
             await task
 
     async def _finish(
-        self, half: Half, version: int, step: int, eval_: bool, durable: Awaitable | None, once: bool
+        self, half: Half | None, version: int, step: int, eval_: bool, durable: Awaitable | None, once: bool
     ) -> None:
         base = self.buffer.served
         if self._manifest is not None and base is not None and base.version == version:
@@ -167,13 +181,21 @@ class WeightPublisher:
         served = (
             self._manifest if compare and self._manifest and self._manifest.version == base.version else None
         )
-        seen = await asyncio.to_thread(
-            scan.scan,
-            half.data,
-            base.data if compare else None,
-            self.settings.dtype,
-            old_digests=served.chunk_digests if served is not None else None,  # of the served half's bytes
-        )
+        checked = None
+        if half is None:  # built on the device: checked there, then landed in the host half
+            checked = await asyncio.to_thread(self.on_device.check)  # type: ignore[union-attr]
+            if checked.nonfinite:
+                raise NonFiniteWeights(f"{self.model} v{version}: {checked.nonfinite} weights are NaN or inf")
+            half = await asyncio.to_thread(self.buffer.claim)
+            seen = await asyncio.to_thread(self.on_device.land, half, compare)  # type: ignore[union-attr]
+        else:
+            seen = await asyncio.to_thread(
+                scan.scan,
+                half.data,
+                base.data if compare else None,
+                self.settings.dtype,
+                old_digests=served.chunk_digests if served is not None else None,  # of the served bytes
+            )
         self.timings = {"scan": time.perf_counter() - started, "delta": 0.0}
         if seen.nonfinite:  # the trainer checks its steps; this is the last line before any engine
             raise NonFiniteWeights(f"{self.model} v{version}: {seen.nonfinite} weights are NaN or inf")
@@ -197,6 +219,8 @@ class WeightPublisher:
             await durable
         old = base.version if base is not None else None
         self.buffer.flip(version)
+        if self.on_device is not None and checked is not None:
+            self.on_device.flip()
         source = Source(
             half.fileno(), half.data_offset, len(half.data), hold=lambda cut: self.buffer.reading(half, cut)
         )
@@ -223,10 +247,20 @@ class WeightPublisher:
             delta_digest=delta_digest,
             base_digest=base_digest,
             file=local.describe(half.path, half.data_offset),
+            device_checksum=checked.checksum if checked is not None else "",
         )
         self._manifest = manifest
+        if checked is not None:
+            await self._share(manifest)
         await self._announce(manifest, step, eval_, once)
         await self._keep_evals(old)
+
+    async def _share(self, manifest: WeightManifest) -> None:
+        """Say where engines on this host map the version (`weights.share`), before it is announced."""
+        on = self.on_device
+        record = on.shared(self.model, manifest.version, manifest.device_checksum, manifest.file)  # type: ignore[union-attr]
+        if record is not None:
+            await share.put(self.bus, record, self.settings.manifest_ttl_s)
 
     async def _announce(self, manifest: WeightManifest, step: int, eval_: bool, once: bool) -> None:
         key = self.bus.keys.weights(self.model, manifest.version)

@@ -108,6 +108,17 @@ class WeightReceiver:
             self.stats["integrity_errors"] += 1
             raise
 
+    @property
+    def served_manifest(self) -> WeightManifest | None:
+        """The manifest the served half was verified against."""
+        return self._manifest
+
+    def delta_of(self, version: int) -> bytes | None:
+        """The verified delta that made `version`, when this process pulled one (else None)."""
+        if self._spool is None or self._spool[0] != version:
+            return None
+        return self._spool[1].data()
+
     def _ensure_buffer(self, manifest: WeightManifest) -> None:
         if self.buffer is not None and layout.header(self.buffer.specs) == layout.header(manifest.tensors):
             return

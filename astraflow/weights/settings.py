@@ -34,6 +34,11 @@ class WeightsSettings(BaseModel):
     """Copy a full version from the trainer's buffer file when it is on this host and readable here
     (verified chunk by chunk as a pull is) instead of pulling it over TCP; else, or when a chunk differs,
     over TCP (`weights.local`)."""
+    build_on: Literal["auto", "device", "host"] = "auto"
+    """Where the trainer builds each version (snapshot, compare with the served one, checksum): `device`
+    on the weights' own device (`weights.on_device`: the trainer waits for one device-to-device copy, and
+    engines on its host map the version by CUDA IPC); `host` in the host buffer; `auto` = `device` where
+    the weights are on CUDA."""
     parallel: int = Field(4, ge=1)
     """Connections one pull uses."""
     egress_bps: float = Field(0, ge=0)

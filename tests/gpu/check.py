@@ -9,6 +9,10 @@
 (e) FSDP2 on one GPU over NCCL against one process: fp32 parameters and bf16 served tensors;
 (f) FSDP2 on two gloo ranks on the CPU (the publication's gather with more than one rank);
 (g) FSDP2 on two GPUs over NCCL where the node has two (else a row saying it skipped).
+(h) versions built on the device and taken by an hf engine in another process, 1.5B shape
+    (`tests/gpu/device_rows.py`): trainer blocked, publish to served by CUDA IPC, the engine's pause,
+    a version over loopback TCP with the delta applied on the device;
+(i) the 7B shape's weight path alone by CUDA IPC; (j) a sharded checkpoint; (k) vLLM's row.
 
 The first line names the GPU, driver, CUDA, torch and transformers; a torch outside the supported range
 is refused in one line (`astraflow.trainer.torch_range`).
@@ -34,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from astraflow.trainer import torch_range
-from tests.gpu import checks
+from tests.gpu import checks, device_rows, load_rows
 from tests.gpu.checks import Row
 from tests.gpu.children import ChildError
 
@@ -134,6 +138,13 @@ def main() -> int:
         label, path = models["large"]
         need = 8 * sum(f.stat().st_size for f in path.glob("*.safetensors")) // 2  # served bf16 x 8
         attempt(rows, f"weight path {label}", checks.weight_path, label, path, device, buffers_dir(tmp, need))
+        buffers = buffers_dir(tmp, need)
+        attempt(rows, f"on the device {label}", device_rows.device_path, label, path, device, tmp, buffers)
+        dims = device_rows.QWEN_7B if device == "cuda" else DRY
+        seven = buffers_dir(tmp, 32 << 30 if device == "cuda" else 1 << 30)  # two 15 GB halves at 7B
+        attempt(rows, "on the device 7B shape", device_rows.seven_b, device, tmp, seven, dims)
+        attempt(rows, "a sharded checkpoint", load_rows.sharded, tmp, device)
+        rows.extend(load_rows.vllm())
         label, path = models["small"]
         attempt(rows, f"hf engine {label}", checks.hf_engine, label, path, device, *sizes["generate"])
         attempt(rows, "FSDP2 vs 1 process", checks.fsdp, device, tmp)
