@@ -288,6 +288,11 @@ class WeightManifest(Message):
     (whichever trainer incarnation produced them)."""
     file: WeightFile | None = None
     """The served half's file, for receivers on the trainer's host (`weights.local`); None: none."""
+    adapter_of: str = ""
+    """A LoRA adapter of the base weights with this digest (`weights.adapters.base_digest`); '' = the
+    version is full weights."""
+    adapter_config: str = ""
+    """A LoRA adapter's PEFT `adapter_config.json` text ('' for full weights)."""
 
     def readable(self) -> dict[str, str]:
         base = "" if self.base_version is None else str(self.base_version)

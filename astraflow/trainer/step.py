@@ -28,10 +28,12 @@ class PolicyTrainer:
         dtype = devices.DTYPES[settings.dtype] if world()[1] == 1 else torch.float32
         self.autocast = lambda: devices.autocast(self.device, dtype)
         self.ref = None
-        if settings.loss.kl_coef > 0:
+        if settings.loss.kl_coef > 0 and settings.lora is None:  # a LoRA model's reference: its base
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        # What the optimizer holds: every parameter, or a LoRA model's adapter (the base is frozen).
+        self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+            self.params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
         )
         warmup = settings.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -84,7 +86,7 @@ class PolicyTrainer:
                 )
                 / size
             )
-            refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
+            refs = [self._ref_logprobs(mb) for mb in mbs] if cfg.kl_coef > 0 else [None] * len(mbs)
             self.model.train()
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
@@ -102,9 +104,9 @@ class PolicyTrainer:
                     stats.setdefault(k, []).append(v)
                 tokens += mb.n_tokens
             if self.settings.grad_clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip)
+                norm = torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip)
             else:
-                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                grads = [p.grad for p in self.params if p.grad is not None]
                 norm = torch.nn.utils.get_total_norm(grads)
             stats.setdefault("grad_norm", []).append(float(norm))
             if sync_max(int(not (math.isfinite(loss_sum) and math.isfinite(float(norm))))):
@@ -154,6 +156,13 @@ class PolicyTrainer:
             empty = replace(any_sample, mask=np.zeros_like(any_sample.mask))
             mbs.append(micro_batches([empty], self.settings.micro_batch_tokens, self.pad_id, share)[0])
         return mbs
+
+    def _ref_logprobs(self, mb) -> torch.Tensor:
+        """Logprobs of the frozen reference: the starting weights (a LoRA model's base, adapter off)."""
+        if self.ref is not None:
+            return self._logprobs(self.ref, mb)
+        with self.model.disable_adapter():
+            return self._logprobs(self.model, mb)
 
     @torch.no_grad()
     def _logprobs(self, model, mb) -> torch.Tensor:
