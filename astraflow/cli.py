@@ -228,6 +228,9 @@ def _parser() -> argparse.ArgumentParser:
         "--model-dir", metavar="DIR", help="config and tokenizer (default: the policy's model)"
     )
     export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights' dtype")
+    export.add_argument(
+        "--merge", action="store_true", help="LoRA: the adapter merged into its base (default: the adapter)"
+    )
     model = sub.add_parser("model", help="build models", description="build models")
     model_sub = model.add_subparsers(metavar="KIND", required=True)
     tiny = model_sub.add_parser("tiny", help="a tiny Qwen2 model and BPE tokenizer, built locally")

@@ -40,6 +40,8 @@ class State:
     never an older id."""
     base: str = ""
     """LoRA: the digest of the frozen base the adapter was trained on ('' = full weights)."""
+    adapter_config: str = ""
+    """LoRA: the adapter's PEFT `adapter_config.json` (what `astraflow export` writes beside it)."""
 
     def trained(self, uid: str, entry_id: str) -> bool:
         """Whether the batch `uid` delivered as entry `entry_id` is one trained into this state."""
@@ -108,6 +110,7 @@ def save(
         "last_batch": state.last_batch,
         "consumed": state.consumed[-MAX_CONSUMED:],
         "base": state.base,
+        "adapter_config": state.adapter_config,
     }
     (tmp / META).write_text(json.dumps(meta))
     for f in tmp.iterdir():
@@ -161,6 +164,7 @@ def load(
     rng = torch.load(path / "rng.pt", weights_only=True)
     last_batch = meta.get("last_batch", "0-0")
     state = State(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch, base)
+    state.adapter_config = meta.get("adapter_config", "")
     return state, model_state, optim["optimizer"], optim["scheduler"], rng.get("ranks", [rng])
 
 

@@ -80,7 +80,8 @@ class TrainerService:
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
-        self.state = checkpoint.State(base=self.base)
+        self.adapter_config = lora.adapter_config(self.policy.model) if self.base else ""
+        self.state = checkpoint.State(base=self.base, adapter_config=self.adapter_config)
         self.publisher: WeightPublisher | None = None
         self._evals = EvalCadence(settings.eval_every, settings.eval_every_s)
         self._unacked: list[Received] = []
@@ -151,6 +152,7 @@ class TrainerService:
                 checkpoint.load, latest, identity.nonce, self.trainer.adopt_checkpoint, self.base
             )
             self.state = restored[0]
+            self.state.adapter_config = self.adapter_config  # as trained from now on (alpha may differ)
             await asyncio.to_thread(self._all, "restore", restored)
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
@@ -158,7 +160,7 @@ class TrainerService:
         weights = self.settings.weights
         root = buffer_root(weights, self.settings.run_name, f"trainer-{self.model_name}")
         specs = layout.layout(state, weights.dtype)
-        adapter = Adapter(self.base, lora.adapter_config(self.policy.model)) if self.base else None
+        adapter = Adapter(self.base, self.adapter_config) if self.base else None
         self.publisher = WeightPublisher(self.bus, weights, self.model_name, specs, root, secret, adapter)
         # Serve the restored (or initial) version. A durable version is announced at most once (dedup key),
         # so after a crash it is announced again only if the crash came before that - or if the dead
