@@ -210,8 +210,6 @@ class Settings(BaseSettings):
         """Rules across sections, so every process sees the same effective settings."""
         if self.trainer.mode == "sync":  # lockstep: every group from the current weights
             self.dataflow.max_staleness_steps = 0
-        if self.trainer.lora is not None and not self.engine.vllm.max_lora_rank:  # versions are adapters
-            self.engine.vllm.max_lora_rank = self.trainer.lora.rank
         check_policies(self, [self.policy(name) for name in self.run.models])
         check_datasets(self)
         if self.dataflow.feeder.workflow == "agent" and not self.raas.openai_api:

@@ -73,6 +73,9 @@ class LoraSettings(BaseModel):
     projections of Llama/Qwen-style models."""
     base_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """Precision of the frozen base weights; the adapter's parameters and optimizer state stay float32."""
+    b_lr_ratio: float = Field(1.0, gt=0)
+    """LoRA+ (Hayou et al., 2024): the B matrices learn at this many times `trainer.lr` (the paper's
+    lambda, 16 in its experiments); 1 = plain LoRA."""
 
 
 class TrainerSettings(BaseModel):

@@ -31,9 +31,17 @@ class PolicyTrainer:
         if settings.loss.kl_coef > 0 and settings.lora is None:  # a LoRA model's reference: its base
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         # What the optimizer holds: every parameter, or a LoRA model's adapter (the base is frozen).
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in trained]
+        groups: list[dict] = [{"params": self.params}]
+        if settings.lora is not None and settings.lora.b_lr_ratio != 1:  # LoRA+: B learns faster
+            b = [p for n, p in trained if ".lora_B." in n]
+            groups = [
+                {"params": [p for n, p in trained if ".lora_B." not in n]},
+                {"params": b, "lr": settings.lr * settings.lora.b_lr_ratio},
+            ]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+            groups, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
         )
         warmup = settings.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -74,3 +74,18 @@ def test_a_checkpoint_resumes_the_adapter_and_refuses_another_base(tmp_path, tin
 def test_the_base_digest_is_of_the_weights_not_their_files(tiny_model, tiny_model_sharded, tiny_model_v2):
     assert adapters.base_digest(tiny_model) == adapters.base_digest(tiny_model_sharded)
     assert adapters.base_digest(tiny_model) != adapters.base_digest(tiny_model_v2)
+
+
+def test_lora_plus_gives_the_b_matrices_their_own_learning_rate(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.trainer.step import PolicyTrainer
+
+    settings = SETTINGS.model_copy(update={"lora": SETTINGS.lora.model_copy(update={"b_lr_ratio": 16.0})})
+    model = lora.wrap(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), settings.lora)
+    p = PolicyTrainer(model, settings)
+    names = {id(q): n for n, q in model.named_parameters()}
+    lrs = {
+        ("lora_B" in names[id(q)], group["lr"]) for group in p.optimizer.param_groups for q in group["params"]
+    }
+    assert lrs == {(False, settings.lr), (True, 16 * settings.lr)}
