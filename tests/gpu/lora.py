@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.gpu.checks import ACTIVATIONS_GIB, Row, gsm8k_trainer, rollout_batch
+from tests.gpu.checks import ACTIVATIONS_GIB, Row, gsm8k_trainer, rollout_batch, tokens_per_s
 
 SHAPE_7B = dict(
     hidden_size=3584,
@@ -59,14 +59,7 @@ def lora_step(label: str, dims: dict, device: str, groups: int, seq: int) -> lis
     adapter = sum(p.numel() for p in trainer.params)
     tokens = groups * 8 * seq
     batch = rollout_batch(groups, 8, seq // 4, seq - seq // 4, dims["vocab_size"])
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        trainer.step(batch)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    rate = tokens / statistics.median(times[1:])
+    rate = tokens_per_s(trainer, batch, tokens, cuda)
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
     what = f"LoRA r{RANK} {label}, {size} base params, {adapter / 1e6:.1f}M adapter, {tokens} tokens/step"
     rows = [Row(f"trainer step {what}: tokens/s", f"{rate:,.0f} tok/s", "reference", True, judged=False)]
