@@ -89,3 +89,19 @@ def test_lora_plus_gives_the_b_matrices_their_own_learning_rate(tiny_model):
         ("lora_B" in names[id(q)], group["lr"]) for group in p.optimizer.param_groups for q in group["params"]
     }
     assert lrs == {(False, settings.lr), (True, 16 * settings.lr)}
+
+
+def test_the_kl_reference_of_a_lora_policy_is_its_base(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.trainer.settings import LossSettings
+    from astraflow.trainer.step import PolicyTrainer
+
+    settings = SETTINGS.model_copy(update={"loss": LossSettings(kl_coef=0.1)})
+    model = lora.wrap(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), settings.lora)
+    p = PolicyTrainer(model, settings)
+    assert p.ref is None  # no copy of the base: the adapter switched off
+    batch = make_batch(model, SEQS, [1, 0, 1, 0])
+    first = p.step(batch)["kl"]
+    later = [p.step(batch)["kl"] for _ in range(2)][-1]
+    assert abs(first) < 1e-6 < later  # the adapter starts as the base, then moves away from it
