@@ -192,6 +192,8 @@ class VLLMEngine(Engine):
             await asyncio.gather(self._watch, return_exceptions=True)
         self._kill_group()
         atexit.unregister(self._kill_group)
+        if self.adapters is not None:
+            self.adapters.close()
         await self._http.aclose()
         await self._ctl.aclose()
 

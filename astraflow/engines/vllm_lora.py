@@ -2,14 +2,18 @@
 
 With `engine.vllm.max_lora_rank` the server starts with `--enable-lora` and runtime adapter loading
 (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`). A load is `/v1/load_lora_adapter` of the version's verified half, a
-PEFT adapter directory, under the name `v<version>`: vLLM reads it into its workers' adapter cache then
-and there, so the half may be rewritten afterwards. Nothing is paused: a request runs whole on the
-adapter that was newest when it started (each of its tokens tagged with that version), new requests go
-to the newest, and an older adapter is unloaded once no request generates with it.
+PEFT adapter directory, copied first into a directory of its own (vLLM reads an adapter again from its
+path when its cache evicted it, and the half is rewritten two versions later), under the name
+`v<version>`. Nothing is paused: a request runs whole on the adapter that was newest when it started
+(each of its tokens tagged with that version), new requests go to the newest, and an older adapter is
+unloaded (its copy removed) once no request generates with it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,8 +29,8 @@ Control = Callable[[str, dict | None], Awaitable[None]]
 """POSTs a JSON body to a path of the server; raises on an error reply."""
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's `--max-lora-rank` takes; an adapter of any rank up to it loads."""
-MAX_LORAS = 2
-"""Adapters one batch may mix: the newest and the one before, while its last requests finish."""
+MAX_LORAS = 4
+"""Adapters one batch may mix: the newest and those before it whose requests are still running."""
 
 
 def server_flags(rank: int) -> list[str]:
@@ -51,7 +55,8 @@ class Adapters:
         self.control = control
         self.current: int | None = None
         """The newest version loaded (None: none yet: requests run on the base, which is version 0)."""
-        self.path: str | None = None
+        self.spool = Path(tempfile.mkdtemp(prefix="astraflow-lora-"))
+        """The adapters' own copies, one directory per version loaded (0700)."""
         self._users: Counter[int] = Counter()
         self._loaded: set[int] = set()
 
@@ -60,17 +65,22 @@ class Adapters:
         ones no request uses. ValueError for a directory that holds no adapter."""
         if not adapters.is_adapter_dir(path):
             raise ValueError(f"{path}: not a LoRA adapter, and this server serves adapters (max_lora_rank)")
-        body = {"lora_name": name(version), "lora_path": str(Path(path).resolve())}
+        copy = self.spool / name(version)
+        await asyncio.to_thread(_copy_adapter, Path(path), copy)
+        await self._register(version)
+        self.current = version
+        await self._drop_unused()
+
+    async def _register(self, version: int) -> None:
+        body = {"lora_name": name(version), "lora_path": str(self.spool / name(version))}
         await self.control("/v1/load_lora_adapter", body)
         self._loaded.add(version)
-        self.current, self.path = version, path
-        await self._drop_unused()
 
     async def restarted(self) -> None:
         """After the server restarted (it holds no adapter): load the newest again."""
         self._loaded.clear()
-        if self.path is not None and self.current is not None:
-            await self.load(self.path, self.current)
+        if self.current is not None:
+            await self._register(self.current)
 
     def acquire(self) -> int | None:
         """The version a request starting now runs on, counted as used until `release`."""
@@ -93,3 +103,14 @@ class Adapters:
                 await self.control("/v1/unload_lora_adapter", {"lora_name": name(version)})
             except Exception as e:  # a server that died holds none: its restart loads the newest only
                 log.warning("vllm_adapter_unload_failed", version=version, error=describe(e))
+            shutil.rmtree(self.spool / name(version), ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+
+
+def _copy_adapter(source: Path, target: Path) -> None:
+    """Copy a PEFT adapter directory's two files (the weights' link followed) into `target`."""
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for f in (adapters.ADAPTER_CONFIG, adapters.ADAPTER_WEIGHTS):
+        shutil.copyfile(source / f, target / f)

@@ -35,8 +35,10 @@ async def test_an_adapter_in_use_is_unloaded_only_when_its_last_request_ends(ada
     assert calls[-1] == ("/v1/load_lora_adapter", "v2")  # the newest stays
     await held.release(first)
     assert calls[-1] == ("/v1/unload_lora_adapter", "v1")
+    assert sorted(p.name for p in held.spool.iterdir()) == ["v2"]  # v1's copy went with it
     await held.load(adapter_dir, 3)
     assert calls[-1] == ("/v1/unload_lora_adapter", "v2")  # unused: unloaded at once
+    held.close()
 
 
 async def test_a_directory_without_an_adapter_is_refused(tmp_path):
