@@ -40,19 +40,19 @@ def lora_step(label: str, dims: dict, device: str, groups: int, seq: int) -> lis
     at the gsm8k recipe's settings: peak memory over all three (from before the model), tokens/s of the
     last two."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen2Config
 
     from astraflow.trainer import distributed, lora
     from astraflow.trainer.step import PolicyTrainer
 
     settings = lora_settings(device)
     cuda = device == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-    with torch.device(device):
-        model = Qwen2ForCausalLM(Qwen2Config(**dims, dtype="bfloat16")).to(torch.bfloat16).eval()
+    with torch.device(device):  # built in bf16 where it runs (no float32 copy of 7B parameters on the way)
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**dims), dtype=torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())
+    if cuda:  # what the step holds and allocates, the bf16 base counted, from what was held before it
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() - 2 * params
     model = lora.wrap(model, settings.lora)
     distributed.prepare(model, settings, torch.device(device), sharded=False)
     trainer = PolicyTrainer(model, settings)
