@@ -264,6 +264,9 @@ def _data_commands(command: Command) -> None:
         "--model-dir", metavar="DIR", help="config and tokenizer (default: the policy's model)"
     )
     export.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights' dtype")
+    export.add_argument(
+        "--merge", action="store_true", help="LoRA: the adapter merged into its base (default: the adapter)"
+    )
 
 
 def _model_commands(sub: argparse._SubParsersAction) -> None:

@@ -42,6 +42,10 @@ class NonFiniteWeights(WeightIntegrityError):
     """Weights to be published hold NaN or inf: they are never served."""
 
 
+class ForeignAdapterError(WeightIntegrityError):
+    """A version is a LoRA adapter of a base other than the weights this process holds: never loaded."""
+
+
 class SandboxUnavailable(AstraflowError):
     """Tool calls should run in namespaces (`raas.sandbox: namespaces`) and this machine cannot start one:
     the message names the probe's own error."""

@@ -297,6 +297,11 @@ class WeightManifest(Message):
     device_checksum: str = ""
     """`weights.device.checksum` of the weight data where the trainer built it on its device ('' where it
     built it on the host): checked by engines that take the version device to device."""
+    adapter_of: str = ""
+    """A LoRA adapter of the base weights with this digest (`weights.adapters.base_digest`); '' = the
+    version is full weights."""
+    adapter_config: str = ""
+    """A LoRA adapter's PEFT `adapter_config.json` text ('' for full weights)."""
 
     def readable(self) -> dict[str, str]:
         base = "" if self.base_version is None else str(self.base_version)

@@ -72,7 +72,8 @@ def effective(
     name: str, spec: PolicySpec, engine: EngineSettings, trainer: TrainerSettings, tiny: Path | None
 ) -> PolicySettings:
     """The settings policy `name` runs with. Starting weights, most specific first: the policy's own
-    section, its `model`, the shared section, the tiny model; the trainer's default is the engine's."""
+    section, its `model`, the shared section, the tiny model; the trainer's default is the engine's. A
+    LoRA trainer (`trainer.lora`) sets its engine's `vllm.max_lora_rank` to the adapter's rank."""
     if "mode" in spec.trainer:
         raise RuleError(f"run.models.{name}.trainer.mode", "trainer.mode is run-wide: set it in `trainer`")
     sections = {}
@@ -85,6 +86,8 @@ def effective(
             loc = ".".join(str(p) for p in problem["loc"])
             raise RuleError(f"run.models.{name}.{section}.{loc}", problem["msg"]) from None
     e, t = sections["engine"], sections["trainer"]
+    if t.lora is not None and not e.vllm.max_lora_rank:  # its versions are adapters of this rank
+        e.vllm.max_lora_rank = t.lora.rank
     e_model = spec.engine.get("model") or spec.model or engine.model or str(tiny or "")
     t_model = spec.trainer.get("model") or spec.model or trainer.model or e_model
     return PolicySettings(

@@ -25,6 +25,7 @@ from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.hf_batch import Progress, prefill
 from astraflow.engines.sampling import Sampler
 from astraflow.engines.settings import EngineSettings, hf_device
+from astraflow.weights import adapters
 
 
 class HFEngine(Engine):
@@ -38,6 +39,8 @@ class HFEngine(Engine):
         self._cond = threading.Condition()
         self._paused = self._busy = self._parked = False
         self._queue: asyncio.Queue | None = None
+        self._adapter_config: str | None = None
+        """The LoRA adapter config the model serves (None: full weights, no adapter yet)."""
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -140,6 +143,9 @@ class HFEngine(Engine):
     def _load_state(self, path: Path) -> None:
         from safetensors.torch import load_file
 
+        if adapters.is_adapter_dir(path):
+            self._load_adapter(path)
+            return
         state = {}
         for f in sorted(path.glob("*.safetensors")):
             state.update(load_file(f))
@@ -159,6 +165,24 @@ class HFEngine(Engine):
                 f"{sorted(unexpected)}, wrong shape {sorted(wrong)})"
             )
         self.model.load_state_dict(state, strict=False)
+
+    def _load_adapter(self, path: Path) -> None:
+        """Make the model serve the LoRA adapter of the PEFT directory `path`: wrapped by `peft` at the
+        first one, its adapter's tensors replaced in place at every later one (the base is untouched).
+        An adapter of another shape (rank, target modules) is refused before anything is copied."""
+        from peft import PeftConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        config = (path / adapters.ADAPTER_CONFIG).read_text()
+        if self._adapter_config is None:
+            self.model = get_peft_model(self.model, PeftConfig.from_pretrained(str(path))).eval()
+            self._adapter_config = config
+        state = load_file(path / adapters.ADAPTER_WEIGHTS)
+        current = get_peft_model_state_dict(self.model)
+        wrong = [k for k in state.keys() & current.keys() if state[k].shape != current[k].shape]
+        if config != self._adapter_config or state.keys() != current.keys() or wrong:
+            raise ValueError(f"{path}: an adapter unlike the one this engine serves (config or tensors)")
+        set_peft_model_state_dict(self.model, state)
 
     async def resume(self) -> None:
         with self._cond:

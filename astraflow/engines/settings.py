@@ -41,6 +41,10 @@ class VLLMSettings(BaseModel):
     verified checkpoint directory (`/collective_rpc reload_weights`). `auto` = buffer where the installed
     vLLM has weight-transfer engines, else files. `nccl`, `ipc`: vLLM's native weight transfer from a
     trainer on the same node; not built yet (refused at start)."""
+    max_lora_rank: int = Field(0, ge=0)
+    """LoRA: the policy's versions are adapters of up to this rank, each loaded at runtime as its own
+    adapter (`--enable-lora`, engines/vllm_lora.py); 0 = full weights. A run whose trainer trains LoRA
+    (`trainer.lora`) sets it to the adapter's rank."""
 
 
 ENGINE_TYPES = ("vllm", "hf", "openai")

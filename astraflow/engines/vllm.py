@@ -37,11 +37,13 @@ from pathlib import Path
 
 import structlog
 
+from astraflow.engines import vllm_lora
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.openai import answers
 from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import (
     GENERATE_PATH,
+    SERVED_NAME,
     GenerateStream,
     completion_body,
     generate_body,
@@ -90,6 +92,8 @@ class VLLMEngine(Engine):
         self.transfer = weight_transfer(settings)
         """How loads reach the model (`engine.vllm.weight_transfer` in effect: buffer or files)."""
         self.loader = make_weight_loader(settings, self._control)
+        self.adapters = vllm_lora.Adapters(self._control) if settings.vllm.max_lora_rank else None
+        """LoRA: every version an adapter (`vllm_lora`); None: versions are full weights."""
         self._paused_at = 0.0
 
     async def start(self) -> None:
@@ -138,7 +142,9 @@ class VLLMEngine(Engine):
             await asyncio.sleep(0.5)
         self.pause_sync = await self._sync_mode() == "pause"
         await self.loader.setup()
-        if self._weights is not None:  # a restart: serve the weights we had, not the initial ones
+        if self.adapters is not None:  # a restart: the newest adapter again
+            await self.adapters.restarted()
+        elif self._weights is not None:  # a restart: serve the weights we had, not the initial ones
             await self.loader.load(self._weights)
         if self.pause_sync:  # the server labels tokens with this from now on
             await self._control("/update_weight_version", {"new_version": str(self.version)})
@@ -190,6 +196,8 @@ class VLLMEngine(Engine):
             await asyncio.gather(self._watch, return_exceptions=True)
         self._kill_group()
         atexit.unregister(self._kill_group)
+        if self.adapters is not None:
+            self.adapters.close()
         await self._http.aclose()
         await self._ctl.aclose()
 
@@ -217,7 +225,9 @@ class VLLMEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         started = time.perf_counter()
-        if self.pause_sync:
+        if self.adapters is not None:
+            resp = await self._generate_on_adapter(request)
+        elif self.pause_sync:
             resp = await self._generate_whole(request)
         else:
             resp = await self._generate_chunks(request)
@@ -264,6 +274,37 @@ class VLLMEngine(Engine):
             self.stats["events"] += stream.events
             return stream.response()
 
+    async def _generate_on_adapter(self, request: GenerateRequest) -> GenerateResponse:
+        """LoRA: one completion call on the adapter newest when it starts; every token carries its version
+        (the base, before any adapter: version 0)."""
+        import httpx
+
+        adapters = self.adapters
+        assert adapters is not None
+        n = min(request.params.max_new_tokens, self.settings.max_model_len - len(request.prompt_ids))
+        if n <= 0:
+            return GenerateResponse([], [], [], "length")
+        while True:
+            await self._wait_open()
+            version = adapters.acquire()
+            body = completion_body(request, request.prompt_ids, n, 0)
+            body["model"] = SERVED_NAME if version is None else vllm_lora.name(version)
+            try:
+                reply = await self._http.post("/v1/completions", json=body)
+                reply.raise_for_status()
+                break
+            except httpx.HTTPError as e:
+                if not await self._server_died(e):
+                    raise
+            finally:
+                await adapters.release(version)
+        choice = reply.json()["choices"][0]
+        tokens = choice["token_ids"]
+        self.stats["tokens"] += len(tokens)
+        tag = self.version if version is None else version
+        finish = "stop" if choice["finish_reason"] == "stop" else "length"
+        return GenerateResponse(tokens, choice["logprobs"]["token_logprobs"], [tag] * len(tokens), finish)
+
     async def _generate_chunks(self, request: GenerateRequest) -> GenerateResponse:
         import httpx
 
@@ -302,6 +343,8 @@ class VLLMEngine(Engine):
         self._paused_at = time.perf_counter()
         self._paused = True
         self._open.clear()
+        if self.adapters is not None:  # LoRA: running requests go on with their adapter
+            return
         if not self.pause_sync:  # chunks: a load lands between chunks, so wait out the running ones
             async with self._idle:
                 await self._idle.wait_for(lambda: self._running == 0)
@@ -311,6 +354,12 @@ class VLLMEngine(Engine):
         if not self._paused:
             raise RuntimeError("load_weights needs a paused engine")
         started = time.perf_counter()
+        if self.adapters is not None:
+            await self.adapters.load(path, version)
+            self._weights, self.version = path, version
+            self.timings["load"] = time.perf_counter() - started
+            self.stats["loads"] += 1
+            return
         await self.loader.load(path)
         self.timings["load"] = time.perf_counter() - started
         self.stats["loads"] += 1
@@ -328,7 +377,8 @@ class VLLMEngine(Engine):
 
     async def resume(self) -> None:
         try:
-            await self._control("/resume")
+            if self.adapters is None:
+                await self._control("/resume")
         finally:  # even if the server is gone: the watchdog's restart comes back unpaused
             self._paused = False
             self._open.set()

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from astraflow.engines import vllm_plugin
+from astraflow.engines import vllm_lora, vllm_plugin
 from astraflow.engines.base import GenerateRequest, GenerateResponse
 from astraflow.engines.settings import EngineSettings
 from astraflow.errors import ConfigError
@@ -127,6 +127,9 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         cmd += ["--weight-transfer-config", json.dumps({"backend": vllm_plugin.BACKEND})]
         if not vllm_plugin.installed():  # the workers register the engine as they import their extension
             cmd += ["--worker-extension-cls", vllm_plugin.WORKER_EXTENSION]
+    if v.max_lora_rank:
+        cmd += vllm_lora.server_flags(v.max_lora_rank)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return cmd + list(v.extra_args), env
 
 

@@ -44,12 +44,13 @@ def checkpoint_dir(root: Path, version: int | None) -> Path:
     return path
 
 
-def export(checkpoint: Path, model_dir: Path, out: Path, dtype: Dtype = "bfloat16") -> Path:
+def export(
+    checkpoint: Path, model_dir: Path, out: Path, dtype: Dtype = "bfloat16", merge: bool = False
+) -> Path:
     """Write `out` (created; an existing non-empty directory is refused) from the checkpoint directory
-    `checkpoint` and the policy's model directory `model_dir` (its config and tokenizer)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    `checkpoint` and the policy's model directory `model_dir` (its config and tokenizer). A LoRA
+    checkpoint (an adapter of `model_dir`'s weights, refused for other weights) is written as the PEFT
+    adapter (`adapter_config.json`, `adapter_model.safetensors`), or with `merge` merged into the base."""
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out}: exists and is not empty; export into a new directory")
     if not (model_dir / "config.json").exists():
@@ -57,7 +58,54 @@ def export(checkpoint: Path, model_dir: Path, out: Path, dtype: Dtype = "bfloat1
             f"{model_dir}: no config.json (the policy's model directory gives the architecture)"
         )
     meta = json.loads((checkpoint / "meta.json").read_text())
+    model = _trained(checkpoint, model_dir, meta)
+    adapter = bool(meta.get("base"))
+    if adapter and merge:
+        model = model.merge_and_unload()
+    model.to(_torch_dtype(dtype))
+    out.mkdir(parents=True, exist_ok=True)
+    if not adapter or merge:
+        for f in model_dir.iterdir():  # the tokenizer, chat template, generation config, README, ...
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".index.json"):
+                shutil.copy2(f, out / f.name)
+    model.save_pretrained(out)  # config.json (with the dtype) and model.safetensors, or the adapter's files
+    record = {"checkpoint": str(checkpoint.resolve()), "model_dir": str(model_dir.resolve()), "dtype": dtype}
+    kind = {"kind": "merged" if merge else "adapter", "base": meta["base"]} if adapter else {}
+    (out / MARKER).write_text(
+        json.dumps({**record, **kind, "version": meta["version"], "step": meta["step"]}, indent=2)
+    )
+    return out
+
+
+def _torch_dtype(dtype: Dtype):
+    import torch
+
+    return getattr(torch, dtype)
+
+
+def _trained(checkpoint: Path, model_dir: Path, meta: dict):
+    """The checkpoint's policy in float32: the model with its weights, or (LoRA) the base of `model_dir`
+    wrapped by `peft` with the checkpoint's adapter. ConfigError when they do not fit."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     state = torch.load(checkpoint / "model.pt", weights_only=True, map_location="cpu")
+    if meta.get("base"):
+        from peft import PeftConfig, get_peft_model
+
+        from astraflow.weights.adapters import base_digest
+
+        if base_digest(str(model_dir)) != meta["base"]:
+            raise ConfigError(
+                f"{checkpoint}: an adapter of other weights than {model_dir}'s: export with the base the"
+                " policy started from (--model-dir)"
+            )
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = get_peft_model(base, PeftConfig.from_peft_type(**json.loads(meta["adapter_config"])))
+        _, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or any(k not in state for k, p in model.named_parameters() if p.requires_grad):
+            raise ConfigError(f"{checkpoint}: its adapter does not fit its own adapter config")
+        return model
     config = AutoConfig.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -71,17 +119,7 @@ def export(checkpoint: Path, model_dir: Path, out: Path, dtype: Dtype = "bfloat1
             f"(missing {missing[:3]}, unexpected {unexpected[:3]}): export with the policy's own model"
         )
     model.tie_weights()
-    model.to(getattr(torch, dtype))
-    out.mkdir(parents=True, exist_ok=True)
-    for f in model_dir.iterdir():  # the tokenizer, chat template, generation config, README, ...
-        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and not f.name.endswith(".index.json"):
-            shutil.copy2(f, out / f.name)
-    model.save_pretrained(out)  # config.json (with the dtype) and model.safetensors over the copies
-    record = {"checkpoint": str(checkpoint.resolve()), "model_dir": str(model_dir.resolve()), "dtype": dtype}
-    (out / MARKER).write_text(
-        json.dumps({**record, "version": meta["version"], "step": meta["step"]}, indent=2)
-    )
-    return out
+    return model
 
 
 def cmd_export(args) -> int:
@@ -105,8 +143,12 @@ def cmd_export(args) -> int:
     if not source:
         raise ConfigError(f"--model-dir: policy {name!r} names no model directory (its config and tokenizer)")
     model_dir = Path(source)
-    out = export(ckpt, model_dir, Path(args.out), args.dtype)
-    print(f"exported {ckpt} ({args.dtype}) to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    out = export(ckpt, model_dir, Path(args.out), args.dtype, args.merge)
+    if (out / "adapter_config.json").exists():
+        load = f"PeftModel.from_pretrained(<{model_dir}>, {str(out)!r})"
+    else:
+        load = f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
+    print(f"exported {ckpt} ({args.dtype}) to {out}: {load}")
     return 0
 
 

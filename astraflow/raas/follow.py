@@ -107,9 +107,13 @@ class NoticeFollower:
         if model in notice.checkpoints:  # no transfer, but no trust either: checked against the manifest
             hold, path = nullcontext(), notice.checkpoints[model]
             await self._verify_checkpoint(path, manifest)
-        elif receiver is not None and manifest and getattr(engine, "tensors_device", None):
+        elif (
+            receiver is not None
+            and manifest
+            and getattr(engine, "tensors_device", None)
+            and await self._load_tensors(model, engine, receiver, manifest, version)
+        ):
             hold, path = nullcontext(), None  # loaded by `_load_tensors`, no file read
-            await self._load_tensors(model, engine, receiver, manifest, version)
         elif receiver is not None and manifest:
             half = await receiver.sync(manifest, version)
             hold, path = receiver.buffer.reading(half), str(half.dir)  # type: ignore[union-attr]
@@ -140,21 +144,27 @@ class NoticeFollower:
 
     async def _load_tensors(
         self, model: str, engine: Engine, receiver: WeightReceiver, manifest_key: str, version: int
-    ) -> None:
+    ) -> bool:
         """The version into an engine that takes tensors (`raas.device_load`): shared by the trainer on
-        this host, else pulled by the receiver and applied (a delta) or copied (a half) on the device."""
+        this host, else pulled by the receiver and applied (a delta) or copied (a half) on the device.
+        False, with nothing loaded, for a LoRA adapter: the engine reads it as PEFT's directory."""
         fields = await self.bus.read_only(lambda r: r.hgetall(manifest_key), fresh=bool)
         manifest = decode(fields, WeightManifest) if fields else None
+        if manifest is not None and manifest.adapter_of:
+            return False
         if manifest is None or manifest.version != version:
             manifest = None  # gone or replaced: the receiver's sync says so
         elif await self.device_loads.shared(model, engine, manifest):
-            return
+            return True
         half = await receiver.sync(manifest_key, version)
         manifest = manifest or receiver.served_manifest
+        if manifest is not None and manifest.adapter_of:
+            return False
         with receiver.buffer.reading(half):  # type: ignore[union-attr]
             await receiver.check_served(half)
             delta = receiver.delta_of(version)
             await self.device_loads.from_half(model, engine, manifest, half, delta)
+        return True
 
     async def _verify_checkpoint(self, path: str, manifest_key: str | None) -> None:
         fields = {}

@@ -40,6 +40,10 @@ class TrainerState:
     """Stream id of the newest batch entry trained into it. A batch with a uid in `consumed` and a
     newer id is not the one trained: a Redis that lost its last writes (AOF) may hand out a uid again,
     never an older id."""
+    base: str = ""
+    """LoRA: the digest of the frozen base the adapter was trained on ('' = full weights)."""
+    adapter_config: str = ""
+    """LoRA: the adapter's PEFT `adapter_config.json` (what `astraflow export` writes beside it)."""
 
     def trained(self, uid: str, entry_id: str) -> bool:
         """Whether the batch `uid` delivered as entry `entry_id` is one trained into this state."""
@@ -107,6 +111,8 @@ def save(
         "run": state.run,
         "last_batch": state.last_batch,
         "consumed": state.consumed[-MAX_CONSUMED:],
+        "base": state.base,
+        "adapter_config": state.adapter_config,
     }
     (tmp / META).write_text(json.dumps(meta))
     for f in tmp.iterdir():
@@ -125,14 +131,15 @@ def latest(root: Path) -> Path | None:
 
 
 def load(
-    path: Path, run: str, adopt: bool = False
+    path: Path, run: str, adopt: bool = False, base: str = ""
 ) -> tuple[TrainerState, dict, dict, dict, list[dict[str, torch.Tensor]]]:
     """(state, model state dict, optimizer state dict, scheduler state dict, every rank's RNG states for
     `restore_rng`; a checkpoint from before per-rank states has rank 0's CPU state only).
     Raises ForeignCheckpointError, before loading anything, for a checkpoint of a run other than `run`
     (a nonce), and for one that names no run (written before runs had a nonce: it could be any run's)
     unless `adopt` - or `adopt_into` wrote this run's nonce into it - and its next checkpoint carries the
-    nonce."""
+    nonce. Also for one whose LoRA base (`TrainerState.base`) is not `base`: an adapter of other weights,
+    or full weights where an adapter is trained (and the reverse)."""
     meta = json.loads((path / META).read_text())
     if "run" not in meta and not adopt:
         raise ForeignCheckpointError(
@@ -145,13 +152,21 @@ def load(
             f"checkpoint {path} belongs to another run (nonce {meta.get('run')!r}, this run {run!r}):"
             " point trainer.checkpoint_dir at this run's checkpoints, or move that directory away"
         )
+    if meta.get("base", "") != base:
+        held = f"an adapter of base {meta['base']}" if meta.get("base") else "full weights"
+        wanted = f"an adapter of base {base}" if base else "full weights"
+        raise ForeignCheckpointError(
+            f"checkpoint {path} holds {held}, this trainer trains {wanted} (trainer.lora, trainer.model):"
+            " point trainer.checkpoint_dir elsewhere"
+        )
     model_state = torch.load(path / "model.pt", weights_only=True)
     # weights_only everywhere: a checkpoint file is data (tensors, numbers, strings, containers - what
     # optimizer, LambdaLR and RNG states are made of), never code that unpickling would run.
     optim = torch.load(path / "optim.pt", weights_only=True)
     rng = torch.load(path / "rng.pt", weights_only=True)
     last_batch = meta.get("last_batch", "0-0")
-    state = TrainerState(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch)
+    state = TrainerState(meta["version"], meta["step"], list(meta["consumed"]), run, last_batch, base)
+    state.adapter_config = meta.get("adapter_config", "")
     return state, model_state, optim["optimizer"], optim["scheduler"], rng.get("ranks", [rng])
 
 

@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from astraflow.trainer import commands, devices
+from astraflow.trainer import commands, devices, lora
 from astraflow.trainer.settings import TrainerSettings
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -97,7 +97,7 @@ def shard(model, device: torch.device | None = None, compute_dtype: torch.dtype 
     # An explicit mesh: FSDP2's default follows the machine's accelerator, not this rank's device.
     mesh = init_device_mesh(device.type, (world()[1],))
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
+    for layer in lora.decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
@@ -145,8 +145,10 @@ def publication_state(model, dtype: torch.dtype) -> dict:
     on the others; each rank casts its shards on its device, then all-gathers them a few flat buckets at
     a time over the model's own group (NCCL on GPUs); rank 0 holds the whole served state on its device
     until the buffer took it. Names of one parameter (tied embeddings) map to one tensor object, so the
-    layout serves it once. Collective."""
+    layout serves it once. A LoRA model publishes its adapter only (`lora.adapter_state`). Collective."""
     state = _tied(model, model.state_dict())
+    if lora.is_adapter(model):
+        state = lora.adapter_state(model, state)
     if not is_sharded(model):
         return state
     full: dict[int, torch.Tensor] = {}
@@ -232,12 +234,14 @@ def full_model_state(model) -> dict:
     """A copy of the whole float32 model state dict on rank 0 (on CPU; later steps do not change it; tied
     names share one copy); empty on the others. Sharded, each rank copies its own shards into host
     memory (from a GPU asynchronously, into pinned memory, all ranks at once); rank 0 assembles them.
-    For checkpoints: no optimizer state moves. Collective."""
+    For checkpoints: no optimizer state moves. A LoRA model's: its trainable (adapter) parameters only, the
+    frozen base is the starting weights. Collective."""
+    state = _checkpointed(model)
     if not is_sharded(model):
-        return devices.to_host(model.state_dict())
+        return devices.to_host(state)
     from torch.distributed.tensor import DTensor, Shard
 
-    state = _tied(model, model.state_dict())
+    state = _tied(model, state)
     unique = list({id(v): v for v in state.values()}.values())
     for v in unique:
         if isinstance(v, DTensor) and tuple(v.placements) != (Shard(0),):
@@ -248,6 +252,15 @@ def full_model_state(model) -> dict:
         for v, part in zip(unique, local, strict=True)
     }
     return {k: full[id(v)] for k, v in state.items()} if _rank0() else {}
+
+
+def _checkpointed(model) -> dict:
+    """The state dict a checkpoint holds: the whole model's, or a LoRA model's trainable parameters."""
+    state = model.state_dict()
+    if lora.is_adapter(model):
+        trainable = lora.trainable_names(model)
+        state = {k: v for k, v in state.items() if k in trainable}
+    return state
 
 
 def _gather_rows(shard: torch.Tensor, shape: torch.Size) -> torch.Tensor | None:
@@ -275,9 +288,13 @@ def full_optimizer_state(model, optimizer) -> dict:
 
 
 def load_full_state(model, optimizer, model_state: dict, optim_state: dict) -> None:
-    """Load full state dicts that rank 0 read from a checkpoint into every rank's shards. Collective."""
+    """Load full state dicts that rank 0 read from a checkpoint into every rank's shards (a LoRA model's:
+    its adapter, `lora.check_restorable` on rank 0). Collective."""
+    adapter = lora.is_adapter(model)
+    if adapter and _rank0():
+        lora.check_restorable(model, model_state)
     if not is_sharded(model):
-        model.load_state_dict(model_state)
+        model.load_state_dict(model_state, strict=not adapter)
         optimizer.load_state_dict(optim_state)
         return
     from torch.distributed.checkpoint.state_dict import (
@@ -286,6 +303,8 @@ def load_full_state(model, optimizer, model_state: dict, optim_state: dict) -> N
         set_optimizer_state_dict,
     )
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True)
+    options = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True, strict=not adapter
+    )
     set_model_state_dict(model, model_state, options=options)
     set_optimizer_state_dict(model, optimizer, optim_state, options=options)

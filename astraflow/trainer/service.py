@@ -30,13 +30,13 @@ from astraflow.errors import describe
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.records import Record, TrainerStep, encode_record
-from astraflow.trainer import checkpoint, commands, devices, distributed
+from astraflow.trainer import checkpoint, commands, devices, distributed, lora
 from astraflow.trainer.eval_cadence import EvalCadence
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
-from astraflow.weights import layout
+from astraflow.weights import adapters, layout
 from astraflow.weights.files import buffer_root
-from astraflow.weights.publisher import WeightPublisher, newest_published, run_secret
+from astraflow.weights.publisher import Adapter, WeightPublisher, newest_published, run_secret
 from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
@@ -68,14 +68,21 @@ class TrainerService:
         if not path:
             raise ValueError(f"no starting weights: set run.models.{model_name}.model or trainer.model")
         self.device = device = devices.resolve(t)  # first: a device this machine lacks fails before loading
-        model = AutoModelForCausalLM.from_pretrained(path, dtype="float32").eval()  # the master weights
+        dtype = t.lora.base_dtype if t.lora is not None else "float32"  # the master weights, or the base
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
         pad = AutoTokenizer.from_pretrained(path).pad_token_id
         self.rank, self.size = distributed.world()
+        self.base = ""
+        """LoRA: the digest of the frozen base (`adapters.base_digest`); '' = full fine-tuning."""
+        if t.lora is not None:
+            model = lora.wrap(model, t.lora)
+            self.base = adapters.base_digest(str(path)) if self.rank == 0 else ""
         distributed.prepare(model, t, device, sharded=self.size > 1)  # before the optimizer: it holds shards
         self.policy = PolicyTrainer(model, t, pad_id=pad or 0)
         self.ckpt_root = t.checkpoint_dir or settings.run_path / "checkpoints" / model_name
         self.batches = BatchReader(bus, model_name, f"trainer-{model_name}")
-        self.state = checkpoint.TrainerState()
+        self.adapter_config = lora.adapter_config(self.policy.model) if self.base else ""
+        self.state = checkpoint.TrainerState(base=self.base, adapter_config=self.adapter_config)
         self.publisher: WeightPublisher | None = None
         self._evals = EvalCadence(settings.eval_every, settings.eval_every_s)
         self._unacked: list[Received] = []
@@ -148,9 +155,10 @@ class TrainerService:
         latest = checkpoint.latest(self.ckpt_root)
         if latest is not None:
             restored = await asyncio.to_thread(
-                checkpoint.load, latest, identity.nonce, self.trainer.adopt_checkpoint
+                checkpoint.load, latest, identity.nonce, self.trainer.adopt_checkpoint, self.base
             )
             self.state = restored[0]
+            self.state.adapter_config = self.adapter_config  # as trained from now on (alpha may differ)
             await asyncio.to_thread(self._all, commands.Restore(*restored))
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
@@ -158,7 +166,8 @@ class TrainerService:
         weights = self.settings.weights
         root = buffer_root(weights, self.settings.run_name, f"trainer-{self.model_name}")
         specs = layout.layout(state, weights.dtype)
-        self.publisher = WeightPublisher(self.bus, weights, self.model_name, specs, root, secret)
+        adapter = Adapter(self.base, self.adapter_config) if self.base else None
+        self.publisher = WeightPublisher(self.bus, weights, self.model_name, specs, root, secret, adapter)
         # Serve the restored (or initial) version. A durable version is announced at most once (dedup key),
         # so after a crash it is announced again only if the crash came before that - or if the dead
         # trainer announced versions past this checkpoint (`checkpoint_every` > 1): those weights are
@@ -279,7 +288,8 @@ class TrainerService:
         )
         try:  # the weights go to the buffer meanwhile; served and announced once the checkpoint is durable
             v = state.version
-            await self.publisher.publish(model_state, v, state.step, eval_=self._eval(v), durable=saved)
+            served = lora.adapter_state(self.policy.model, model_state) if self.base else model_state
+            await self.publisher.publish(served, v, state.step, eval_=self._eval(v), durable=saved)
         finally:
             await saved
         await self._ack(entries)

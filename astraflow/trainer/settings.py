@@ -49,6 +49,30 @@ class LossSettings(BaseModel):
         return self
 
 
+class LoraSettings(BaseModel):
+    """LoRA through the `peft` package: the base stays frozen, the optimizer holds the adapter only, and
+    every published version is the adapter (a PEFT `adapter_model.safetensors`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(16, ge=1)
+    """The adapter's rank r (PEFT's `r`)."""
+    alpha: float = Field(32.0, gt=0)
+    """PEFT's `lora_alpha`: the update is scaled by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """PEFT's `lora_dropout` on the adapter's input while training."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names the adapter wraps (PEFT's `target_modules`): by default the attention and MLP
+    projections of Llama/Qwen-style models."""
+    base_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Precision of the frozen base weights; the adapter's parameters and optimizer state stay float32."""
+    b_lr_ratio: float = Field(1.0, gt=0)
+    """LoRA+ (Hayou et al., 2024): the B matrices learn at this many times `trainer.lr` (the paper's
+    lambda, 16 in its experiments); 1 = plain LoRA."""
+
+
 class TrainerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +81,9 @@ class TrainerSettings(BaseModel):
     model: str = ""
     """The starting weights (a Hugging Face directory); default `engine.model`."""
     loss: LossSettings = Field(default_factory=LossSettings)
+    lora: LoraSettings | None = None
+    """Train a LoRA adapter of the frozen starting weights instead of all of them (None: full
+    fine-tuning). Each version is then the adapter, a few MB, and the engines load it as one."""
     lr: float = Field(2e-4, gt=0)
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = Field(0.0, ge=0)

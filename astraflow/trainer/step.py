@@ -27,10 +27,20 @@ class PolicyTrainer:
         dtype = devices.DTYPES[settings.dtype] if world()[1] == 1 else torch.float32
         self.autocast = lambda: devices.autocast(self.device, dtype)
         self.ref = None
-        if settings.loss.kl_coef > 0:
+        if settings.loss.kl_coef > 0 and settings.lora is None:  # a LoRA model's reference: its base
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)
+        # What the optimizer holds: every parameter, or a LoRA model's adapter (the base is frozen).
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in trained]
+        groups: list[dict] = [{"params": self.params}]
+        if settings.lora is not None and settings.lora.b_lr_ratio != 1:  # LoRA+: B learns faster
+            b = [p for n, p in trained if ".lora_B." in n]
+            groups = [
+                {"params": [p for n, p in trained if ".lora_B." not in n]},
+                {"params": b, "lr": settings.lr * settings.lora.b_lr_ratio},
+            ]
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+            groups, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
         )
         warmup = settings.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -94,7 +104,7 @@ class PolicyTrainer:
         # Every rank sees the whole batch: the global denominator; FSDP averages gradients over the
         # ranks, so each rank's share of the mean is scaled by the world size.
         denominator = losses.denominator(self.settings.loss, (s.mask[1:] for s in part)) / world()[1]
-        refs = [self._logprobs(self.ref, mb) for mb in mbs] if self.ref is not None else [None] * len(mbs)
+        refs = [self._ref_logprobs(mb) for mb in mbs] if self.settings.loss.kl_coef > 0 else [None] * len(mbs)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
@@ -136,8 +146,8 @@ class PolicyTrainer:
     def _grad_norm(self) -> float:
         """The total norm of the gradients, which are clipped to `grad_clip` where it is set."""
         if self.settings.grad_clip is not None:
-            return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip))
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            return float(torch.nn.utils.clip_grad_norm_(self.params, self.settings.grad_clip))
+        grads = [p.grad for p in self.params if p.grad is not None]
         return float(torch.nn.utils.get_total_norm(grads))
 
     def _summary(
@@ -178,6 +188,13 @@ class PolicyTrainer:
             empty = replace(any_sample, mask=np.zeros_like(any_sample.mask))
             mbs.append(micro_batches([empty], self.settings.micro_batch_tokens, self.pad_id, share)[0])
         return mbs
+
+    def _ref_logprobs(self, mb) -> torch.Tensor:
+        """Logprobs of the frozen reference: the starting weights (a LoRA model's base, adapter off)."""
+        if self.ref is not None:
+            return self._logprobs(self.ref, mb)
+        with self.model.disable_adapter():
+            return self._logprobs(self.model, mb)
 
     @torch.no_grad()
     def _logprobs(self, model, mb) -> torch.Tensor:

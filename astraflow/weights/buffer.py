@@ -90,6 +90,10 @@ class DoubleBuffer:
     def idle(self) -> Half:
         return self._halves[1] if self.served is self._halves[0] else self._halves[0]
 
+    @property
+    def halves(self) -> tuple[Half, Half]:
+        return self._halves[0], self._halves[1]
+
     def add_files(self, files: Mapping[str, Path]) -> None:
         """Copy files (config.json, tokenizer, ...) next to the weights in both halves."""
         for half in self._halves:

@@ -85,11 +85,30 @@ async def newest_published(bus: Bus, models: Collection[str]) -> dict[str, Publi
     return newest
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """What makes a publisher's versions LoRA adapters (`weights.adapters`)."""
+
+    base_digest: str
+    """`adapters.base_digest` of the frozen base the adapter applies to."""
+    config: str
+    """PEFT's `adapter_config.json` text."""
+
+
 class WeightPublisher:
     def __init__(
-        self, bus: Bus, settings: WeightsSettings, model: str, specs, root: Path, secret: bytes
+        self,
+        bus: Bus,
+        settings: WeightsSettings,
+        model: str,
+        specs,
+        root: Path,
+        secret: bytes,
+        adapter: Adapter | None = None,
     ) -> None:
         self.bus, self.settings, self.model, self.specs = bus, settings, model, specs
+        self.adapter = adapter
+        """Set: every version is this LoRA adapter's tensors (the manifest says of which base)."""
         self.incarnation = uuid.uuid4().hex[:12]
         self.buffer = DoubleBuffer(root / model, specs, settings.reader_grace_s)
         self.server = WeightServer.from_settings(secret, settings)
@@ -248,6 +267,8 @@ class WeightPublisher:
             base_digest=base_digest,
             file=local.describe(half.path, half.data_offset),
             device_checksum=checked.checksum if checked is not None else "",
+            adapter_of=self.adapter.base_digest if self.adapter else "",
+            adapter_config=self.adapter.config if self.adapter else "",
         )
         self._manifest = manifest
         if checked is not None:

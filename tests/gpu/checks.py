@@ -105,14 +105,7 @@ def trainer_step(label: str, model_dir: Path, device: str, groups: int, seq: int
     if cuda:  # what this check allocates: from what is held before it (the model: counted, it is on the GPU)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated() - sum(p.numel() * p.element_size() for p in model.parameters())
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        trainer.step(batch)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    rate = tokens / statistics.median(times[1:])
+    rate = tokens_per_s(trainer, batch, tokens, cuda)
     tflops = 8 * params * rate / 1e12  # forward 2N, backward 4N, the checkpointed recompute 2N per token
     limit = (16 * params) / 2**30 + ACTIVATIONS_GIB
     size = f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
@@ -141,6 +134,21 @@ def trainer_step(label: str, model_dir: Path, device: str, groups: int, seq: int
     if cuda:
         torch.cuda.empty_cache()
     return rows
+
+
+def tokens_per_s(trainer, batch, tokens: int, cuda: bool) -> float:
+    """Three `trainer.step`s of `batch` (`tokens` tokens); the tokens/s of the last two (the first
+    allocates AdamW's state), their median."""
+    import torch
+
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        trainer.step(batch)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return tokens / statistics.median(times[1:])
 
 
 def weight_path(label: str, model_dir: Path, device: str, buffers: Path) -> list[Row]:

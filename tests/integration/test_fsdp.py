@@ -14,9 +14,11 @@ TOLERANCE = 1e-5
 order across ranks, which moves fp32 gradients by ~1e-7 and Adam's first update by less than this."""
 
 
-def run_step(model_dir, out, ranks: int, shard: bool = False) -> dict:
-    """The float32 state after the step; `served(out)` reads the bf16 weights it published."""
-    cmd = [sys.executable, "-m", "tests.fsdp_step", model_dir, str(out), "cpu", *(["shard"] if shard else [])]
+def run_step(model_dir, out, ranks: int, shard: bool = False, adapter: bool = False) -> dict:
+    """The float32 state after the step (`adapter`: of a LoRA adapter); `served(out)` reads the bf16
+    weights it published."""
+    flags = [*(["shard"] if shard else []), *(["lora"] if adapter else [])]
+    cmd = [sys.executable, "-m", "tests.fsdp_step", model_dir, str(out), "cpu", *flags]
     if ranks > 1 or shard:
         cmd = [
             sys.executable,
@@ -136,3 +138,15 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
     finally:
         stop.set()
         await df
+
+
+def test_a_lora_adapter_trains_alike_on_two_gloo_ranks(tiny_model, tmp_path):
+    """Under FSDP2 the adapter's step, its checkpoint state (the adapter only) and the version it
+    publishes (the adapter under PEFT's names) are one process's."""
+    single = run_step(tiny_model, tmp_path / "one.pt", 1, adapter=True)
+    sharded = run_step(tiny_model, tmp_path / "two.pt", 2, adapter=True)
+    assert single.keys() == sharded.keys() and all(".lora_" in k for k in single)
+    assert max((single[k] - sharded[k]).abs().max().item() for k in single) <= TOLERANCE
+    one, two = served(tmp_path / "one.pt"), served(tmp_path / "two.pt")
+    assert one.keys() == two.keys() and len(one) == len(single)
+    assert all(".lora_" in k and ".default." not in k for k in one)

@@ -109,3 +109,54 @@ def test_export_of_a_run_reads_the_settings_astraflow_run_saved(tiny_model, tmp_
     assert torch.equal(
         logits(AutoModelForCausalLM.from_pretrained(tmp_path / "out"), ids), logits(model, ids)
     )
+
+
+def trained_adapter(tiny_model: str):
+    """A LoRA policy of the tiny model with its adapter moved off zero (as training would)."""
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.trainer import lora
+    from astraflow.trainer.settings import LoraSettings
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model = lora.wrap(base, LoraSettings(rank=2, alpha=4, base_dtype="float32")).eval()
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    return model
+
+
+def save_adapter_checkpoint(root, model, model_dir: str):
+    """A LoRA trainer's checkpoint of `model`: its adapter, the base's digest and the adapter config."""
+    from astraflow.trainer import checkpoint, distributed, lora
+    from astraflow.weights.adapters import base_digest
+
+    state = checkpoint.TrainerState(1, 1, run="0123456789ab", base=base_digest(model_dir))
+    state.adapter_config = lora.adapter_config(model)
+    rng = [checkpoint.rng_state(torch.device("cpu"))]
+    return checkpoint.save(root, state, distributed.full_model_state(model), {}, {}, rng, keep=2)
+
+
+def test_a_lora_checkpoint_exports_as_its_adapter_or_merged(tiny_model, tiny_model_v2, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from astraflow.ops.models import export
+
+    model = trained_adapter(tiny_model)
+    ckpt = save_adapter_checkpoint(tmp_path / "ckpt", model, tiny_model)
+    ids = torch.tensor([[5, 17, 42, 9, 3]])
+    out = export(ckpt, Path(tiny_model), tmp_path / "adapter", "float32")
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {f.name for f in out.iterdir()}
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, str(out)).eval()
+    assert torch.allclose(logits(loaded, ids), logits(model, ids), atol=1e-5)
+    merged = AutoModelForCausalLM.from_pretrained(
+        export(ckpt, Path(tiny_model), tmp_path / "merged", "float32", merge=True)
+    ).eval()
+    assert torch.allclose(logits(merged, ids), logits(model, ids), atol=1e-4)
+    with pytest.raises(ConfigError, match="an adapter of other weights"):
+        export(ckpt, Path(tiny_model_v2), tmp_path / "other", "float32")

@@ -1,6 +1,7 @@
 """The vLLM engine's calls to its server in either weight-sync mode, against a fake server (no vLLM)."""
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ class FakeServer:
         self.controls: list[str] = []
         self.control_bodies: list[dict | None] = []
         self.generate_bodies: list[dict] = []
+        self.completion_bodies: list[dict] = []
         self.openapi: dict = {"paths": {}, "components": {"schemas": {}}}
         """What the server says it serves: no pause endpoints unless a test adds them."""
 
@@ -28,6 +30,7 @@ class FakeServer:
         path = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
         body = json.loads(request.content) if request.content else None
         if path == "/v1/completions":
+            self.completion_bodies.append(body)
             n, start = body["max_tokens"], len(body["prompt"])
             tokens = list(range(start, start + n))
             logprobs = {"token_logprobs": [-1.0] * n}
@@ -185,3 +188,24 @@ async def test_a_start_with_pause_on_a_vllm_without_its_endpoints_fails_before_a
         assert e._proc is None
     finally:
         await e.close()
+
+
+async def test_lora_versions_load_as_adapters_and_requests_run_whole_on_the_newest(tmp_path):
+    from astraflow.weights import adapters
+
+    server = FakeServer()
+    e = engine(True, server, vllm={"max_lora_rank": 8})
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    adapters.make_adapter_dir(tmp_path, "{}", "model.safetensors")
+    request = GenerateRequest([1, 2], SamplingParams(max_new_tokens=6))
+    before = await e.generate(request)
+    await e.pause()
+    await e.load_weights(str(tmp_path), 3)
+    await e.resume()
+    after = await e.generate(request)
+    assert (before.versions, after.versions) == ([0] * 6, [3] * 6)  # one call each, whole
+    assert [b["model"] for b in server.completion_bodies] == ["policy", "v3"]
+    assert server.controls == ["/v1/load_lora_adapter"]  # no pause, no weight reload
+    copy = Path(server.control_bodies[0]["lora_path"])  # its own copy: the half is rewritten later
+    assert copy != tmp_path and (copy / "adapter_config.json").read_text() == "{}"
+    e.adapters.close()  # (a started engine's `close` does it)
