@@ -36,7 +36,8 @@ from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import adapters, layout
 from astraflow.weights.files import buffer_root
-from astraflow.weights.publisher import Adapter, WeightPublisher, newest_published, run_secret
+from astraflow.weights.published import newest_published, run_secret
+from astraflow.weights.publisher import Adapter, WeightPublisher
 from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
