@@ -21,46 +21,37 @@ of `engine.vllm.weight_transfer`. Control calls (pause, load, resume, health) ha
 client, so they never queue behind the generation calls, which have no cap (the RaaS bounds them).
 
 The server (with `VLLM_SERVER_DEV_MODE=1` for the control endpoints) is restarted if it dies, reloading
-the last weights, and the calls it was running are retried.
+the last weights, and the calls it was running are retried. This module is the engine's state and weight
+sync; the calls of each mode are in `vllm_generate`, the process and its clients in `vllm_process`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import os
-import signal
+import contextlib
 import subprocess
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from astraflow.engines import vllm_lora
+from astraflow.engines import vllm_generate, vllm_lora, vllm_process
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.openai import answers
 from astraflow.engines.settings import EngineSettings, resolve_device
-from astraflow.engines.vllm_server import (
-    GENERATE_PATH,
-    SERVED_NAME,
-    GenerateStream,
-    completion_body,
-    generate_body,
-    planned_sync,
-    served_sync,
-    server_command,
-    weight_transfer,
-)
+from astraflow.engines.vllm_server import planned_sync, served_sync, server_command, weight_transfer
 from astraflow.engines.vllm_weights import make_weight_loader
 from astraflow.errors import describe
-from astraflow.processes import die_with_parent
 from astraflow.redis_server import free_port
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    import httpx
 
-CONTROL_CONNECTIONS = 4
-"""Connections of the control client: pause, load and resume come one at a time, health checks besides."""
+log = structlog.get_logger(__name__)
 
 
 class VLLMEngine(Engine):
@@ -104,17 +95,8 @@ class VLLMEngine(Engine):
         self._watch = asyncio.create_task(self._watchdog())
 
     def _open_clients(self) -> None:
-        """A generation client with no cap on its connections (the RaaS bounds the calls: a second, lower
-        bound here would queue them where neither the server's scheduler nor a load can see them), and a
-        small control client, so that a pause or a load never waits for a connection behind generation."""
-        import httpx
-
-        timeout = httpx.Timeout(None, connect=5.0)
-        unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=unbounded)
-        n = CONTROL_CONNECTIONS
-        small = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        self._ctl = httpx.AsyncClient(base_url=self.url, timeout=timeout, limits=small)
+        """The generation client (`_http`) and the control client (`_ctl`): `vllm_process.open_clients`."""
+        self._http, self._ctl = vllm_process.open_clients(self.url)
 
     async def _spawn(self) -> None:
         s = self.settings
@@ -122,24 +104,8 @@ class VLLMEngine(Engine):
         cmd, env = server_command(s, self.port, device)
         if s.devices:
             env["CUDA_VISIBLE_DEVICES"] = s.devices
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self._proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its engine processes join its session: `_kill_group` ends them all
-            # SIGTERM when this RaaS dies, even by SIGKILL: the server shuts down its engine processes.
-            preexec_fn=die_with_parent(signal.SIGTERM),
-        )
-        deadline = time.monotonic() + s.start_timeout_s
-        while not await self.healthy():
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"vllm server exited with {self._proc.returncode} (log {self.log_path})")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"vllm server unhealthy after {s.start_timeout_s}s (log {self.log_path})")
-            await asyncio.sleep(0.5)
+        self._proc = vllm_process.spawn(cmd, env, self.log_path)
+        await vllm_process.wait_healthy(self._proc, self.healthy, s.start_timeout_s, self.log_path)
         self.pause_sync = await self._sync_mode() == "pause"
         await self.loader.setup()
         if self.adapters is not None:  # a restart: the newest adapter again
@@ -202,23 +168,8 @@ class VLLMEngine(Engine):
         await self._ctl.aclose()
 
     def _kill_group(self) -> None:
-        """End the server and the engine processes it spawned (its own session), by its pid."""
-        proc = self._proc
-        if proc is None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:  # until the whole group (engine core included) is gone
-                proc.poll()
-                try:
-                    os.killpg(proc.pid, 0)
-                except ProcessLookupError:
-                    return
-                time.sleep(0.1)
+        """End the server and the engine processes it spawned (`vllm_process.kill_group`)."""
+        vllm_process.kill_group(self._proc)
 
     async def healthy(self) -> bool:
         return await answers(self._ctl, "/health", 2.0)
@@ -226,23 +177,28 @@ class VLLMEngine(Engine):
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         started = time.perf_counter()
         if self.adapters is not None:
-            resp = await self._generate_on_adapter(request)
+            resp = await vllm_generate.on_adapter(self, request)
         elif self.pause_sync:
-            resp = await self._generate_whole(request)
+            resp = await vllm_generate.whole(self, request)
         else:
-            resp = await self._generate_chunks(request)
+            resp = await vllm_generate.chunks(self, request)
         resp.timings["generate_s"] = time.perf_counter() - started
         resp.sampling = request.params
         return resp
 
-    async def _wait_open(self) -> int:
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The generation client (uncapped; control calls have their own)."""
+        return self._http
+
+    async def wait_open(self) -> int:
         """Wait until calls may start (re-checked: a pause may follow the resume that woke us); the version
         the server holds then."""
         while not self._open.is_set():
             await self._open.wait()
         return self.version
 
-    async def _server_died(self, e: Exception) -> bool:
+    async def server_died(self, e: Exception) -> bool:
         """After a failed call: True (after a pause) when the server is gone and the call should be retried
         on its restart, False when the error is the call's own."""
         # asked on the generation client: every failed call asks, and a pause must not wait behind them
@@ -252,92 +208,16 @@ class VLLMEngine(Engine):
         await asyncio.sleep(1.0)
         return True
 
-    async def _generate_whole(self, request: GenerateRequest) -> GenerateResponse:
-        """One streamed call; the server's final chunk labels token spans with weight versions."""
-        import httpx
-
-        max_tokens = min(request.params.max_new_tokens, self.settings.max_model_len - len(request.prompt_ids))
-        if max_tokens <= 0:
-            return GenerateResponse([], [], [], "length")
-        while True:
-            body = generate_body(request, max_tokens, await self._wait_open())
-            stream = GenerateStream()
-            try:
-                async with self._http.stream("POST", GENERATE_PATH, json=body) as reply:
-                    reply.raise_for_status()
-                    async for line in reply.aiter_lines():
-                        self.stats["tokens"] += stream.feed(line)
-            except httpx.HTTPError as e:
-                if await self._server_died(e):
-                    continue
-                raise
-            self.stats["events"] += stream.events
-            return stream.response()
-
-    async def _generate_on_adapter(self, request: GenerateRequest) -> GenerateResponse:
-        """LoRA: one completion call on the adapter newest when it starts; every token carries its version
-        (the base, before any adapter: version 0)."""
-        import httpx
-
-        adapters = self.adapters
-        assert adapters is not None
-        n = min(request.params.max_new_tokens, self.settings.max_model_len - len(request.prompt_ids))
-        if n <= 0:
-            return GenerateResponse([], [], [], "length")
-        while True:
-            await self._wait_open()
-            version = adapters.acquire()
-            body = completion_body(request, request.prompt_ids, n, 0)
-            body["model"] = SERVED_NAME if version is None else vllm_lora.name(version)
-            try:
-                reply = await self._http.post("/v1/completions", json=body)
-                reply.raise_for_status()
-                break
-            except httpx.HTTPError as e:
-                if not await self._server_died(e):
-                    raise
-            finally:
-                await adapters.release(version)
-        choice = reply.json()["choices"][0]
-        tokens = choice["token_ids"]
-        self.stats["tokens"] += len(tokens)
-        tag = self.version if version is None else version
-        finish = "stop" if choice["finish_reason"] == "stop" else "length"
-        return GenerateResponse(tokens, choice["logprobs"]["token_logprobs"], [tag] * len(tokens), finish)
-
-    async def _generate_chunks(self, request: GenerateRequest) -> GenerateResponse:
-        import httpx
-
-        p, s = request.params, self.settings
-        resp = GenerateResponse([], [], [], "length")
-        while len(resp.token_ids) < p.max_new_tokens:
-            context = request.prompt_ids + resp.token_ids
-            n = min(s.chunk_tokens, p.max_new_tokens - len(resp.token_ids), s.max_model_len - len(context))
-            if n <= 0:
-                break
-            body = completion_body(request, context, n, len(resp.token_ids))
-            version = await self._wait_open()
-            self._running += 1
-            try:
-                reply = await self._http.post("/v1/completions", json=body)
-                reply.raise_for_status()
-            except httpx.HTTPError as e:
-                if await self._server_died(e):
-                    continue
-                raise
-            finally:
-                async with self._idle:
-                    self._running -= 1
-                    self._idle.notify_all()
-            choice = reply.json()["choices"][0]
-            resp.token_ids += choice["token_ids"]
-            resp.logprobs += choice["logprobs"]["token_logprobs"]
-            resp.versions += [version] * len(choice["token_ids"])
-            self.stats.update(chunks=1, tokens=len(choice["token_ids"]))
-            if choice["finish_reason"] == "stop":
-                resp.finish_reason = "stop"
-                break
-        return resp
+    @contextlib.asynccontextmanager
+    async def chunk_running(self) -> AsyncIterator[None]:
+        """Counts a chunk's call as running while it lasts: `pause` in chunks mode waits until none is."""
+        self._running += 1
+        try:
+            yield
+        finally:
+            async with self._idle:
+                self._running -= 1
+                self._idle.notify_all()
 
     async def pause(self) -> None:
         self._paused_at = time.perf_counter()

@@ -136,7 +136,7 @@ async def build_raas(settings: Settings, bus: Bus, wid: str) -> AsyncIterator[Ra
     from astraflow.engines import make_engine
     from astraflow.raas.worker import RaasWorker
     from astraflow.weights.files import buffer_root
-    from astraflow.weights.publisher import run_secret
+    from astraflow.weights.published import run_secret
     from astraflow.weights.receiver import WeightReceiver
     from astraflow.weights.server import WeightServer
 

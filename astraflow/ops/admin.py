@@ -15,7 +15,7 @@ from astraflow import redis_server
 from astraflow.config import redact_url
 from astraflow.errors import ConfigError
 from astraflow.ops.context import redis_url, settings_from, with_bus
-from astraflow.streams import Bus, acl
+from astraflow.streams import Bus, acl_users
 from astraflow.streams.identity import clear, keys_of
 from astraflow.streams.views import remove_unknown_groups
 from astraflow.workflows.pushed import push
@@ -27,7 +27,7 @@ def cmd_redis(args) -> int:
         url = redis_url(settings) if args.apply else None
         pw_file = Path(args.passwords) if args.passwords else None
         raas_ids = tuple(i for i in (args.raas_ids or "").split(",") if i)
-        return asyncio.run(acl.command(settings, url, pw_file, raas_ids))
+        return asyncio.run(acl_users.command(settings, url, pw_file, raas_ids))
     where = settings.run.path / "redis"
     server = redis_server.load(where)
     if args.action == "start":

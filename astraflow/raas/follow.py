@@ -26,7 +26,7 @@ from astraflow.raas.metrics import Metrics
 from astraflow.streams import Bus
 from astraflow.streams.connection import raise_if_cancelled
 from astraflow.weights.files import verify_checkpoint
-from astraflow.weights.publisher import newest_published
+from astraflow.weights.published import newest_published
 from astraflow.weights.receiver import WeightReceiver
 
 log = structlog.get_logger(__name__)

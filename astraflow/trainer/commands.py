@@ -41,7 +41,7 @@ class RankLostError(AstraflowError):
 @dataclass(frozen=True)
 class Command:
     """What every rank of a trainer executes, rank 0 having decided it; its fields are its payload. Each
-    kind has one handler (`TrainerService._execute`)."""
+    kind has one handler (`ranks.Ranks.execute`)."""
 
     NAME: ClassVar[str] = ""
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
-import torch
 
 from astraflow.dataflow.batches import BatchReader, Received
 from astraflow.errors import describe
@@ -32,11 +30,13 @@ from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.records import Record, TrainerStep, encode_record
 from astraflow.trainer import checkpoint, commands, devices, distributed, lora
 from astraflow.trainer.eval_cadence import EvalCadence
+from astraflow.trainer.ranks import Ranks
 from astraflow.trainer.settings import TrainerSettings
 from astraflow.trainer.step import PolicyTrainer
 from astraflow.weights import adapters, layout
 from astraflow.weights.files import buffer_root
-from astraflow.weights.publisher import Adapter, WeightPublisher, newest_published, run_secret
+from astraflow.weights.published import newest_published, run_secret
+from astraflow.weights.publisher import Adapter, WeightPublisher
 from astraflow.weights.settings import WeightsSettings
 
 log = structlog.get_logger(__name__)
@@ -88,56 +88,15 @@ class TrainerService:
         self._unacked: list[Received] = []
         self._committing: asyncio.Task | None = None
         self._wait_s = 0.0  # waiting for a batch since the last step was reported
-        self._served_dtype = getattr(torch, settings.weights.dtype)
-        self._leader = commands.Leader() if self.rank == 0 and self.size > 1 else None
+        dtype, timeout_s = settings.weights.dtype, t.collective_timeout_s
+        self.ranks = Ranks(self.policy, device, self.rank, self.size, dtype, timeout_s)
+        """Runs each command on every rank (rank 0 decides; the others `follow`)."""
         self.observe: Callable[[list[Record]], None] = lambda records: None
         """Sees each `metrics` entry once written (its Prometheus series: `launch.build`)."""
 
-    # -- every rank -----------------------------------------------------------------------------------
-    # Rank 0 decides and posts each command (`commands`); every rank executes it (the collectives line up).
-
-    @functools.singledispatchmethod
-    def _execute(self, cmd: commands.Command):
-        raise ValueError(f"unknown trainer command {cmd!r}")
-
-    @_execute.register(commands.Restore)
-    def _restore(self, cmd: commands.Restore) -> None:
-        p = self.policy
-        distributed.load_full_state(p.model, p.optimizer, cmd.model_state, cmd.optim_state)
-        if cmd.sched_state:
-            p.scheduler.load_state_dict(cmd.sched_state)
-        checkpoint.restore_rng(cmd.rngs, self.rank, self.device)
-
-    @_execute.register(commands.Train)
-    def _step(self, cmd: commands.Train) -> dict[str, float]:
-        return self.policy.step(cmd.batch, cmd.version)
-
-    @_execute.register(commands.PublicationState)
-    def _publication_state(self, cmd: commands.PublicationState):
-        """To publish: live or gathered in the served dtype, awaited before a step."""
-        return distributed.publication_state(self.policy.model, self._served_dtype)
-
-    @_execute.register(commands.RngState)
-    def _rng_state(self, cmd: commands.RngState):
-        return distributed.gather(checkpoint.rng_state(self.device))
-
-    @_execute.register(commands.FullState)
-    def _full_state(self, cmd: commands.FullState):
-        """To checkpoint (and publish meanwhile): float32 host copies of the model and optimizer."""
-        p = self.policy
-        return distributed.full_model_state(p.model), distributed.full_optimizer_state(p.model, p.optimizer)
-
-    def _all(self, cmd: commands.Command):
-        """Run a command on every rank (rank 0 only; blocking)."""
-        if self._leader is not None:
-            self._leader.send(cmd)
-        return self._execute(cmd)
-
     def follow(self) -> None:
-        """Ranks > 0: execute rank 0's commands until it says stop (RankLostError when rank 0 is gone)."""
-        follower = commands.Follower(self.trainer.collective_timeout_s)
-        while not isinstance(cmd := follower.receive(), commands.Stop):
-            self._execute(cmd)
+        """Ranks > 0: execute rank 0's commands until it says stop (`ranks.Ranks.follow`)."""
+        self.ranks.follow()
 
     # -- rank 0 -----------------------------------------------------------------------------------------
 
@@ -145,8 +104,7 @@ class TrainerService:
         try:
             await self._run(stop)
         finally:
-            if self._leader is not None:
-                self._leader.send(commands.Stop())
+            self.ranks.stop()
 
     async def _run(self, stop: asyncio.Event) -> None:
         identity = await self.bus.identity()
@@ -159,10 +117,10 @@ class TrainerService:
             )
             self.state = restored[0]
             self.state.adapter_config = self.adapter_config  # as trained from now on (alpha may differ)
-            await asyncio.to_thread(self._all, commands.Restore(*restored))
+            await asyncio.to_thread(self.ranks.all, commands.Restore(*restored))
             log.info("trainer_restored", model=self.model_name, version=self.state.version, path=str(latest))
         secret = await run_secret(self.bus, self.settings.weights)
-        state = await asyncio.to_thread(self._all, commands.PublicationState())
+        state = await asyncio.to_thread(self.ranks.all, commands.PublicationState())
         weights = self.settings.weights
         root = buffer_root(weights, self.settings.run_name, f"trainer-{self.model_name}")
         specs = layout.layout(state, weights.dtype)
@@ -231,7 +189,7 @@ class TrainerService:
         if self.state.version % self.trainer.checkpoint_every == 0:  # reported again, none lost
             await self._commit()
         else:  # served and announced now; a restart from an older checkpoint rolls it back (see run)
-            model_state = await asyncio.to_thread(self._all, commands.PublicationState())
+            model_state = await asyncio.to_thread(self.ranks.all, commands.PublicationState())
             v = self.state.version
             await self.publisher.publish(model_state, v, self.state.step, eval_=self._eval(v), once=False)
 
@@ -250,7 +208,7 @@ class TrainerService:
         if why is None:
             try:
                 train = commands.Train(received.batch, self.state.version)
-                stats = await asyncio.to_thread(self._all, train)
+                stats = await asyncio.to_thread(self.ranks.all, train)
             except Exception as e:
                 await self.batches.failed(received, f"{type(e).__name__}: {e}")
                 raise
@@ -273,10 +231,10 @@ class TrainerService:
         weights go to the publication buffer meanwhile), acknowledge the batches it holds and announce
         its version (commits stay one at a time, in order)."""
         await self._committed()
-        model_state, optim_state = await asyncio.to_thread(self._all, commands.FullState())
+        model_state, optim_state = await asyncio.to_thread(self.ranks.all, commands.FullState())
         state = dataclasses.replace(self.state, consumed=list(self.state.consumed))
         entries, self._unacked = self._unacked, []
-        rngs = await asyncio.to_thread(self._all, commands.RngState())
+        rngs = await asyncio.to_thread(self.ranks.all, commands.RngState())
         rest = (self.policy.scheduler.state_dict(), rngs)
         self._committing = asyncio.create_task(self._persist(state, model_state, optim_state, rest, entries))
 

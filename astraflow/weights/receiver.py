@@ -8,7 +8,7 @@ held, verified base, it gives exactly the manifest's bytes: nothing is read agai
 crosses into a region once
 (`relay`): the region's elected relay pulls it from the trainer (a full buffer from a peer of the region
 that holds it, when one does), and the others pull it from the relay while it is still receiving; a
-relay that dies or stalls is replaced by another election (at most `RELAY_ROUNDS`, then the trainer). A
+relay that dies or stalls is replaced by another election (`sources`, where pulls come from). A
 mismatch raises WeightIntegrityError inside, is logged and counted, and the version is pulled again in
 full from the trainer. Once verified, this process serves the version (and the delta that made it)
 until it is replaced. A source that fails or stalls (past `io_timeout_s`) is left for the next one, and
@@ -35,13 +35,12 @@ from astraflow.weights.peers import Peers
 from astraflow.weights.relay import Election, Spool
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings
-from astraflow.weights.transport import Source, pull
+from astraflow.weights.sources import Sources
+from astraflow.weights.transport import Source
 from astraflow.weights.verify import ChunkVerifier
 from astraflow.weights.wire import TransferError
 
 log = structlog.get_logger(__name__)
-RELAY_ROUNDS = 3
-"""Elections one pull tries (a relay found dead or stalled is unseated) before going to the trainer."""
 
 
 class WeightReceiver:
@@ -69,9 +68,11 @@ class WeightReceiver:
         self._spool: tuple[int, Spool] | None = None
         """(version, spool) of the delta this process serves to its region."""
         self.election = Election(bus, model, region, server.endpoint, settings.manifest_ttl_s)
-        self._joined: dict[int, float] = {}
-        """Versions whose peers this process joined, and when (`leave` takes it out of them)."""
         self.peers = Peers(secret, model, self._tls)
+        self.sources = Sources(
+            bus, settings, model, region, secret, server, self.election, self.peers, self._tls, self.stats
+        )
+        """Where pulls come from (the region's relay, peers, the trainer) and this process's peer sets."""
         self._manifest: WeightManifest | None = None
         """The manifest the served half was verified against."""
         self._adapter_config = ""
@@ -94,7 +95,7 @@ class WeightReceiver:
             self.stats["integrity_errors" if isinstance(e, WeightIntegrityError) else "transfer_errors"] += 1
             log.error("weights_refused", model=self.model, version=version, error=str(e))
             half = await self._pull(manifest, first_try=False)
-        await self._join_peers(manifest.version)
+        await self.sources.join(manifest.version)
         return half
 
     async def check_served(self, half: Half) -> None:
@@ -212,7 +213,7 @@ class WeightReceiver:
         spool = Spool(files.private_dir(self.root / "deltas"), manifest.delta_nbytes)
         self.server.register(self.model, manifest.version, "delta", spool.source)
         try:
-            await self._in_region(manifest, "delta", spool.view, spool.source.arrived, deadline)
+            await self.sources.in_region(manifest, "delta", spool.view, spool.source.arrived, deadline)
             delta = spool.data()
             if layout.chunk_digest(delta) != manifest.delta_digest:
                 raise WeightIntegrityError(f"{self.model} v{manifest.version}: delta digest mismatch")
@@ -240,122 +241,20 @@ class WeightReceiver:
         self.server.register(self.model, manifest.version, "full", relay)
         try:
             if relayed:
-                await self._in_region(manifest, "full", half.data, arrived, deadline)
+                await self.sources.in_region(manifest, "full", half.data, arrived, deadline)
             else:
                 v, trainer = manifest.version, list(manifest.endpoints)
-                await self._from_any(trainer, [], v, "full", half.data, deadline, arrived)
+                await self.sources.from_any(trainer, [], v, "full", half.data, deadline, arrived)
         except BaseException:
             relay.fail()
             raise
         self.stats["full_pulls"] += 1
 
-    async def _in_region(self, manifest: WeightManifest, what: str, into, on_bytes, deadline) -> None:
-        """Pull `what` of the version the region's way (see the module doc), `on_bytes` told of each range
-        as it arrives (a relay serving it meanwhile)."""
-        version, failed = manifest.version, ""
-        for _ in range(RELAY_ROUNDS):
-            seat = await self.election.elect(manifest, what, failed)
-            if seat == self.server.endpoint:  # this process crosses the long link for the region
-                holders = []
-                if what == "full":  # the peers that answer a probe, itself aside; the others are pruned
-                    listed = [e for e in await self._peers(version) if e != self.server.endpoint]
-                    holders, silent = await self.peers.probe(listed, version)
-                    for endpoint in silent:
-                        await self._leave_peers(version, endpoint)
-                    await self._join_peers(version)
-                sources = holders + list(manifest.endpoints)
-                await self._from_any(sources, holders, version, what, into, deadline, on_bytes)
-                self.stats["relay_pulls"] += 1
-                return
-            try:
-                await self._from_any([seat], [], version, what, into, deadline, on_bytes)
-                self.stats["relayed_pulls"] += 1
-                return
-            except TransferError:
-                failed = seat
-                self.stats["relay_failovers"] += 1
-                if what == "full":  # nor is it a holder to try (a stalled one would stall the next relay)
-                    await self._leave_peers(version, seat)
-                log.warning("weights_relay_failed", model=self.model, version=version, what=what, relay=seat)
-        await self._from_any(list(manifest.endpoints), [], version, what, into, deadline, on_bytes)
-
-    async def _from_any(
-        self, endpoints: list[str], peers: list[str], version: int, what: str, into, deadline, on_bytes=None
-    ) -> None:
-        """Pull from the first of `endpoints` that works before `deadline`; those of `peers` that fail are
-        removed from the version's peers."""
-        errors = []
-        for endpoint in endpoints:
-            if endpoint == self.server.endpoint:
-                continue
-            try:
-                await asyncio.to_thread(
-                    pull,
-                    endpoint,
-                    self.secret,
-                    self.model,
-                    version,
-                    what,
-                    into,
-                    self.settings.parallel,
-                    on_bytes,
-                    tls=self._tls,
-                    io_timeout_s=self.settings.io_timeout_s,
-                    deadline=deadline,
-                    handshake_timeout_s=self.settings.handshake_timeout_s,
-                )
-                self.stats["bytes"] += len(into)
-                return
-            except (TransferError, OSError) as e:  # refused, reset, timed out: the next source
-                errors.append(f"{endpoint}: {e!r}")
-                log.warning("weights_source_failed", model=self.model, version=version, endpoint=endpoint)
-                if endpoint in peers:
-                    self.peers.backoff(endpoint)
-                    await self._leave_peers(version, endpoint)
-            if time.monotonic() >= deadline:
-                break
-        raise TransferError(f"{self.model} v{version} {what}: no source worked ({'; '.join(errors)})")
-
-    async def _peers(self, version: int) -> list[str]:
-        """Endpoints of peers in this region that hold or receive `version`, newest first."""
-        key = self.bus.keys.weight_peers(self.model, version)
-        members = await self.bus.read_only(lambda r: r.zrevrange(key, 0, -1))
-        out = []
-        for m in members:
-            region, _, endpoint = m.decode().partition("|")
-            if region == self.region:
-                out.append(endpoint)
-        return out
-
-    async def _leave_peers(self, version: int, endpoint: str) -> None:
-        """Remove a peer that failed to serve `version` from its peers (it would fail the next puller)."""
-        key, member = self.bus.keys.weight_peers(self.model, version), f"{self.region}|{endpoint}"
-        await self.bus.call(lambda: self.bus.redis.zrem(key, member))
-        self.stats["peers_pruned"] += 1
-
-    async def _join_peers(self, version: int) -> None:
-        key = self.bus.keys.weight_peers(self.model, version)
-        member = f"{self.region}|{self.server.endpoint}"
-        ttl = self.settings.manifest_ttl_s
-
-        async def add():
-            async with self.bus.redis.pipeline(transaction=True) as pipe:
-                await pipe.zadd(key, {member: time.time()}).expire(key, ttl).execute()
-
-        await self.bus.call(add)
-        self._joined[version] = time.monotonic()
-
     async def leave(self) -> None:
         """Stop being a source: out of every version's peers it joined (those not expired since) and off
         every relay seat it holds, so that no puller tries a stopped process (`weights_source_failed`).
         One try each, no reconnects: a stopping RaaS does not wait out an outage."""
-        fresh = time.monotonic() - self.settings.manifest_ttl_s
-        member = f"{self.region}|{self.server.endpoint}"
-        versions = [v for v, at in self._joined.items() if at >= fresh]
-        self._joined = {}
-        for version in versions:
-            await self.bus.redis.zrem(self.bus.keys.weight_peers(self.model, version), member)
-        await self.election.resign()
+        await self.sources.leave()
 
     def close(self) -> None:
         if self._spool is not None:

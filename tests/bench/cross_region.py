@@ -31,7 +31,8 @@ from astraflow import redis_server
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights.published import run_secret
+from astraflow.weights.publisher import WeightPublisher
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

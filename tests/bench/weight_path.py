@@ -50,7 +50,8 @@ from astraflow.engines.settings import EngineSettings
 from astraflow.messages import WeightManifest, decode
 from astraflow.streams import Bus
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights.published import run_secret
+from astraflow.weights.publisher import WeightPublisher
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

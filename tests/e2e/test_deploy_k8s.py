@@ -15,7 +15,7 @@ import yaml
 from astraflow.cli import _parser
 from astraflow.ops.health import ROLES
 from astraflow.ops.scale import GAUGES
-from astraflow.streams import Keys, acl
+from astraflow.streams import Keys, acl, acl_users
 from tests.e2e import deploy_helpers as deploy
 from tests.redis7 import system_redis
 
@@ -104,7 +104,7 @@ def test_every_container_command_and_probe_is_one_astraflow_runs_under_its_roles
             continue
         env, from_secret = container_env(docs, c)
         if cmd[1] in ROLES:  # a worker: its role's user and password, probes of its own role
-            assert env["ASTRAFLOW_REDIS__USERNAME"] == acl.user_name(run, cmd[1])
+            assert env["ASTRAFLOW_REDIS__USERNAME"] == acl_users.user_name(run, cmd[1])
             assert from_secret["ASTRAFLOW_REDIS__PASSWORD"] == cmd[1]
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if kind in c:
@@ -113,7 +113,7 @@ def test_every_container_command_and_probe_is_one_astraflow_runs_under_its_roles
                     _parser().parse_args(probe[1:])
         elif "ASTRAFLOW_REDIS__USERNAME" in env:
             role = from_secret["ASTRAFLOW_REDIS__PASSWORD"]
-            assert env["ASTRAFLOW_REDIS__USERNAME"] == acl.user_name(run, role) and role in acl.ROLES
+            assert env["ASTRAFLOW_REDIS__USERNAME"] == acl_users.user_name(run, role) and role in acl.ROLES
         assert cmd[1] in known, cmd
         _parser().parse_args(cmd[1:])
         recipe = next(a for a in cmd[2:] if a.endswith(".yaml"))
@@ -170,7 +170,7 @@ def test_the_acl_job_installs_users_under_which_every_workers_probe_runs(tmp_pat
         for role in acl.ROLES:
             for p in (port, replica_port):  # ACL users are not replicated: the Job installs them on both
                 client = redis.Redis(port=int(p), protocol=2)  # AUTH on a fresh connection
-                assert client.execute_command("AUTH", acl.user_name(run, role), users[role])
+                assert client.execute_command("AUTH", acl_users.user_name(run, role), users[role])
 
         # The run exists (its identity and groups), no worker yet: each probe says which one it misses.
         root = redis.Redis(port=int(port), password=admin)

@@ -96,7 +96,8 @@ async def versions(
     from astraflow.config import RedisSettings, StreamsSettings
     from astraflow.streams import Bus
     from astraflow.weights import layout
-    from astraflow.weights.publisher import WeightPublisher, run_secret
+    from astraflow.weights.published import run_secret
+    from astraflow.weights.publisher import WeightPublisher
     from astraflow.weights.settings import WeightsSettings
 
     bus = Bus.connect(url, engine_child.RUN, RedisSettings(), StreamsSettings())

@@ -25,7 +25,7 @@ from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.messages import WeightManifest, decode
 from astraflow.raas.device_load import DeviceLoader
 from astraflow.streams import Bus
-from astraflow.weights.publisher import run_secret
+from astraflow.weights.published import run_secret
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

@@ -115,7 +115,8 @@ async def _publish_to_served(model_dir: Path, device: str, url: str, root: Path)
     from astraflow.streams import Bus
     from astraflow.trainer import distributed, lora
     from astraflow.weights import adapters, layout
-    from astraflow.weights.publisher import Adapter, WeightPublisher, run_secret
+    from astraflow.weights.published import run_secret
+    from astraflow.weights.publisher import Adapter, WeightPublisher
     from astraflow.weights.receiver import WeightReceiver
     from astraflow.weights.server import WeightServer
     from astraflow.weights.settings import WeightsSettings

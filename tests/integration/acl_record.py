@@ -14,7 +14,7 @@ from fnmatch import fnmatchcase
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from astraflow.streams import acl
+from astraflow.streams import acl, acl_users
 from astraflow.streams.keys import Keys
 
 # Commands named with their subcommand in ACL rules (`+xgroup|create`).
@@ -100,7 +100,7 @@ class Recorder:
             # told by what they did: the one role allowed to send it all (the ACL LOG shows nothing refused)
             roles = [r for r in acl.ROLES if not beyond(r, pairs)]
             if len(roles) == 1:
-                self.sent[acl.user_name(self.run, roles[0])] |= pairs
+                self.sent[acl_users.user_name(self.run, roles[0])] |= pairs
             else:
                 self.unknown[addr] = [args[:3] for args in lines]
         with contextlib.suppress(Exception):

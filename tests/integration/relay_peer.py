@@ -11,7 +11,7 @@ from pathlib import Path
 
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
-from astraflow.weights.publisher import run_secret
+from astraflow.weights.published import run_secret
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

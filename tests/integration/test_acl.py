@@ -24,7 +24,7 @@ from astraflow.errors import BusError, ConfigError, RunExistsError
 from astraflow.launch.build import dataflow_setup
 from astraflow.launch.progress import Progress
 from astraflow.ops.inspect import report
-from astraflow.streams import Bus, Out, acl
+from astraflow.streams import Bus, Out, acl, acl_users
 from astraflow.streams.identity import open_run, provision
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, Keys
 from astraflow.streams.memory import UNCHECKED
@@ -58,13 +58,13 @@ async def admin(server):
 
 async def install(admin, run: str) -> dict[str, str]:
     passwords = {role: f"{run}-{role}-pw" for role in acl.ROLES}
-    await acl.apply(admin, [acl.acl_user(run, role, passwords[role]) for role in acl.ROLES], run)
+    await acl_users.apply(admin, [acl_users.acl_user(run, role, passwords[role]) for role in acl.ROLES], run)
     return passwords
 
 
 def as_role(settings: Settings, run: str, role: str, password: str) -> Settings:
     s = settings.model_copy(deep=True)
-    s.redis.username, s.redis.password = acl.user_name(run, role), SecretStr(password)
+    s.redis.username, s.redis.password = acl_users.user_name(run, role), SecretStr(password)
     return s
 
 
@@ -185,9 +185,10 @@ async def test_each_role_works_under_its_own_user_and_no_further(admin, server, 
     assert await denials(admin) == []  # no command of any role was refused
     assert not recorder.unknown  # every command was told to its user
     for role in acl.WORKERS:  # each sent only what its grants allow ...
-        assert beyond(role, recorder.sent[acl.user_name(RUN, role)]) == set(), role
+        assert beyond(role, recorder.sent[acl_users.user_name(RUN, role)]) == set(), role
     for role in ("raas", "trainer"):  # ... and its grants allow nothing the run did not use but rare paths
-        assert unused(role, recorder.sent[acl.user_name(RUN, role)]) <= RARE[role] <= acl.allowed(role), role
+        sent = recorder.sent[acl_users.user_name(RUN, role)]
+        assert unused(role, sent) <= RARE[role] <= acl.allowed(role), role
     assert await denials(admin) == []  # no command of any role was refused
 
     obs = connect(url, roles["observer"])
@@ -264,7 +265,7 @@ async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack
     await admin.hset(k.ledger, "submitted", 1)
     before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger, k.dead)}
     raas = aioredis.Redis.from_url(
-        server.display_url, username=acl.user_name(RUN, "raas"), password=passwords["raas"]
+        server.display_url, username=acl_users.user_name(RUN, "raas"), password=passwords["raas"]
     )
     try:
         assert await refused(partial(raas.execute_command, *_attacks(k)[attack]))
@@ -283,7 +284,7 @@ async def test_the_dataflow_credentials_delete_no_stream(admin, server):
         await admin.xadd(stream, {"kind": "x"})
     await admin.hset(k.prefix + "trace:u1", "kind", "x")
     dataflow = aioredis.Redis.from_url(
-        server.display_url, username=acl.user_name(RUN, "dataflow"), password=passwords["dataflow"]
+        server.display_url, username=acl_users.user_name(RUN, "dataflow"), password=passwords["dataflow"]
     )
     try:
         assert [await refused(partial(dataflow.delete, s)) for s in streams] == [True] * len(streams)
@@ -298,7 +299,7 @@ async def test_the_trainer_cannot_rewrite_the_run_identity_or_the_weight_secret(
     passwords = await install(admin, RUN)
     k = Keys(RUN)
     trainer = aioredis.Redis.from_url(
-        server.display_url, username=acl.user_name(RUN, "trainer"), password=passwords["trainer"]
+        server.display_url, username=acl_users.user_name(RUN, "trainer"), password=passwords["trainer"]
     )
     try:
         assert (await trainer.hmget(k.identity, ["nonce"]))[0] is not None  # reads it
@@ -319,7 +320,7 @@ async def test_users_of_another_run_see_nothing_of_this_one(admin, server):
     assert len(run_keys) == 4  # and the run identity `install` created
     for role in acl.ROLES:
         client = aioredis.Redis.from_url(
-            server.display_url, username=acl.user_name("other", role), password=others[role]
+            server.display_url, username=acl_users.user_name("other", role), password=others[role]
         )
         try:
             for key in run_keys:
@@ -406,7 +407,7 @@ async def test_acl_users_are_refused_on_redis_6_with_the_reason(tmp_path):
     client = aioredis.Redis.from_url(s.url)
     try:
         with pytest.raises(ConfigError, match="needs Redis 7"):
-            await acl.apply(client, [acl.acl_user(RUN, role, "pw") for role in acl.ROLES])
+            await acl_users.apply(client, [acl_users.acl_user(RUN, role, "pw") for role in acl.ROLES])
         assert await client.execute_command("ACL", "USERS") == [b"default"]
     finally:
         await client.aclose()
@@ -425,8 +426,8 @@ async def test_apply_on_a_replica_installs_users_and_leaves_the_identity_to_the_
     client = aioredis.Redis.from_url(replica.url)
     try:
         passwords = {role: "pw" for role in acl.ROLES}
-        await acl.apply(admin, [acl.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
-        await acl.apply(client, [acl.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
+        await acl_users.apply(admin, [acl_users.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
+        await acl_users.apply(client, [acl_users.acl_user(RUN, r, passwords[r]) for r in acl.ROLES], RUN)
         await admin.execute_command("WAIT", 1, 5000)
         k = Keys(RUN)
         assert await client.hget(k.identity, "nonce") == await admin.hget(k.identity, "nonce") is not None
@@ -467,14 +468,15 @@ async def test_a_raas_of_its_own_user_cannot_take_another_raas_s_name(admin, ser
     from astraflow.streams.names import hold_name, write_heartbeat
 
     await install(admin, RUN)  # the shared `af-it-raas` of an earlier apply ...
-    labels = acl.accounts(("raas-0", "raas-1"))
-    await acl.apply(admin, [acl.acl_user(RUN, label, f"{label}-pw") for label in labels], RUN)
-    assert acl.user_name(RUN, "raas").encode() not in await admin.execute_command("ACL", "USERS")  # ... gone
+    labels = acl_users.accounts(("raas-0", "raas-1"))
+    await acl_users.apply(admin, [acl_users.acl_user(RUN, label, f"{label}-pw") for label in labels], RUN)
+    shared = acl_users.user_name(RUN, "raas").encode()
+    assert shared not in await admin.execute_command("ACL", "USERS")  # ... gone
     base = run_settings(server.display_url, "unused", tmp_path)
     buses = {}
     for i in ("raas-0", "raas-1"):
         s = base.model_copy(deep=True)
-        s.redis.username, s.redis.password = acl.user_name(RUN, f"raas/{i}"), SecretStr(f"raas/{i}-pw")
+        s.redis.username, s.redis.password = acl_users.user_name(RUN, f"raas/{i}"), SecretStr(f"raas/{i}-pw")
         buses[i] = connect(server.display_url, s)
     k = Keys(RUN)
     try:

@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from astraflow.errors import BusConnectionError
-from astraflow.streams import acl
+from astraflow.streams import acl, acl_users
 from astraflow.streams.connection import register_scripts
 from astraflow.streams.functions import FunctionMissing, Script
 from astraflow.streams.keys import Keys
@@ -53,7 +53,7 @@ async def test_no_role_may_load_or_run_a_script_of_its_own(admin, server, role, 
                 assert await admin.get(Keys(RUN).consumer_name(f"{role}:w-0")) is not None
             own, other = _OWN[role]
             script = register_scripts(bus.redis, own[0], (own[2],), prelude=own[1])[own[2]]
-            assert script.functions and script.function in acl.acl_user(RUN, role, "-").rules[-1]
+            assert script.functions and script.function in acl_users.acl_user(RUN, role, "-").rules[-1]
             foreign = register_scripts(bus.redis, other[0], (other[2],), prelude=other[1])[other[2]]
             with pytest.raises(FunctionMissing, match="acl --apply"):
                 await foreign(keys=[Keys(RUN).prefix + "x"], args=[])
@@ -89,7 +89,7 @@ async def test_a_changed_script_never_runs_the_loaded_version(admin, server):
     passwords = await install(admin, RUN)
 
     raas = aioredis.Redis.from_url(
-        server.display_url, username=acl.user_name(RUN, "raas"), password=passwords["raas"]
+        server.display_url, username=acl_users.user_name(RUN, "raas"), password=passwords["raas"]
     )
     try:
         loaded = register_scripts(raas, "astraflow.weights", ("resign",))["resign"]

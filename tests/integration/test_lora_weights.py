@@ -16,7 +16,8 @@ from astraflow.messages import WeightManifest, decode
 from astraflow.trainer import distributed, lora
 from astraflow.trainer.settings import LoraSettings
 from astraflow.weights import adapters, layout
-from astraflow.weights.publisher import Adapter, WeightPublisher, run_secret
+from astraflow.weights.published import run_secret
+from astraflow.weights.publisher import Adapter, WeightPublisher
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

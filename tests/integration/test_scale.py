@@ -139,13 +139,13 @@ async def test_under_an_acl_user_the_plan_is_written_only_by_a_writing_role(
     """The observer ACL user (what `top` and `inspect` run as) may not write: `astraflow scale` still
     prints the plan, says the hash was not written, and leaves Redis as it was. The dataflow's user (what
     the Kubernetes scaler runs as) writes it."""
-    from astraflow.streams import acl
+    from astraflow.streams import acl_users
 
     if int((await bus.redis.info("server"))["redis_version"].split(".")[0]) < 7:
         pytest.skip("ACL key selectors need Redis 7")
     await trainer_steps(bus, 64, 1.0, 3.0)
     await bus.redis.hset(bus.keys.raas("a"), mapping=encode(heartbeat("a", 100, 100.0, time.time() - 100)))
-    user = acl.acl_user("it", role, "role-pw")
+    user = acl_users.acl_user("it", role, "role-pw")
     await bus.redis.execute_command(*user.command())
     try:
         url_file = tmp_path / "role-url"

@@ -14,7 +14,8 @@ from astraflow.engines.settings import EngineSettings
 from astraflow.messages import WeightManifest, decode
 from astraflow.raas.device_load import DeviceLoader
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights.published import run_secret
+from astraflow.weights.publisher import WeightPublisher
 from astraflow.weights.settings import WeightsSettings
 from tests.integration.test_weights import MODEL, publish, receiver
 

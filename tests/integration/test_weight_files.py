@@ -19,7 +19,7 @@ from astraflow.launch.build import raas_setup
 from astraflow.messages import VersionNotice
 from astraflow.raas.worker import RaasWorker
 from astraflow.weights.files import buffer_root
-from astraflow.weights.publisher import newest_published
+from astraflow.weights.published import newest_published
 from astraflow.weights.settings import WeightsSettings
 from tests.integration.test_weights import MODEL, publish, step, trainer
 

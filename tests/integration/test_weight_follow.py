@@ -18,7 +18,8 @@ from astraflow.launch.build import dataflow_setup, raas_setup
 from astraflow.messages import VersionNotice, encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights.published import run_secret
+from astraflow.weights.publisher import WeightPublisher
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from tests.integration.raas_helpers import wait_for

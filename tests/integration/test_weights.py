@@ -13,7 +13,8 @@ import torch
 
 from astraflow.messages import WeightManifest, decode
 from astraflow.weights import layout
-from astraflow.weights.publisher import WeightPublisher, run_secret
+from astraflow.weights.published import run_secret
+from astraflow.weights.publisher import WeightPublisher
 from astraflow.weights.receiver import WeightReceiver
 from astraflow.weights.server import WeightServer
 from astraflow.weights.settings import WeightsSettings

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import ConfigError
-from astraflow.streams import acl
+from astraflow.streams import acl, acl_users
 
 
 def _key_patterns(rules) -> list[str]:
@@ -15,7 +15,7 @@ def _key_patterns(rules) -> list[str]:
 
 def test_rules_hold_only_a_hash_of_the_password_and_only_the_runs_keys():
     for role in acl.ROLES:
-        user = acl.acl_user("r1", role, "plain-pw")
+        user = acl_users.acl_user("r1", role, "plain-pw")
         assert user.name == f"af-r1-{role}"
         assert "plain-pw" not in " ".join(user.command())
         keys = _key_patterns(user.rules)
@@ -24,7 +24,7 @@ def test_rules_hold_only_a_hash_of_the_password_and_only_the_runs_keys():
 
 
 def test_the_observer_reads_only_and_only_raas_and_trainer_read_the_weight_secret():
-    observer = acl.acl_user("r1", "observer", "pw")
+    observer = acl_users.acl_user("r1", "observer", "pw")
     assert all(r.startswith("%R~") for r in _key_patterns(observer.rules))
     assert not {"+xadd", "+hset", "+set", "+del", "+evalsha", "+xack"} & set(" ".join(observer.rules).split())
     for role in acl.ROLES:
@@ -77,35 +77,36 @@ def test_the_role_table_in_the_docs_is_the_acl_s(tmp_path):
 
 def test_passwords_are_generated_into_a_private_file_then_read_back(tmp_path):
     path = tmp_path / "run.pw"
-    made, new = acl.passwords(path)
+    made, new = acl_users.passwords(path)
     assert new and path.stat().st_mode & 0o777 == 0o600
-    again, new = acl.passwords(path)
+    again, new = acl_users.passwords(path)
     assert again == made and not new
     path.write_text("raas=a\ntrainer=b\n")
     with pytest.raises(ConfigError, match="dataflow, observer"):
-        acl.passwords(path)
+        acl_users.passwords(path)
 
 
 def test_unknown_role_is_refused():
     with pytest.raises(ValueError, match="unknown role"):
-        acl.acl_user("r1", "admin", "pw")
+        acl_users.acl_user("r1", "admin", "pw")
 
 
 def test_a_per_raas_user_holds_only_its_own_name_and_heartbeat():
-    assert acl.accounts() == acl.ROLES
-    labels = acl.accounts(("raas-0", "raas-1"))
+    assert acl_users.accounts() == acl.ROLES
+    labels = acl_users.accounts(("raas-0", "raas-1"))
     assert labels == ("raas/raas-0", "raas/raas-1", "dataflow", "trainer", "observer")
-    user = acl.acl_user("r1", "raas/raas-0", "pw")
+    user = acl_users.acl_user("r1", "raas/raas-0", "pw")
     assert user.name == "af-r1-raas-raas-0"
     keys = set(_key_patterns(user.rules))
     assert {"~af:{r1}:name:raas:raas-0", "~af:{r1}:raas:raas-0"} <= keys
     assert not {"~af:{r1}:name:raas:*", "~af:{r1}:raas:*"} & keys
-    assert "~af:{r1}:name:raas:*" in _key_patterns(acl.acl_user("r1", "raas", "pw").rules)  # (one shared)
+    shared = acl_users.acl_user("r1", "raas", "pw")
+    assert "~af:{r1}:name:raas:*" in _key_patterns(shared.rules)  # (one shared)
     for bad in ("raas-*", "a b", "x]"):
         with pytest.raises(ConfigError, match="RaaS id"):
-            acl.accounts((bad,))
+            acl_users.accounts((bad,))
     with pytest.raises(ValueError, match="unknown role"):
-        acl.acl_user("r1", "trainer:t0", "pw")
+        acl_users.acl_user("r1", "trainer:t0", "pw")
 
 
 async def test_the_acl_command_makes_one_user_and_password_per_raas_id(tmp_path, capsys):
@@ -113,7 +114,7 @@ async def test_the_acl_command_makes_one_user_and_password_per_raas_id(tmp_path,
 
     settings = Settings()
     settings.run.name = "r1"
-    assert await acl.command(settings, None, tmp_path / "r1.pw", ("raas-0", "raas-1")) == 0
+    assert await acl_users.command(settings, None, tmp_path / "r1.pw", ("raas-0", "raas-1")) == 0
     out = capsys.readouterr().out
     assert out.count("ACL SETUSER af-r1-raas-raas-") == 2 and "ACL SETUSER af-r1-raas " not in out
     assert sorted(line.split("=")[0] for line in (tmp_path / "r1.pw").read_text().splitlines()) == [

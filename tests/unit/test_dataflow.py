@@ -23,7 +23,7 @@ from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.records import RolloutStats, decode_record, encode_record
 from astraflow.streams.runstate import MAX_VERSION_STEP
 from astraflow.streams.strays import Strays
-from astraflow.weights.publisher import newest_published
+from astraflow.weights.published import newest_published
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, small_dataflow, train, trajectory
 
 BASE = ["run.name=t", "dataflow.feeder.n_samples=4", "dataflow.dataset.size=50", "dataflow.batch.size=8"]

@@ -5,7 +5,7 @@ from importlib import resources
 
 import redis.asyncio as aioredis
 
-from astraflow.streams import acl
+from astraflow.streams import acl, acl_users
 from astraflow.streams.connection import script_source
 from astraflow.streams.functions import PREFIX, FunctionMissing, Script, function_name, library
 
@@ -34,7 +34,7 @@ def test_every_shipped_script_is_some_roles_function():
     granted = {(pkg, n) for role in acl.WORKERS for pkg, _, names in acl.ROLE_SCRIPTS[role] for n in names}
     assert shipped == granted
     for role in acl.WORKERS:  # each granted by its digest, nothing else may run a script
-        rules = " ".join(acl.acl_user("r", role, "pw").rules)
+        rules = " ".join(acl_users.acl_user("r", role, "pw").rules)
         assert all(f"+fcall|{function_name(s)}" in rules for s in acl.role_sources(role))
         assert not {"+evalsha", "+eval", "+script|load", "+function|load"} & set(
             rules.replace(")", " ").split()
