@@ -118,7 +118,7 @@ async def apply(client, users: list[AclUser], run: str | None = None) -> int:
         loaded = await functions.load(client, [s for role in WORKERS for s in role_sources(role)])
         if run is not None:
             await provision(client, Keys(run))
-    if run is not None and any(":" in u.role for u in users):  # per-RaaS users: none shared any more
+    if run is not None and any("/" in u.role for u in users):  # per-RaaS users: none shared any more
         await client.execute_command("ACL", "DELUSER", user_name(run, "raas"))
     for u in users:
         await client.execute_command(*u.command())

@@ -125,13 +125,16 @@ RARE = {
         " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
         " del@weights:*:*:relay:*:*:* zrem@weights:*:*:peers fcall@weights:*:*:peers"  # relays, peers
         " zrevrange@weights:*:*:peers"  # choosing a peer to pull from (on the trainer's host: its file)
+        " get@weights:*:*:shared"  # a version built on the trainer's GPU, taken device to device
+        " xrevrange@versions hmget@state"  # a failed load retried with the newest published version
     ),
     "trainer": _rare(
         f"{_START} {_KEYLESS} {_STRANDED.format('batches:*')} {_DEAD} xtrim@dead"
         " del@name:trainer:*"  # its name freed by a stop (this one exits at max_steps)
         " xrange@metrics hset@run:stop del@run:stop"  # judging stop conditions, stopping, resuming
         " hgetall@weights:*:*"  # a restarted trainer re-reading its newest manifest
-        " fcall@metrics"  # a writable family its scripts may declare
+        " fcall@metrics fcall@weights:*:*:shared"  # writable families its scripts may declare
+        " set@weights:*:*:shared"  # a version built on its GPU, shared with engines on its host
     ),
 }
 

@@ -94,7 +94,7 @@ async def test_a_changed_script_never_runs_the_loaded_version(admin, server):
     try:
         loaded = register_scripts(raas, "astraflow.weights", ("resign",))["resign"]
         changed = Script(raas, loaded.script + "\n-- the next version")
-        key = Keys(RUN).prefix + "weights:policy:1:relay:x"
+        key = Keys(RUN).weight_relay("policy", 1, "incarnation", "region", "seat")
         assert await loaded(keys=[key], args=["me"]) == 0  # runs: granted and loaded
         with pytest.raises(FunctionMissing, match="acl --apply"):
             await changed(keys=[key], args=["me"])
