@@ -21,6 +21,7 @@ from astraflow import redis_server
 from astraflow.launch.supervisor import cpu_seconds
 from astraflow.streams import Bus
 from astraflow.streams.connection import queue_script, with_script
+from astraflow.streams.functions import Script
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 PASSED = """redis.call('HSET', KEYS[1], unpack(ARGV))
@@ -36,7 +37,7 @@ def client_cpu_s() -> float:
 async def per_settle(server, size: int, groups: int, calls: int) -> dict[str, tuple[float, float]]:
     """Way -> (Redis CPU s, client CPU s) per settle."""
     bus = Bus.connect(server.url, "bench", RedisSettings(), StreamsSettings())
-    passed, written = bus.redis.register_script(PASSED), bus.redis.register_script(WRITTEN)
+    passed, written = Script(bus.redis, PASSED), Script(bus.redis, WRITTEN)
     payloads = {f"1796000000000-{i}": os.urandom(size) for i in range(groups)}
     pairs = [x for kv in payloads.items() for x in kv]
 
