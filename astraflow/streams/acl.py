@@ -55,9 +55,10 @@ def _g(what: str, families: str | tuple[str, ...], commands: str, write: bool = 
 # TIME, WAIT (replicated writes). No SCRIPT LOAD, EVAL or EVALSHA: a worker runs its functions only.
 _BASE = "select multi exec discard time wait".split()
 # A consumer of an input stream through the bus's scripts (handoff, claim, renew, release): its group on
-# its input, which it may create; and one that trims it too (trim.lua) may remove idle consumers.
-_READER = "xreadgroup xack xpending xclaim xrange xinfo|groups xgroup|create exists type"
-_CONSUMER = _READER + " xinfo|consumers xgroup|delconsumer xtrim"
+# its input, which it may create, and its consumers, which `astraflow health` reads; one that trims it too
+# (trim.lua) may remove idle consumers.
+_READER = "xreadgroup xack xpending xclaim xrange xinfo|groups xinfo|consumers xgroup|create exists type"
+_CONSUMER = _READER + " xgroup|delconsumer xtrim"
 
 
 _DATAFLOW = ("submit", "submit_eval", "room", "collect", "form", "version", "announce")

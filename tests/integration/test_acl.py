@@ -122,7 +122,7 @@ RARE = {
         " exists@run fcall@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
-        " hgetall@raas:*"  # `astraflow health --role raas` reads its heartbeat
+        " hgetall@raas:* xinfo|consumers@prompts"  # `astraflow health --role raas`: heartbeat, consumer
         " del@weights:*:*:relay:*:*:* zrem@weights:*:*:peers fcall@weights:*:*:peers"  # relays, peers
         " zrevrange@weights:*:*:peers"  # choosing a peer to pull from (on the trainer's host: its file)
         " get@weights:*:*:shared"  # a version built on the trainer's GPU, taken device to device
