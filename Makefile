@@ -53,7 +53,7 @@ OLD_STAMP := $(OLD_VENV)/.installed
 
 $(OLD_STAMP): pyproject.toml
 	test -x $(OLD_VENV)/bin/python || python3 -m venv $(OLD_VENV)
-	$(OLD_VENV)/bin/pip install -q -e . "torch==$(OLDEST_TORCH)" "transformers>=5.16.1,<5.20" \
+	$(OLD_VENV)/bin/pip install -q -e . "torch==$(OLDEST_TORCH)" "transformers>=5.16.1,<5.20" "peft>=0.17" \
 		"pytest>=8" "pytest-timeout>=2.3" "pytest-asyncio>=0.24" "fakeredis[lua]>=2.26"
 	touch $@
 
