@@ -22,7 +22,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from astraflow.trainer import commands, devices, lora
+from astraflow.errors import ConfigError
+from astraflow.trainer import commands, devices, lora, torch_range
 from astraflow.trainer.settings import TrainerSettings
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -93,6 +94,8 @@ def shard(model, device: torch.device | None = None, compute_dtype: torch.dtype 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if lora.is_adapter(model) and (why := torch_range.lora_sharding_refusal(torch.__version__)):
+        raise ConfigError(why)
     device = device or torch.device("cpu")
     # An explicit mesh: FSDP2's default follows the machine's accelerator, not this rank's device.
     mesh = init_device_mesh(device.type, (world()[1],))

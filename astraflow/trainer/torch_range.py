@@ -19,6 +19,13 @@ NEWEST = (2, 13)
 """The newest torch release tested (what the CPU inference stack pins); newer ones are untested."""
 
 
+LORA_SHARDED_OLDEST = (2, 13)
+"""The oldest torch on which a LoRA adapter trained under FSDP2 was shown to equal one process's
+(tests/integration/test_fsdp.py). On 2.7.1 the adapter's B matrices came out up to a fifth of the learning
+rate apart after two steps, nearly every element: a sharded LoRA trainer is refused there
+(`lora_sharding_refusal`), as on every release in between until one is tested."""
+
+
 def parse(version: str) -> tuple[int, int]:
     """(major, minor) of a torch version string such as `2.11.0+cu130` or `2.14.0.dev20260101`."""
     match = re.match(r"(\d+)\.(\d+)", version)
@@ -37,3 +44,14 @@ def refusal(version: str) -> str | None:
     if OLDEST <= parse(version) <= NEWEST:
         return None
     return f"torch {version} is outside the supported range: {described()}"
+
+
+def lora_sharding_refusal(version: str) -> str | None:
+    """Why a LoRA adapter may not be trained under FSDP2 on torch `version` (None: it may), in one line."""
+    if parse(version) >= LORA_SHARDED_OLDEST:
+        return None
+    oldest = ".".join(map(str, LORA_SHARDED_OLDEST))
+    return (
+        f"LoRA under FSDP2 needs torch {oldest} or newer (on {version} its adapter's gradients are not one "
+        "process's): train it on one device, or use a newer torch"
+    )

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from astraflow.redis_server import free_port
+from astraflow.trainer import torch_range
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.one_redis]
 torch = pytest.importorskip("torch")
@@ -142,8 +143,13 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
 
 def test_a_lora_adapter_trains_alike_on_two_gloo_ranks(tiny_model, tmp_path):
     """Under FSDP2 the adapter's step, its checkpoint state (the adapter only) and the version it
-    publishes (the adapter under PEFT's names) are one process's."""
+    publishes (the adapter under PEFT's names) are one process's; on a torch where that was not shown
+    (`torch_range.LORA_SHARDED_OLDEST`) the sharded trainer refuses to start, in one line."""
     single = run_step(tiny_model, tmp_path / "one.pt", 1, adapter=True)
+    if torch_range.lora_sharding_refusal(torch.__version__):  # an older torch: refused, never trained wrong
+        with pytest.raises(AssertionError, match="LoRA under FSDP2 needs torch"):
+            run_step(tiny_model, tmp_path / "two.pt", 2, adapter=True)
+        return
     sharded = run_step(tiny_model, tmp_path / "two.pt", 2, adapter=True)
     assert single.keys() == sharded.keys() and all(".lora_" in k for k in single)
     assert max((single[k] - sharded[k]).abs().max().item() for k in single) <= TOLERANCE

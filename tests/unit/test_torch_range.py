@@ -35,3 +35,8 @@ def test_a_torch_outside_the_range_is_refused_in_one_line_naming_it(version):
 @pytest.mark.parametrize("version", ["2.7.1+cu126", "2.11.0+cu130", "2.13.0"])
 def test_the_ends_and_the_gpu_nodes_torch_are_supported(version):
     assert torch_range.refusal(version) is None
+
+
+def test_lora_under_fsdp2_is_refused_below_the_torch_it_was_shown_on():
+    assert "LoRA under FSDP2 needs torch 2.13" in torch_range.lora_sharding_refusal("2.7.1+cu126")
+    assert torch_range.lora_sharding_refusal("2.13.0+cpu") is None
