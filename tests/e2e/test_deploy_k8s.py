@@ -70,9 +70,7 @@ def container_env(docs: list[dict], c: dict, pod: str = "pod-0") -> tuple[dict[s
     return env, from_secret
 
 
-def secret_mounts(
-    docs: list[dict], d: dict, c: dict, env: dict[str, str]
-) -> dict[str, tuple[str, str | None]]:
+def secret_mounts(d: dict, c: dict, env: dict[str, str]) -> dict[str, tuple[str, str | None]]:
     """The container's Secret volumes: mount path -> (Secret, the key a `subPath`/`subPathExpr` picks, or
     None where the whole Secret is mounted)."""
     volumes = {v["name"]: v for v in d["spec"]["template"]["spec"].get("volumes", [])}
@@ -89,7 +87,7 @@ def mount_secrets(docs: list[dict], d: dict, c: dict, env: dict[str, str], root:
     of one file per key, one key (`subPathExpr`) as that file alone. Returns mount path -> local path."""
     secrets = {s["metadata"]["name"]: s["stringData"] for s in docs if s["kind"] == "Secret"}
     local = {}
-    for path, (secret, key) in secret_mounts(docs, d, c, env).items():
+    for path, (secret, key) in secret_mounts(d, c, env).items():
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         if key is not None:
@@ -109,12 +107,12 @@ def pod_name(d: dict, ordinal: int = 0) -> str:
     )
 
 
-def password_source(docs: list[dict], d: dict, c: dict, env: dict[str, str]) -> tuple[str, str]:
+def password_source(d: dict, c: dict, env: dict[str, str]) -> tuple[str, str]:
     """(Secret, key) the container's Redis password comes from: an env var, or a file it mounts."""
     ref = next((e["valueFrom"] for e in c.get("env", []) if e["name"] == "ASTRAFLOW_REDIS__PASSWORD"), None)
     if ref is not None:
         return ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"]
-    secret, key = secret_mounts(docs, d, c, env)[env["ASTRAFLOW_REDIS__PASSWORD_FILE"]]
+    secret, key = secret_mounts(d, c, env)[env["ASTRAFLOW_REDIS__PASSWORD_FILE"]]
     assert key is not None, "a worker mounts one key of a Secret, never all"
     return secret, key
 
@@ -181,11 +179,11 @@ def test_every_raas_pod_up_to_kedas_maximum_has_a_user_and_a_password_of_its_own
         env, from_secret = container_env(docs, raas, pod)
         assert env["ASTRAFLOW_RAAS__ID"] == pod == ids[ordinal] and not from_secret
         assert env["ASTRAFLOW_REDIS__USERNAME"] == acl_users.user_name(run, f"raas/{pod}")
-        secret, key = password_source(docs, sts, raas, env)
+        secret, key = password_source(sts, raas, env)
         assert key == pod and sorted(secrets[secret]) == sorted(ids)
-        assert secret_mounts(docs, sts, raas, env) == {env["ASTRAFLOW_REDIS__PASSWORD_FILE"]: (secret, pod)}
+        assert secret_mounts(sts, raas, env) == {env["ASTRAFLOW_REDIS__PASSWORD_FILE"]: (secret, pod)}
     for d, c in containers(docs):
-        mounts = secret_mounts(docs, d, c, container_env(docs, c, pod_name(d))[0])
+        mounts = secret_mounts(d, c, container_env(docs, c, pod_name(d))[0])
         if c is job:
             assert list(mounts.values()) == [(secret, None)]
         elif c is not raas:
@@ -207,7 +205,7 @@ def test_every_container_command_and_probe_is_one_astraflow_runs_under_its_roles
         if cmd[1] in ROLES:  # a worker: its role's (a RaaS: its own) user and password, probes of its role
             label = f"raas/{pod}" if cmd[1] == "raas" else cmd[1]
             assert env["ASTRAFLOW_REDIS__USERNAME"] == acl_users.user_name(run, label)
-            assert password_source(docs, d, c, env)[1] == label.rpartition("/")[2]
+            assert password_source(d, c, env)[1] == label.rpartition("/")[2]
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 if kind in c:
                     probe = c[kind]["exec"]["command"]
