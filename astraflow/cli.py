@@ -58,9 +58,8 @@ def one_line(e: BaseException) -> str:
     if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:  # a task group's one failure
         return one_line(e.exceptions[0])
     if isinstance(e, redis.AuthenticationError | redis.AuthorizationError):
-        return (
-            f"Redis refused the credentials: {e} (check the password: the --redis-file URL or redis.password)"
-        )
+        where = "the --redis-file URL, redis.password or redis.password_file"
+        return f"Redis refused the credentials: {e} (check the password: {where})"
     if isinstance(e, redis.NoPermissionError):
         return f"Redis refused a command to this user: {e} (its ACL lacks it: see `astraflow redis acl`)"
     if isinstance(e, redis.ConnectionError | redis.TimeoutError | BusConnectionError):

@@ -31,12 +31,11 @@ from astraflow import layout
 from astraflow.dataflow.evaluation import EvalSettings
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.engines.settings import EngineSettings
-from astraflow.errors import ConfigError
+from astraflow.errors import ConfigError, RuleError
 from astraflow.layout import LayoutSettings
 from astraflow.policies import (
     PolicySettings,
     PolicySpec,
-    RuleError,
     check_datasets,
     check_policies,
     effective,

@@ -9,6 +9,15 @@ class ConfigError(AstraflowError):
     """A recipe, env var or override is invalid; the message names the field and the source."""
 
 
+class RuleError(ValueError):
+    """A settings rule was broken (raised in a validator, so pydantic reports it); `field` is the dotted
+    setting to change, which the settings' error message names instead of the validator's section."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class BusError(AstraflowError):
     """The Redis Streams bus refused or failed an operation."""
 

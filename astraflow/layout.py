@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from astraflow.policies import RuleError
+from astraflow.errors import RuleError
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 """One entry per GPU the NVIDIA driver drives (counted for `gpus: auto` without CUDA_VISIBLE_DEVICES)."""

@@ -14,19 +14,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from astraflow.engines.settings import EngineSettings, unreproducible
+from astraflow.errors import RuleError
 from astraflow.local_files import dataset_problem, model_problem
 from astraflow.trainer.settings import TrainerSettings
 
 if TYPE_CHECKING:
     from astraflow.config import Settings
-
-
-class RuleError(ValueError):
-    """A settings rule that spans sections was broken; `field` is the dotted setting to change."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class PolicySpec(BaseModel):

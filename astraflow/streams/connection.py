@@ -53,9 +53,10 @@ def make_client(url: str, settings: RedisSettings, *, read_timeout_s: float | No
 
 
 def credentials(settings: RedisSettings) -> dict[str, str]:
+    """The user and password a client authenticates with (`redis.password` or `redis.password_file`)."""
     found = {"username": settings.username} if settings.username else {}
-    if settings.password:
-        found["password"] = settings.password.get_secret_value()
+    if password := settings.secret():
+        found["password"] = password
     return found
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+from astraflow.errors import RuleError
 from astraflow.streams import keys
 
 
@@ -18,6 +19,9 @@ class RedisSettings(BaseModel):
     """ACL user (or put it in the URL); `astraflow redis acl` makes one per role of a run."""
     password: SecretStr | None = None
     """Password for `url` (or put it in the URL); never printed."""
+    password_file: Path | None = None
+    """File holding the password (its content less one trailing newline), read at start: e.g. a mounted
+    Secret only this process sees. Exclusive with `password`; its content is never printed."""
     tls_ca_file: Path | None = None
     """CA certificate that signed the server's (rediss:// URLs); unset = the system's CAs."""
     tls_cert_file: Path | None = None
@@ -43,6 +47,32 @@ class RedisSettings(BaseModel):
     so it survives a failover. 0: a failover may lose the last hand-offs (the ledger reports them)."""
     replica_ack_timeout_ms: int = Field(1000, gt=0)
     """How long one `WAIT` for `min_replicas_ack` replicas lasts before the hand-off is tried again."""
+
+    _file_password: SecretStr | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _read_password_file(self) -> RedisSettings:
+        if self.password_file is None:
+            return self
+        if self.password is not None:
+            raise RuleError(
+                "redis.password_file", "redis.password and redis.password_file are both set: give one"
+            )
+        try:
+            text = self.password_file.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) else "not text"
+            raise RuleError("redis.password_file", f"cannot read {self.password_file} ({reason})") from None
+        if not text.strip():
+            raise RuleError("redis.password_file", f"{self.password_file} is empty (it holds the password)")
+        self._file_password = SecretStr(text.removesuffix("\n"))
+        return self
+
+    def secret(self) -> str | None:
+        """The password to authenticate with: `password`, else the content of `password_file` as read when
+        these settings were made, else None."""
+        found = self.password or self._file_password
+        return found.get_secret_value() if found else None
 
     @field_validator("sentinels")
     @classmethod
