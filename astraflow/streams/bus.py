@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
+from typing import Literal
 
 import redis.asyncio as aioredis
 import structlog
@@ -293,7 +294,7 @@ class Bus:
         group: str,
         consumer: str,
         *,
-        mode: str,
+        mode: Literal["own", "others", "reap"],
         start: str,
         count: int,
         skip: Sequence[str] = (),

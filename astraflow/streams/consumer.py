@@ -147,7 +147,8 @@ class Consumer:
             self.forget(entry.id)
 
     async def dead_letter(self, entry: Delivery, reason: str) -> None:
-        """Send an entry that can never succeed (undecodable, invalid) straight to `dead`."""
+        """Send an entry that can never succeed (undecodable, invalid) straight to `dead` (where this
+        consumer may: `dead_letters`)."""
         try:
             await self.bus.dead_letter(entry, self.group, self.name, reason)
         finally:
