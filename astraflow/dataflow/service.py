@@ -26,6 +26,7 @@ from astraflow.dataflow.store import Store
 from astraflow.errors import describe
 from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
+from astraflow.streams.reap import Reaper
 from astraflow.streams.repair import repair
 from astraflow.workflows.api import check_row_rewards
 from astraflow.workflows.datasets import load_rows
@@ -128,6 +129,7 @@ class Dataflow:
         self.collector = Collector(self.store, name, untrained, e.metrics, settings.model_paths)
         self.barrier = Barrier(self.store, name, synchronous=settings.sync, evals=evals)
         self.former = BatchFormer(self.store)
+        self.reaper = Reaper(bus)
         self.collector.made_ready = self.former.made_ready
         self._collected = asyncio.Event()  # the collector settled rollouts: the former may have work
         self._freed = asyncio.Event()  # ... and the feeder may have room
@@ -227,6 +229,9 @@ class Dataflow:
             await asyncio.sleep(self.bus.settings.trim_interval_ms / 1000)
             for stream in (keys.rollouts, keys.versions, keys.dead):  # (ids forged by a writer)
                 await repair(self.bus, stream)
+            for stream in keys.reaped_streams():  # (no RaaS may dead-letter: its failed prompts)
+                if await self.reaper.sweep(stream):
+                    self._freed.set()  # (room in the backlog)
             for stream in (keys.prompts, keys.rollouts, keys.versions, keys.dead):  # (no RaaS may trim)
                 await self.bus.trim(stream)
 

@@ -25,6 +25,7 @@ from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, en
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
 from astraflow.streams import Bus, Consumer, Delivery, Out, Runner
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
+from astraflow.streams.reap import Reaper
 
 log = structlog.get_logger("demo")
 EXIT_FAILED = 1
@@ -123,8 +124,10 @@ async def _orchestrate(settings: Settings, local: LocalRun) -> int:
     collector = Runner(Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "collector"), collect, 64)
     task = asyncio.create_task(collector.run(stop))
     started, killed, failed = time.monotonic(), None, None
+    reaper = Reaper(bus)  # (the dataflow's part: prompts no RaaS could ever hand off go to `dead`)
     while len(seen) < d.groups and not task.done() and not received:
         await asyncio.sleep(0.5)
+        await reaper.sweep(bus.keys.prompts)
         try:
             restarted = local.supervisor.check()
         except WorkerFailed as e:  # a worker that keeps dying: the demo cannot finish

@@ -88,22 +88,26 @@ def role_sources(role: str) -> list[str]:
 
 DEDUP = {
     role: tuple(_KEYS.family("dedup", f"{kind}:*") for kind in kinds)
-    for role, kinds in {"raas": ("rollout", "dead"), "trainer": ("version", "dead")}.items()
+    for role, kinds in {"raas": ("rollout",), "trainer": ("version", "dead")}.items()
 }
 """The dedup markers a role's hand-offs write: a RaaS cannot forge a trainer's `version:` marker (which
-would keep that version from being announced), nor a trainer a RaaS's."""
+would keep that version from being announced), nor a trainer a RaaS's, nor a RaaS a dead letter's."""
 
 
 def _plumbing(role: str, errors: str = "hget hset hdel", run: str = "exists hmget") -> tuple[Grant, ...]:
-    """What every worker shares: the stream plumbing the bus's scripts write (dead letters, errors, the
-    ledger's counts, the in-flight set, dedup markers), its own role's consumer names (written only by
-    names.py's ownership-checking scripts), the run identity (read only: `create_run.lua` reads it where it
-    exists) and the start checks (`runs.open_run`: which of the run's first keys exist)."""
-    return (
-        _g("dead letters", "dead", "xadd xrange" if role == "raas" else "xadd xtrim xrange"),
-        _g("entry errors", "errors", errors),
+    """What every worker shares: the stream plumbing the bus's scripts write (errors, dedup markers; but
+    for a RaaS, which never dead-letters, `Keys.reaped_streams`: dead letters, the ledger's counts, the
+    in-flight set), its own role's consumer names (written only by names.py's ownership-checking scripts),
+    the run identity (read only: `create_run.lua` reads it where it exists) and the start checks
+    (`runs.open_run`: which of the run's first keys exist)."""
+    settles = (
+        _g("dead letters", "dead", "xadd xtrim xrange"),
         _g("ledger counts", "ledger", "hincrby"),
         _g("in-flight groups", "in_flight", "srem"),
+    )
+    return (
+        *(settles if role != "raas" else ()),
+        _g("entry errors", "errors", errors),
         _g("dedup markers", DEDUP.get(role, "dedup"), "get set"),
         _g(
             "its consumer names (ownership scripts)",
@@ -126,7 +130,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
             "raas",
             "hset pexpire del hgetall",
         ),
-        *_plumbing("raas"),
+        *_plumbing("raas", errors="hset hdel"),  # (releases; a hand-off clears them)
         _g("weight manifests", "weights", "hgetall", write=False),
         _g("weight peers", "weight_peers", "zadd zrevrange zrem expire"),
         _g("weight relay election", "weight_relay", "get set del"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
+from typing import Literal
 
 import redis.asyncio as aioredis
 import structlog
@@ -293,33 +294,35 @@ class Bus:
         group: str,
         consumer: str,
         *,
-        own: bool,
+        mode: Literal["own", "others", "reap"],
         start: str,
         count: int,
         skip: Sequence[str] = (),
         since_ms: int = 0,
     ) -> tuple[str, list[Delivery]]:
-        """Claim pending entries; an entry to be delivered once more than max_deliveries goes to `dead`.
+        """Claim pending entries (see claim.lua); an entry to be delivered once more than max_deliveries
+        goes to `dead`, or, on a stream whose consumers leave that to the dataflow
+        (`Keys.reaped_streams`), stays pending for its 'reap'.
 
-        `own=False`: other consumers' entries idle past the lease (a delivery). `own=True`: this
+        `mode='others'`: other consumers' entries idle past the lease (a delivery). `'own'`: this
         consumer's own pending entries except `skip` (what it still holds); a delivery only for those
         released or delivered before `since_ms` (Redis time when the consumer started: to a crashed
-        predecessor of the same name), not for those it lost track of (see claim.lua). Scans from
-        `start`; returns where the next call should start ('-' once the scan reached the end) and the
-        claimed entries.
+        predecessor of the same name), not for those it lost track of. `'reap'`: claims nothing, but
+        dead-letters the entries of any consumer idle past the lease and delivered max_deliveries times
+        (returned without fields). Scans from `start`; returns where the next call should start ('-' once
+        the scan reached the end) and the entries.
         """
         s = self.settings
         k = self.keys
+        settles = mode == "reap" or stream not in k.reaped_streams()
         keys, args = CLAIM.call(
             stream=stream,
-            dead=k.dead,
             errors=k.errors,
-            in_flight=k.in_flight,
-            ledger=k.ledger,
-            mode="own" if own else "others",
+            settle=[{"dead": k.dead, "in_flight": k.in_flight, "ledger": k.ledger}] if settles else [],
+            mode=mode,
             group=group,
             consumer=consumer,
-            min_idle=since_ms if own else s.lease_ms,
+            min_idle=since_ms if mode == "own" else s.lease_ms,
             start=start,
             count=count,
             max_deliveries=s.max_deliveries,
@@ -331,7 +334,7 @@ class Bus:
         failures = self.failures
 
         async def attempt():
-            if not own and self.failures != failures:  # Redis went away meanwhile: idle times now
+            if mode != "own" and self.failures != failures:  # Redis went away meanwhile: idle times now
                 return [b""]  # include the outage, so no reclaim until the consumer's wait has passed
             return await self._scripts[CLAIM.name](keys=keys, args=args)
 

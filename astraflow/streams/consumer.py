@@ -48,6 +48,12 @@ class Consumer:
         self._failures_seen = 0  # the bus's failure count at the last reclaim check
         self._quiet_until = 0.0  # no reclaim before (monotonic): a lease after Redis was last away
 
+    @property
+    def dead_letters(self) -> bool:
+        """Whether this consumer may dead-letter entries; on a stream it may not (`Keys.reaped_streams`) it
+        only releases them, and the dataflow dead-letters them after max_deliveries (`streams.reap`)."""
+        return self.stream not in self.bus.keys.reaped_streams()
+
     def rescan(self) -> None:
         """Take back own pending entries at the next read (after losing track of some)."""
         self._rescan = True
@@ -84,7 +90,7 @@ class Consumer:
                 self.stream,
                 self.group,
                 self.name,
-                own=True,
+                mode="own",
                 start=self._own_cursor,
                 count=count - len(out),
                 skip=list(self.in_flight),
@@ -98,7 +104,7 @@ class Consumer:
                 self.stream,
                 self.group,
                 self.name,
-                own=False,
+                mode="others",
                 start=self._others_cursor,
                 count=count - len(out),
             )
@@ -141,7 +147,8 @@ class Consumer:
             self.forget(entry.id)
 
     async def dead_letter(self, entry: Delivery, reason: str) -> None:
-        """Send an entry that can never succeed (undecodable, invalid) straight to `dead`."""
+        """Send an entry that can never succeed (undecodable, invalid) straight to `dead` (where this
+        consumer may: `dead_letters`)."""
         try:
             await self.bus.dead_letter(entry, self.group, self.name, reason)
         finally:

@@ -64,12 +64,15 @@ def handoff_call(
                 {"stream": key_index(out.stream), "dedup": dedup, "binding": binding, "fields": out.fields}
             )
         calls.append({"input_id": input_id, "dead_uid": dead_uid, "outs": written})
+    settle = 0
+    if any(item.dead_uid for item in items):  # (only then: a RaaS's user may write neither key)
+        settle = len(outputs) + 1
+        outputs += [keys.in_flight, keys.ledger]
     return HANDOFF.call(
         input=stream,
         errors=keys.errors,
-        in_flight=keys.in_flight,
-        ledger=keys.ledger,
         outputs=outputs,
+        settle=settle,
         group=group,
         consumer=consumer,
         ttl_ms=ttl_ms,

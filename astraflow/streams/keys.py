@@ -214,6 +214,12 @@ class Keys:
         """Streams whose entries each carry one in-flight prompt group (header `uid`)."""
         return [self.prompts, self.rollouts]
 
+    def reaped_streams(self) -> list[str]:
+        """Streams whose consumers never dead-letter (the RaaS's user may write neither `dead`, the ledger
+        nor the in-flight set): an entry delivered max_deliveries times stays pending until the dataflow
+        dead-letters it (`streams.reap`)."""
+        return [self.prompts]
+
     def capped_streams(self) -> list[str]:
         """Streams without a consumer group, trimmed by length (readers use plain XREAD)."""
         return [self.notices, self.dead, self.metrics]

@@ -25,7 +25,9 @@ class Runner:
     so a busy worker makes one round trip for many entries. An entry occupies a slot from its delivery
     until its handler returns; up to `capacity` more may wait for their hand-off, so reading the next
     entries overlaps with committing the last ones. Fault handling is the point of this class:
-    - DecodeError or an oversized output: the entry can never succeed, it goes to `dead` at once;
+    - DecodeError or an oversized output: the entry can never succeed, it goes to `dead` at once (on a
+      stream whose consumers may not dead-letter, `Consumer.dead_letters`, it is released with its reason
+      like any failure, and the dataflow dead-letters it after max_deliveries);
     - any other exception: the entry is released for redelivery and reaches `dead` after max_deliveries;
     - an entry reclaimed by another consumer (our lease lapsed) is cancelled and its output dropped;
     - a handler running past `streams.handler_timeout_s` is cancelled and its entry released; the worker
@@ -174,8 +176,9 @@ class Runner:
         task.add_done_callback(lambda t: self._task_done(entry.id, t))
 
     async def _failed(self, entry: Delivery, error: BaseException) -> None:
-        """An entry that can never succeed goes to `dead` at once; any other failure releases it."""
-        if not isinstance(error, DecodeError | MessageTooLarge):
+        """An entry that can never succeed goes to `dead` at once where this consumer may dead-letter; any
+        other failure releases it."""
+        if not (isinstance(error, DecodeError | MessageTooLarge) and self.consumer.dead_letters):
             self.log.warning("entry_failed", id=entry.id, deliveries=entry.deliveries, error=describe(error))
             await self._release(entry, f"{type(error).__name__}: {error}")
             return

@@ -6,11 +6,14 @@ from astraflow.streams.contract import Arg, Contract, KeyList, List, Many, Pairs
 
 HANDOFF = Contract(
     "handoff",
-    keys=("input", "errors", "in_flight", "ledger"),
+    keys=("input", "errors"),
     rest=KeyList(
-        "outputs", doc="output streams and dedup keys, referenced by index (1-based) from the items"
+        "outputs",
+        doc="output streams and dedup keys, referenced by index (1-based) from the items; and where an "
+        "item settles a group, the in-flight set and the ledger",
     ),
     args=(
+        Arg("settle", "int", "index in `outputs` of the in-flight set, the ledger after it (0: none)"),
         Arg("group"),
         Arg("consumer"),
         Arg("ttl_ms", "int", "how long a dedup marker lives"),
@@ -48,12 +51,18 @@ RELEASE = Contract(
 )
 CLAIM = Contract(
     "claim",
-    keys=("stream", "dead", "errors", "in_flight", "ledger"),
+    keys=("stream", "errors"),
+    rest=KeyList(
+        "settle",
+        ("dead", "in_flight", "ledger"),
+        "none, or where an entry past max_deliveries goes and the group it settles: without them a claim "
+        "leaves such entries pending for a 'reap' (a RaaS may write none of the three)",
+    ),
     args=(
-        Arg("mode", doc="'own' or 'others'"),
+        Arg("mode", doc="'own', 'others' or 'reap' (dead-letter only; needs `settle`)"),
         Arg("group"),
         Arg("consumer"),
-        Arg("min_idle", "int", "min_idle_ms ('others') or since (ms, 'own')"),
+        Arg("min_idle", "int", "min_idle_ms ('others', 'reap') or since (ms, 'own')"),
         Arg("start"),
         Arg("count", "int"),
         Arg("max_deliveries", "int"),
@@ -62,7 +71,8 @@ CLAIM = Contract(
         Arg("max_field_bytes", "int"),
         List("skip", doc="ids the consumer still holds"),
     ),
-    reply="{next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end",
+    reply="{next_start, {id, deliveries, f1, v1, ...}...}; next_start is '' once the scan reached the end; "
+    "'reap': {next_start, {id, deliveries}...} of the entries dead-lettered",
 )
 TRIM = Contract(
     "trim",

@@ -118,7 +118,7 @@ _DEAD = (  # dead letters, released entries
 RARE = {
     "raas": _rare(
         f"{_START} {_KEYLESS} {_STRANDED.format('prompts').replace('xgroup|delconsumer@prompts', '')}"
-        f" {_DEAD} hget@errors exists@prompts xinfo|groups@prompts"  # (an entry it lost: common.lua)
+        " hset@errors exists@prompts xinfo|groups@prompts"  # released entries; an entry it lost (common.lua)
         " exists@run fcall@run hmget@run"  # the run identity: a RaaS bootstrapping, or verifying pushes
         " hexists@workflows hget@workflows"  # pushed workflows
         " hget@state xrevrange@notices"  # the notice retry, a start after notices were sent
@@ -251,6 +251,9 @@ def _attacks(k: Keys) -> dict[str, tuple]:
         "xtrim_prompts_to_0": ("XTRIM", k.prompts, "MAXLEN", 0),
         "xtrim_dead_to_0": ("XTRIM", k.dead, "MAXLEN", 0),
         "xgroup_delconsumer_prompts": ("XGROUP", "DELCONSUMER", k.prompts, GROUP_RAAS, "raas-1"),  # its 1
+        "xadd_forged_dead_letter": ("XADD", k.dead, "*", "kind", "dead_letter", "settled", "g1"),
+        "hincrby_ledger_dead": ("HINCRBY", k.ledger, "dead", 1),
+        "srem_in_flight": ("SREM", k.in_flight, "g1"),  # (a live group, never to be settled then)
         "eval_a_spinning_script": ("EVAL", "while true do end", 0),
         "script_load": ("SCRIPT", "LOAD", "while true do end"),
     }
@@ -266,7 +269,9 @@ async def test_the_raas_credentials_cannot_destroy_the_run(admin, server, attack
     await admin.xadd(k.rollouts, {"kind": "rollout"})
     await admin.xadd(k.dead, {"kind": "dead"})
     await admin.hset(k.ledger, "submitted", 1)
-    before = {key: await admin.dump(key) for key in (k.prompts, k.rollouts, k.identity, k.ledger, k.dead)}
+    await admin.sadd(k.in_flight, "g1")
+    kept = (k.prompts, k.rollouts, k.identity, k.ledger, k.dead, k.in_flight)
+    before = {key: await admin.dump(key) for key in kept}
     raas = aioredis.Redis.from_url(
         server.display_url, username=acl_users.user_name(RUN, "raas"), password=passwords["raas"]
     )
@@ -504,24 +509,27 @@ async def test_a_raas_of_its_own_user_cannot_take_another_raas_s_name(admin, ser
 async def test_the_dataflow_repairs_what_a_raas_credential_exhausted_under_their_users(
     admin, server, tmp_path
 ):
-    """A RaaS may XADD to `rollouts` and `dead` (its hand-off and dead letters do), an id of its choosing
-    too: the dataflow's user repairs them (`streams.repair`), and may delete nothing else by it."""
+    """A RaaS may XADD to `rollouts` (its hand-off does), a trainer to `dead` (its dead letters do), an id
+    of their choosing too: the dataflow's user repairs them (`streams.repair`), and may delete nothing
+    else by it."""
     from astraflow.streams.repair import repair
 
     passwords = await install(admin, RUN)
     base = run_settings(server.display_url, "unused", tmp_path)
     raas = connect(server.display_url, as_role(base, RUN, "raas", passwords["raas"]))
+    trainer = connect(server.display_url, as_role(base, RUN, "trainer", passwords["trainer"]))
     dataflow = connect(server.display_url, as_role(base, RUN, "dataflow", passwords["dataflow"]))
     k, last = Keys(RUN), "18446744073709551615-18446744073709551615"
     try:
         await dataflow.ensure_group(k.rollouts, GROUP_DATAFLOW)
-        for stream in (k.rollouts, k.dead):
-            await raas.redis.xadd(stream, {"kind": "forged"}, id=last)  # (allowed: no grant can refuse it)
+        for writer, stream in ((raas, k.rollouts), (trainer, k.dead)):
+            await writer.redis.xadd(stream, {"kind": "forged"}, id=last)  # (allowed: no grant can refuse it)
             assert await repair(dataflow, stream) == 1
-            assert await raas.redis.xadd(stream, {"kind": "next"}) is not None
+            assert await writer.redis.xadd(stream, {"kind": "next"}) is not None
         assert await repair(dataflow, k.prompts) == 0
         assert [g["last-delivered-id"] for g in await admin.xinfo_groups(k.rollouts)] == [b"0-0"]
         assert await refused(lambda: dataflow.redis.xdel(k.prompts, "1-0"))
     finally:
         await raas.close()
+        await trainer.close()
         await dataflow.close()

@@ -9,6 +9,7 @@ from astraflow.launch.demo import rollout
 from astraflow.messages import SCHEMA_VERSION, PromptGroup, decode, encode
 from astraflow.streams import DUP, OK, Consumer, Out, Runner
 from astraflow.streams.keys import GROUP_RAAS
+from astraflow.streams.reap import Reaper
 from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
 
 pytestmark = pytest.mark.integration
@@ -101,17 +102,19 @@ async def test_poison_entries_go_to_dead_and_the_consumer_keeps_going(bus):
         return await inner(entry)
 
     runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 4)
+    reaper = Reaper(bus)  # the dataflow's part: no RaaS dead-letters a prompt
 
     async def settled():
+        await reaper.sweep(bus.keys.prompts)
         return await bus.redis.xlen(bus.keys.dead) == 2 and await bus.redis.xlen(bus.keys.rollouts) == 13
 
     await run_until(runner, settled, timeout_s=30)
     assert attempts == bus.settings.max_deliveries
     dead = {f[b"source_id"]: f for _, f in await bus.redis.xrange(bus.keys.dead)}
     reasons = sorted(f[b"reason"].decode() for f in dead.values())
-    assert reasons[0].startswith("DecodeError: data: not valid msgpack")
-    assert "ValueError: this group always fails" in reasons[1]
-    assert f"delivered {bus.settings.max_deliveries} times" in reasons[1]
+    assert "last error: c: DecodeError: data: not valid msgpack" in reasons[0]
+    assert "last error: c: ValueError: this group always fails" in reasons[1]
+    assert all(f"delivered {bus.settings.max_deliveries} times" in r for r in reasons)
     assert sorted(await rollout_uids(bus)) == sorted(u for u in uids + later if u != "g000003")
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
 
@@ -139,8 +142,10 @@ async def test_entry_with_thousands_of_fields_is_dead_lettered_not_crash_looped(
         return await (await passthrough(bus, "c"))(entry)
 
     runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 4)
+    reaper = Reaper(bus)  # the dataflow's part: no RaaS dead-letters a prompt
 
     async def settled():
+        await reaper.sweep(bus.keys.prompts)
         return await bus.redis.xlen(bus.keys.dead) == 1 and await bus.redis.xlen(bus.keys.rollouts) == 3
 
     await run_until(runner, settled, timeout_s=30)

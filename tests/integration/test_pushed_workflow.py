@@ -9,6 +9,7 @@ import pytest
 from pydantic import SecretStr
 
 from astraflow.config import Settings
+from astraflow.streams.reap import Reaper
 from astraflow.workflows.pushed import PushedWorkflows, push
 from tests.integration.raas_helpers import raas_settings, rollouts, spawn_raas, stop, submit, wait_for
 from tests.integration.test_acl import admin, as_role, connect, denials, install, refused, server  # noqa: F401
@@ -62,7 +63,13 @@ async def test_a_workflow_pushed_to_a_running_raas_runs_there_without_its_module
         wrong = push_cli(redis_url, module_dir, "not-the-key")
         assert wrong.returncode == 0, wrong.stderr
         [refused] = await submit(bus, 1, workflow="user_flow_x7:Bonus")
-        await wait_for(lambda: bus.redis.xlen(bus.keys.dead), what="the wrongly signed push refused")
+        reaper = Reaper(bus)  # the dataflow's part (none runs here): no RaaS dead-letters a prompt
+
+        async def dead_lettered() -> int:
+            await reaper.sweep(bus.keys.prompts)
+            return await bus.redis.xlen(bus.keys.dead)
+
+        await wait_for(dead_lettered, what="the wrongly signed push refused")
 
         done = push_cli(redis_url, module_dir, KEY)  # a correct push replaces it; the RaaS still runs
         assert done.returncode == 0 and "pushed user_flow_x7:Bonus" in done.stdout, done.stderr

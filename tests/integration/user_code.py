@@ -37,3 +37,10 @@ class Echo(RolloutWorkflow):
             reward=0.5,
         )
         return EpisodeResult([traj])
+
+
+class Raises(RolloutWorkflow):
+    """Fails every episode: its prompt group can never be rolled out."""
+
+    async def run_episode(self, engines, sample):
+        raise RuntimeError("workflow exploded")

@@ -55,11 +55,22 @@ def test_the_raas_may_neither_trim_nor_remove_consumers_and_deletes_only_where_i
     assert {f for c, f in raas if c == "del"} == {"raas:*", "name:raas:*", "weights:*:*:relay:*:*:*"}
     assert {f for c, f in raas if c == "set"} == {
         "dedup:rollout:*",
-        "dedup:dead:*",
         "name:raas:*",
         "weights:*:*:relay:*:*:*",
     }
     assert not {f for c, f in raas if c == "hset"} - {"raas:*", "errors"}
+
+
+def test_the_raas_may_write_no_dead_letter_ledger_count_or_in_flight_group():
+    """The dataflow dead-letters a RaaS's failed prompts (`streams.reap`): a RaaS credential can neither
+    forge a dead letter, inflate the ledger nor drop a group from `in_flight`, by hand or through a
+    function (FCALL needs write access to every key it hands)."""
+    settled = {"dead", "ledger", "in_flight", "dedup:dead:*"}
+    assert settled.isdisjoint(acl.families("raas", write=True))
+    assert settled.isdisjoint(acl.script_families("raas"))
+    assert {f for _, f in acl.allowed("raas")} & settled == {"ledger"}  # (read only: the start checks)
+    for role in ("dataflow", "trainer"):  # (they still dead-letter what they consume)
+        assert {"dead", "ledger", "in_flight"} <= acl.script_families(role)
 
 
 def test_the_dataflow_deletes_no_stream():

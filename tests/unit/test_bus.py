@@ -6,7 +6,8 @@ import pytest
 
 from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams import DUP, LOST, OK, Consumer, Out
-from astraflow.streams.keys import GROUP_RAAS
+from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
+from astraflow.streams.reap import Reaper
 
 
 def out(bus, i, dedup=True):
@@ -191,6 +192,9 @@ async def test_released_entry_dead_letters_after_max_deliveries(bus):
             seen += 1
             await c.release(entry, "ValueError: always fails")
     assert seen == bus.settings.max_deliveries
+    # A RaaS leaves it pending (its user may not write `dead`): the dataflow dead-letters it.
+    assert await bus.redis.xlen(bus.keys.dead) == 0
+    assert await Reaper(bus).sweep(bus.keys.prompts) == 1
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
     assert dead[b"source"] == bus.keys.prompts.encode()
     assert dead[b"consumer"] == b"c"
@@ -200,13 +204,13 @@ async def test_released_entry_dead_letters_after_max_deliveries(bus):
 
 
 async def test_dead_letter_is_immediate_and_acks(bus):
-    await fill(bus, 1)
-    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    await bus.publish(Out(bus.keys.rollouts, {"data": b"x"}))
+    c = Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "c")
     [entry] = await c.read(1, block_ms=10)
     await c.dead_letter(entry, "DecodeError: kind: missing header field")
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
     assert dead[b"reason"].startswith(b"DecodeError")
-    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+    assert (await bus.redis.xpending(bus.keys.rollouts, GROUP_DATAFLOW))["pending"] == 0
 
 
 async def test_trim_never_drops_unacknowledged_entries(bus):
@@ -331,17 +335,18 @@ async def test_dead_letter_of_an_entry_whose_owners_crashed_says_so(bus):
         got = await worker.read(1, block_ms=10)
         assert len(got) == (i < bus.settings.max_deliveries)
         await asyncio.sleep(bus.settings.lease_ms / 1000 + 0.05)  # it crashed: nobody renews
+    assert await Reaper(bus).sweep(bus.keys.prompts) == 1  # (no RaaS dead-letters: the dataflow does)
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
     assert b"w2 stopped renewing its lease (crashed or hung)" in dead[b"reason"]
 
 
 async def test_large_fields_of_a_dead_letter_are_replaced_by_size_and_digest(bus):
-    await bus.publish(Out(bus.keys.prompts, {"uid": b"u0", "data": b"x" * 100_000}))
-    c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
+    await bus.publish(Out(bus.keys.rollouts, {"uid": b"u0", "data": b"x" * 100_000}))
+    c = Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "c")
     [entry] = await c.read(1, block_ms=10)
     await c.dead_letter(entry, "DecodeError: data: truncated")
     for _ in range(bus.settings.max_deliveries):  # and the same through a claim after max_deliveries
-        await bus.publish(Out(bus.keys.prompts, {"uid": b"u1", "data": b"y" * 100_000}))
+        await bus.publish(Out(bus.keys.rollouts, {"uid": b"u1", "data": b"y" * 100_000}))
     c._next_reclaim = float("inf")
     for _ in range(bus.settings.max_deliveries + 1):
         for e in await c.read(1, block_ms=10):

@@ -12,6 +12,7 @@ from astraflow.launch.build import dataflow_setup, raas_setup
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Out
+from astraflow.streams.reap import Reaper
 from astraflow.workflows.api import UnknownName, resolve_workflow, reward_name
 from astraflow.workflows.rewards import RewardRunner
 
@@ -38,12 +39,19 @@ async def run_groups(bus, groups, **raas) -> tuple[list[RolloutGroup], list[dict
     for k, v in raas.items():
         setattr(settings.raas, k, v)
     worker = RaasWorker(raas_setup(settings), bus, {"policy": Idle()}, "raas-t", {})
+    reaper = Reaper(bus)  # the dataflow's part: it dead-letters the prompts a RaaS gave up on
+
+    async def settled() -> int:
+        return await bus.redis.xlen(bus.keys.rollouts) + await bus.redis.xlen(bus.keys.dead)
+
+    before = await settled()  # (what earlier calls left)
     await bus.publish_many([Out(bus.keys.prompts, encode(g), f"prompt:{g.uid}") for g in groups])
     stop = asyncio.Event()
     task = asyncio.create_task(worker.runner.run(stop))
     try:
         async with asyncio.timeout(30):
-            while await bus.redis.xlen(bus.keys.rollouts) + await bus.redis.xlen(bus.keys.dead) < len(groups):
+            while await settled() - before < len(groups):
+                await reaper.sweep(bus.keys.prompts)
                 await asyncio.sleep(0.02)
     finally:
         stop.set()

@@ -49,7 +49,7 @@ async def test_claim_dead_letters_a_forged_entry_without_settling_the_group_it_n
     await bus.read(bus.keys.rollouts, GROUP_DATAFLOW, "crashed", 10, None)  # delivered, never acknowledged
     # A consumer started after the delivery: its own claim counts it, and at max_deliveries it is dead.
     _, claimed = await bus.claim(
-        bus.keys.rollouts, GROUP_DATAFLOW, "crashed", own=True, start="-", count=10, since_ms=2**50
+        bus.keys.rollouts, GROUP_DATAFLOW, "crashed", mode="own", start="-", count=10, since_ms=2**50
     )
     assert claimed == [] and await bus.redis.xlen(bus.keys.dead) == 1
     assert await bus.redis.smembers(bus.keys.in_flight) == {victim}

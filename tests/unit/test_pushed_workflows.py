@@ -17,6 +17,7 @@ from astraflow.messages import encode
 from astraflow.raas.worker import RaasWorker
 from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.identity import clear
+from astraflow.streams.reap import Reaper
 from astraflow.workflows.pushed import PushedWorkflow, push
 from tests.unit.test_code_from_data import Idle, group, run_groups
 
@@ -149,6 +150,7 @@ async def test_a_push_to_run_a_is_refused_on_a_new_run_of_that_name_whose_nonce_
         await bus.publish_many([Out(bus.keys.prompts, encode(g), f"prompt:{g.uid}")])
         async with asyncio.timeout(30):
             while not await bus.redis.xlen(stream):
+                await Reaper(bus).sweep(bus.keys.prompts)  # (the dataflow dead-letters failed prompts)
                 await asyncio.sleep(0.02)
 
     try:

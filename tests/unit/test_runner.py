@@ -9,7 +9,8 @@ from structlog.testing import capture_logs
 
 from astraflow.errors import DecodeError, WorkerUnhealthy
 from astraflow.streams import Consumer, Out, Runner
-from astraflow.streams.keys import GROUP_RAAS
+from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
+from astraflow.streams.reap import Reaper
 
 
 async def fill(bus, n):
@@ -42,24 +43,61 @@ async def test_runner_holds_at_most_its_capacity(bus):
     assert peak == 3 and runner.stats["ok"] == 10
 
 
-async def test_undecodable_entry_is_dead_lettered_and_the_rest_flows(bus):
-    await fill(bus, 5)
+def failing_u2(out_stream):
+    """A handler that hands each entry on to `out_stream`, but cannot decode the one of uid u2."""
 
     async def handle(entry):
         if entry.fields["uid"] == b"u2":
             raise DecodeError("data: not valid msgpack")
-        return [Out(bus.keys.rollouts, {"uid": entry.fields["uid"]})]
+        return [Out(out_stream, {"uid": entry.fields["uid"]})]
 
-    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), handle, 2)
+    return handle
+
+
+async def run_until(runner, done) -> None:
+    """Run `runner` until `await done()`, then stop it."""
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
-    while await bus.redis.xlen(bus.keys.rollouts) < 4:
+    while not await done():
         await asyncio.sleep(0.02)
     stop.set()
     await task
+
+
+async def test_undecodable_entry_is_dead_lettered_and_the_rest_flows(bus):
+    """Where the consumer may dead-letter (here the dataflow's `rollouts`), at once."""
+    await bus.publish_many([Out(bus.keys.rollouts, {"uid": f"u{i}"}, f"r{i}") for i in range(5)])
+    runner = Runner(Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "c"), failing_u2(bus.keys.metrics), 2)
+    await run_until(runner, lambda: _at_least(bus, bus.keys.metrics, 4))
     [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
     assert dead[b"reason"] == b"DecodeError: data: not valid msgpack" and dead[b"field.uid"] == b"u2"
     assert runner.stats["dead"] == 1
+
+
+async def test_a_raas_releases_an_undecodable_prompt_until_the_dataflow_dead_letters_it(bus):
+    """A RaaS may not write `dead`: an undecodable prompt is released with its reason, delivered
+    max_deliveries times (no more), then dead-lettered by the dataflow's reaper with that reason."""
+    await fill(bus, 5)
+    runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), failing_u2(bus.keys.rollouts), 2)
+
+    async def released_thrice() -> bool:
+        if runner.stats["released"] < 3 or not await _at_least(bus, bus.keys.rollouts, 4):
+            return False
+        await asyncio.sleep(0.3)  # (a further delivery would show meanwhile)
+        return True
+
+    await run_until(runner, released_thrice)
+    assert runner.stats["released"] == bus.settings.max_deliveries == 3 and runner.stats["dead"] == 0
+    assert await bus.redis.xlen(bus.keys.dead) == 0
+    assert await Reaper(bus).sweep(bus.keys.prompts) == 1
+    [(_, dead)] = await bus.redis.xrange(bus.keys.dead)
+    assert dead[b"reason"].endswith(b"last error: c: DecodeError: data: not valid msgpack")
+    assert dead[b"field.uid"] == b"u2" and dead[b"deliveries"] == b"3"
+    assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 0
+
+
+async def _at_least(bus, stream: str, n: int) -> bool:
+    return await bus.redis.xlen(stream) >= n
 
 
 async def test_cancelled_runner_leaves_no_handler_running(bus):

@@ -223,6 +223,7 @@ NOT_KEYS = {
     "group_of",
     "tracked_streams",
     "capped_streams",
+    "reaped_streams",
     "trace_prefix",
 }
 KEY_FAMILIES = [n for n, v in vars(schema.Keys).items() if not n.startswith("_") and n not in NOT_KEYS]

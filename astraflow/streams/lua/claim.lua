@@ -1,5 +1,5 @@
 -- Claim pending entries for `consumer`, and dead-letter those already delivered max_deliveries times.
--- Two modes:
+-- Three modes:
 --   'others': entries of other consumers idle longer than the lease (their owner stopped renewing, or
 --             released them). Counts a delivery.
 --   'own':    this consumer's own pending entries after `start`, except the ids it says it still holds.
@@ -9,6 +9,11 @@
 --             times are Redis's, so no clock skew or latency enters. One the consumer merely lost track of
 --             in this process (a lost reply, a hand-off that failed while Redis was away) is not a new
 --             delivery: the attempt did not fail, so it neither counts nor dead-letters.
+--   'reap':   claims nothing: dead-letters the entries of any consumer idle longer than the lease and
+--             delivered max_deliveries times (the dataflow, for the consumers of a stream that may not).
+-- A claim that would count a delivery past max_deliveries dead-letters the entry instead, when its caller
+-- hands the keys to (`Key.settle`: the dead stream, the in-flight set, the ledger); without them it
+-- leaves the entry pending for a 'reap' (a RaaS: its user may write none of the three).
 -- A counted claim of an entry that was not released records why the last attempt ended in the errors
 -- hash, so a dead letter says what happened.
 -- XPENDING + XCLAIM rather than XAUTOCLAIM or XREADGROUP <id>: it tells the last owner and the delivery
@@ -20,10 +25,13 @@
 -- and the ledger counts it dead.
 -- Keys, arguments and reply: `CLAIM` in astraflow/streams/scripts.py. Larger fields of a dead letter than
 -- `max_field_bytes` are replaced by their size and digest.
-local stream, dead, errors, in_flight, ledger = Key.stream, Key.dead, Key.errors, Key.in_flight, Key.ledger
+local stream, errors, settle = Key.stream, Key.errors, Key.settle[1]
 local mode, group, consumer, min_idle, start = Arg.mode, Arg.group, Arg.consumer, Arg.min_idle, Arg.start
 local count, max_deliveries, dead_maxlen, tracked = Arg.count, Arg.max_deliveries, Arg.dead_maxlen, Arg.tracked
 local max_field_bytes = Arg.max_field_bytes
+if mode == 'reap' and not settle then
+  return redis.error_reply('ERR claim: reap needs the dead, in_flight and ledger keys')
+end
 local MAX_COPIED_FIELDS = 200  -- fields of the original entry copied into a dead letter
 
 local skip = {}
@@ -70,9 +78,9 @@ local function dead_letter(id, entry, owner, deliveries, last)
     fields[#fields + 1] = DeadLetter.fields_truncated
     fields[#fields + 1] = tostring(#entry[2] / 2)
   end
-  redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
-  if uid and redis.call('SREM', in_flight, uid) == 1 then
-    redis.call('HINCRBY', ledger, Counters.dead, 1)
+  redis.call('XADD', settle.dead, 'MAXLEN', '~', dead_maxlen, '*', unpack(fields))
+  if uid and redis.call('SREM', settle.in_flight, uid) == 1 then
+    redis.call('HINCRBY', settle.ledger, Counters.dead, 1)
   end
 end
 
@@ -82,12 +90,14 @@ if #pending == count and pending[#pending][1] ~= LAST_ID then
 end
 for _, p in ipairs(pending) do
   local id, owner, idle, deliveries = p[1], p[2], tonumber(p[3]), tonumber(p[4])
-  if not skip[id] and (mode == 'own' or owner ~= consumer) then
+  local released = idle >= RELEASED_IDLE
+  -- (1 ms of slack: idle times and TIME are rounded differently)
+  local counted = mode ~= 'own' or released or now - idle < since - 1
+  local due = counted and deliveries >= max_deliveries  -- for `dead`, not another delivery
+  local mine = mode == 'own' or (mode == 'others' and owner ~= consumer)
+  if not skip[id] and ((mine and (settle or not due)) or (mode == 'reap' and due)) then
     local entry = redis.call('XRANGE', stream, id, id)[1]
     local err_field = Errors.entry(stream, id)
-    local released = idle >= RELEASED_IDLE
-    -- (1 ms of slack: idle times and TIME are rounded differently)
-    local counted = mode == 'others' or released or now - idle < since - 1
     local why = nil  -- how the last attempt ended, when this claim is what tells
     if counted and not released then
       why = owner .. (mode == 'own' and ' restarted (crashed) before acknowledging it'
@@ -96,10 +106,11 @@ for _, p in ipairs(pending) do
     if not entry then
       redis.call('XACK', stream, group, id)
       redis.call('HDEL', errors, err_field)
-    elseif counted and deliveries >= max_deliveries then
+    elseif due then
       dead_letter(id, entry, owner, deliveries, why or redis.call('HGET', errors, err_field))
       redis.call('XACK', stream, group, id)
       redis.call('HDEL', errors, err_field)
+      if mode == 'reap' then claimed[#claimed + 1] = {id, deliveries} end
     else
       if why then redis.call('HSET', errors, err_field, why) end
       -- JUSTID alone would not count a delivery; RETRYCOUNT does. Both reset the idle time.

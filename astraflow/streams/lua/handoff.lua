@@ -14,7 +14,9 @@
 -- Every check runs before the first write: Redis does not roll back a script that fails half-way.
 --
 -- An item may also settle a prompt group as dead (its entry is being dead-lettered): the group's uid
--- leaves the in-flight set and, if it was there, the ledger counts it dead - once, whoever retries.
+-- leaves the in-flight set and, if it was there, the ledger counts it dead - once, whoever retries. The
+-- in-flight set and the ledger are among `Key.outputs` (at `Arg.settle`, the ledger after it) only in a
+-- call with such an item: a RaaS's hand-offs never settle a group, and its user may write neither.
 --
 -- Keys, arguments and reply: `HANDOFF` in astraflow/streams/scripts.py (built by `streams.handoff`). Its
 -- outputs name their stream and dedup key by index in `Key.outputs`.
@@ -24,14 +26,19 @@
 -- (another consumer has it, or this server never delivered it: the read was lost in a failover); and the
 -- dedup keys whose markers were ignored (not this hand-off's).
 
-local input, errors, in_flight, ledger, outputs = Key.input, Key.errors, Key.in_flight, Key.ledger, Key.outputs
+local input, errors, outputs = Key.input, Key.errors, Key.outputs
 local group, consumer, ttl, items = Arg.group, Arg.consumer, Arg.ttl_ms, Arg.items
+local in_flight = Arg.settle > 0 and outputs[Arg.settle]
+local ledger = in_flight and outputs[Arg.settle + 1]
 
 -- Pass 1, read-only: every output stream must be a stream (or not exist yet); the lowest and highest
 -- input ids.
 local checked, lo, hi = {}, nil, nil
 for _, item in ipairs(items) do
   local id = item.input_id
+  if item.dead_uid ~= '' and not ledger then
+    return redis.error_reply('ERR an item settles ' .. item.dead_uid .. ' but no in-flight set is given')
+  end
   if id ~= '' then
     local key = {string.match(id, '^(%d+)-(%d+)$')}
     if #key ~= 2 then return redis.error_reply('ERR input id ' .. id .. ' is not a stream id') end
