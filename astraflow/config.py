@@ -1,30 +1,21 @@
-"""The root settings model: recipe YAML, then `ASTRAFLOW_...` env vars, then `--set` overrides.
+"""The root settings model: the sections of a run, composed from recipe data, `ASTRAFLOW_...` env vars and
+`--set` overrides, and the rules that span sections (model validators).
 
 Precedence (highest first): `--set section.key=value`, env `ASTRAFLOW_SECTION__KEY`, the recipe file,
-the defaults on the fields. Errors name the field and where its value came from; secrets never appear
-in messages or in `redacted()`.
+the defaults on the fields (`Settings.compose`). Finding and reading a recipe, parsing `--set`, naming
+where a bad value came from and handing the settings to a child process are `settings_load`'s; secrets
+never appear in `redacted()`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from astraflow import layout
@@ -252,6 +243,16 @@ class Settings(BaseSettings):
     ):  # type: ignore[override]
         return (init_settings, env_settings, _RecipeSource(settings_cls))
 
+    @classmethod
+    def compose(cls, recipe: dict[str, Any], overrides: dict[str, Any]) -> Settings:
+        """The settings from `recipe` (its sections as plain data), the environment over it and `overrides`
+        (nested, as `--set` gives them) over both; raises pydantic's ValidationError."""
+        token = _recipe_data.set(recipe)
+        try:
+            return cls(**overrides)
+        finally:
+            _recipe_data.reset(token)
+
     @property
     def named_code(self) -> frozenset[str]:
         """The `module:Name` code this recipe names, the only code a prompt group may pick by name."""
@@ -269,21 +270,6 @@ class Settings(BaseSettings):
         return data
 
 
-def to_env(settings: Settings) -> dict[str, str]:
-    """Env vars (one JSON value per section) reproducing `settings` in a child process, secrets included."""
-
-    def reveal(value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            return value.get_secret_value()
-        if isinstance(value, dict):
-            return {k: reveal(v) for k, v in value.items()}
-        return str(value) if isinstance(value, Path) else value
-
-    return {
-        f"{ENV_PREFIX}{name.upper()}": json.dumps(reveal(section.model_dump())) for name, section in settings
-    }
-
-
 def redact_url(url: str) -> str:
     """`url` with its password (in the authority or a `password=` query parameter) replaced by `***`."""
     parts = urlsplit(url)
@@ -291,88 +277,3 @@ def redact_url(url: str) -> str:
         parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1))
     query = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
     return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """`["streams.lease_ms=500", ...]` -> nested dict; values parsed as YAML scalars."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        path, sep, raw = pair.partition("=")
-        if not sep or not path:
-            raise ConfigError(f"--set {pair!r}: expected section.key=value")
-        node = out
-        *parents, leaf = path.split(".")
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[leaf] = yaml.safe_load(raw) if raw else ""
-    return out
-
-
-SHIPPED = Path(__file__).parent / "recipes"
-"""The recipes installed with the package (the repository's `recipes/`)."""
-
-
-def recipe_path(recipe: str | Path) -> Path:
-    """The recipe file `recipe` names: that path when it exists, else the shipped recipe of that name
-    (`addition-tiny`, `addition-tiny.yaml`, or `recipes/addition-tiny.yaml` run outside the repository)."""
-    path = Path(recipe)
-    if path.exists() or not (len(path.parts) == 1 or path.parent == Path("recipes")):
-        return path
-    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
-    return SHIPPED / name if (SHIPPED / name).is_file() else path
-
-
-def shipped() -> list[str]:
-    """The names of the shipped recipes."""
-    return sorted(p.stem for p in SHIPPED.glob("*.yaml"))
-
-
-def load_settings(recipe: str | Path | None = None, overrides: list[str] | None = None) -> Settings:
-    """Build the settings from a recipe file, the environment and `--set` overrides."""
-    data: dict[str, Any] = {}
-    if recipe is not None:
-        path = recipe_path(recipe)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read recipe: {e} (shipped: {', '.join(shipped())})") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: cannot read recipe: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: a recipe is a mapping of sections, got {type(data).__name__}")
-    cli = parse_overrides(overrides or [])
-    token = _recipe_data.set(data)
-    try:
-        return Settings(**cli)
-    except ValidationError as e:
-        raise ConfigError(_describe(e, recipe, cli)) from None
-    finally:
-        _recipe_data.reset(token)
-
-
-def _describe(err: ValidationError, recipe: str | Path | None, cli: dict[str, Any]) -> str:
-    """One line per problem: the field, where its value came from, what is wrong (never the value)."""
-    lines = []
-    for problem in err.errors():
-        rule = (problem.get("ctx") or {}).get("error")
-        loc = rule.field.split(".") if isinstance(rule, RuleError) else [str(p) for p in problem["loc"]]
-        message = str(rule) if isinstance(rule, RuleError) else problem["msg"]
-        field = ".".join(loc)
-        env_name = ENV_PREFIX + "__".join(loc).upper()
-        if _has_path(cli, loc):
-            source = "--set"
-        elif env_name in {k.upper() for k in os.environ}:
-            source = f"env {env_name}"
-        else:
-            source = str(recipe) if recipe is not None else "defaults"
-        lines.append(f"{source}: {field}: {message}")
-    return "invalid settings:\n  " + "\n  ".join(lines)
-
-
-def _has_path(data: dict[str, Any], loc: list[str]) -> bool:
-    node: Any = data
-    for name in loc:
-        if not isinstance(node, dict) or name not in node:
-            return False
-        node = node[name]
-    return True

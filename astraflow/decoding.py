@@ -6,25 +6,21 @@ value of the wrong type raises `Invalid`, each level it passes through on the wa
 `from_plain` turns it into a DecodeError naming the whole path (`data.trajectories.reward[3]: expected a
 number, got str`).
 
-A list of dataclasses annotated `Columns[...]` travels as columns (`columns`): one list per field, and
-each 1-D array field concatenated over the elements with their `lengths` once: a group of 8 trajectories
-is 4 arrays and a few short lists, not 8 maps of 4 arrays each. Decoded, it is a `ColumnList`: the
-columns, for whoever looks at a field of every element (`column`, `joined`), and the elements, built
-from them at the first look at one.
+A `Columns[...]` list (`columnar`) is checked column by column and decoded into a `ColumnList`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
 
+from astraflow.columnar import ColumnList, column_type, split_fields
 from astraflow.errors import DecodeError
 
 Converter = Callable[[Any], Any]
@@ -33,9 +29,6 @@ _EXACT: dict[Converter, type] = {}
 """Converters of leaves that return a value of exactly this type unchanged (`float` a float, `str` a
 str): a list or map of such values is checked by type alone."""
 _T = TypeVar("_T")
-COLUMNAR = "columnar"
-Columns = Annotated[list[_T], COLUMNAR]
-"""A list of dataclasses that travels as columns (see `columns`)."""
 
 
 class Invalid(Exception):
@@ -72,92 +65,11 @@ def expect(ok: bool, what: str, value: Any) -> None:
         raise Invalid(f"expected {what}, got {type(value).__name__}")
 
 
-def columns(cls: type, items: list[Any], to_plain: Callable[[Any], Any]) -> dict[str, Any]:
-    """`items` (instances of the dataclass `cls`) as columns: per field the list of its `to_plain` values,
-    except the array fields (`np.ndarray`, 1-D, of one length per item): each concatenated, with
-    `lengths`, the items' lengths (of the first array field)."""
-    names, arrays = _fields(cls)
-    out: dict[str, Any] = {name: [to_plain(getattr(x, name)) for x in items] for name in names}
-    for name in arrays:
-        out[name] = np.concatenate([getattr(x, name) for x in items]) if items else np.zeros(0, np.int32)
-    out["lengths"] = np.array([len(getattr(x, arrays[0])) for x in items], np.int64)
-    return out
-
-
-class ColumnList(Sequence):
-    """The elements a `Columns` value was decoded into, with the columns they are built from (`columns`:
-    per field the list of the elements' values; for an array field the concatenated array they are views
-    of): what a look at every element reads in one piece. The elements themselves are built at the first
-    look at one (a collector reads the columns alone). Read them, do not write them."""
-
-    def __init__(self, columns: dict[str, Any], n: int, build: Callable[[], list]) -> None:
-        self.columns, self._n, self._build = columns, n, build
-
-    @functools.cached_property
-    def _items(self) -> list:
-        return self._build()
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, index):
-        return self._items[index]
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(self._items)
-
-
-def column(items: Sequence[Any], name: str) -> list:
-    """The values of the (not array) field `name` of every element of `items` (the decoded column of a
-    `ColumnList`); an array field's are `joined`."""
-    if isinstance(items, ColumnList):
-        values = items.columns[name]
-        if isinstance(values, np.ndarray):
-            raise TypeError(f"{name} is an array field: joined() reads it")
-        return values
-    return [getattr(x, name) for x in items]
-
-
-def joined(items: Sequence[Any], name: str, picked: Sequence[int] | None = None) -> np.ndarray:
-    """The array field `name` of the elements of `items` at `picked` (all when None) concatenated: the
-    decoded column itself for all of a `ColumnList` (not a copy)."""
-    if picked is not None and list(picked) == list(range(len(items))):
-        picked = None
-    if picked is None and isinstance(items, ColumnList):
-        return items.columns[name]
-    chosen = items if picked is None else [items[i] for i in picked]
-    arrays = [getattr(x, name) for x in chosen]
-    return np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
-
-
-def column_type(tp: Any) -> type | None:
-    """The element class of a `Columns[...]` annotation; None for any other annotation."""
-    if typing.get_origin(tp) is Annotated and COLUMNAR in typing.get_args(tp)[1:]:
-        return typing.get_args(typing.get_args(tp)[0])[0]
-    return None
-
-
-@functools.cache
-def _fields(cls: type) -> tuple[list[str], list[str]]:
-    """(the names of `cls`'s fields that are not arrays, those that are)."""
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    return [n for n in names if hints[n] is not np.ndarray], [n for n in names if hints[n] is np.ndarray]
-
-
 def _columns(cls: type) -> Converter:
-    """The builder of a `Columns[cls]` value: the elements back from the columns `columns` made, their
-    arrays views of the concatenated ones."""
+    """The builder of a `Columns[cls]` value: the elements back from the columns `columnar.columns`
+    made, their arrays views of the concatenated ones."""
     hints = typing.get_type_hints(cls)
-    names, arrays = _fields(cls)
+    names, arrays = split_fields(cls)
     required = {f.name for f in dataclasses.fields(cls) if _required(f)}
     defaults = {f.name: _default(f) for f in dataclasses.fields(cls) if not _required(f)}
     lists = [(name, _list(converter(hints[name]))) for name in names]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from astraflow.decoding import Columns
+from astraflow.columnar import Columns
 from astraflow.errors import DecodeError
 from astraflow.packing import pack, unpack
 from astraflow.streams.schema import SCHEMA_VERSION, BatchEntry, Entry, Plain
@@ -114,7 +114,7 @@ class RolloutGroup(Message):
     version: int
     """Submitted-at version of the prompt group."""
     trajectories: Columns[Trajectory]
-    """(On the wire one list or array per field for the whole group: `decoding.columns`.)"""
+    """(On the wire one list or array per field for the whole group: `columnar.columns`.)"""
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     """Why the whole group failed; None when it did not."""
@@ -142,7 +142,7 @@ class RolloutGroup(Message):
 
     def _check(self) -> None:
         # Decoded, every trajectory's arrays are slices at the same bounds of the same four (the columns
-        # of a `decoding.ColumnList`, checked 1-D and of the lengths' total): those have the dtypes of all.
+        # of a `columnar.ColumnList`, checked 1-D and of the lengths' total): those have the dtypes of all.
         if self.trajectories:
             _check_dtypes(self.trajectories.columns)  # type: ignore[attr-defined]
 

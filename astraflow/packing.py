@@ -1,5 +1,5 @@
 """msgpack bytes of a message dataclass and back: numpy arrays as a msgpack ext type (little-endian dtype,
-shape, raw bytes), never as lists of Python ints; a `Columns` field as columns (`decoding.columns`); nested
+shape, raw bytes), never as lists of Python ints; a `Columns` field as columns (`columnar.columns`); nested
 dataclasses as maps. No pickle. What `messages` puts in an entry's `data` field.
 """
 
@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import msgpack
 import numpy as np
 
-from astraflow.decoding import column_type, columns, from_plain
+from astraflow.columnar import column_type, columns
+from astraflow.decoding import from_plain
 from astraflow.errors import DecodeError
 
 _ARRAY_EXT, _RAW_ARRAY_EXT = 1, 2

@@ -145,9 +145,9 @@ def fake_bus(settings) -> Bus:
 
 async def small_dataflow(*overrides: str):
     """(bus, dataflow) of a bootstrapped SMALL_RUN with `overrides`."""
-    from astraflow.config import load_settings
     from astraflow.dataflow.service import Dataflow
     from astraflow.launch.build import dataflow_setup
+    from astraflow.settings_load import load_settings
 
     settings = load_settings(None, [*SMALL_RUN, *overrides])
     bus = fake_bus(settings)

@@ -1,7 +1,7 @@
 """A dataflow replica: `python -m workers.dataflow` (settings from the env), as `astraflow dataflow`."""
 
-from astraflow.config import load_settings
 from astraflow.launch.services import run_dataflow
+from astraflow.settings_load import load_settings
 
 if __name__ == "__main__":
     s = load_settings()

@@ -5,8 +5,8 @@ Settings from the env, the policy from `ASTRAFLOW_POLICY`; `astraflow trainer --
 
 import os
 
-from astraflow.config import load_settings
 from astraflow.launch.services import run_trainer
+from astraflow.settings_load import load_settings
 
 if __name__ == "__main__":
     s = load_settings()

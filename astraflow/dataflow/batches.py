@@ -27,6 +27,7 @@ from astraflow.streams.connection import register_scripts
 from astraflow.streams.entries import DEAD_FIELD_MAX_BYTES
 from astraflow.streams.keys import GROUP_TRAINER
 from astraflow.streams.schema import Errors
+from astraflow.streams.trim import trim
 
 log = structlog.get_logger(__name__)
 
@@ -102,7 +103,7 @@ class BatchReader:
         refused = [r.id for r, status in zip(batches, statuses, strict=True) if status == LOST]
         if time.monotonic() >= self._next_trim:
             self._next_trim = time.monotonic() + self.bus.settings.trim_interval_ms / 1000
-            await self.bus.trim(self.stream)
+            await trim(self.bus, self.stream)
         return refused
 
     def _fields(self, received: Received) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from astraflow.decoding import ColumnList, column, joined
+from astraflow.columnar import ColumnList, column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import RolloutGroup, Trajectory
 from astraflow.streams.records import MAX_METRIC_NAMES, METRIC_NAME

@@ -10,13 +10,13 @@ from typing import TypeVar
 
 import structlog
 
+from astraflow.columnar import column
 from astraflow.dataflow.checks import Owned, check_groups, vocab_size
 from astraflow.dataflow.completions import Completions
 from astraflow.dataflow.evaluation import score
 from astraflow.dataflow.steps import Collected, EvalRow, Room
 from astraflow.dataflow.store import Store
 from astraflow.dataflow.verdicts import Judge
-from astraflow.decoding import column
 from astraflow.errors import DecodeError, describe
 from astraflow.messages import RolloutGroup, decode
 from astraflow.streams import Consumer, Delivery

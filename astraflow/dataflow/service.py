@@ -28,6 +28,7 @@ from astraflow.streams import Bus
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.reap import Reaper
 from astraflow.streams.repair import repair
+from astraflow.streams.trim import trim
 from astraflow.workflows.api import check_row_rewards
 from astraflow.workflows.datasets import load_rows
 
@@ -233,7 +234,7 @@ class Dataflow:
                 if await self.reaper.sweep(stream):
                     self._freed.set()  # (room in the backlog)
             for stream in (keys.prompts, keys.rollouts, keys.versions, keys.dead):  # (no RaaS may trim)
-                await self.bus.trim(stream)
+                await trim(self.bus, stream)
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from astraflow.columnar import column
 from astraflow.dataflow.checks import InvalidRollout, Owned
 from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.steps import Collected, Part
-from astraflow.decoding import column
 from astraflow.messages import RolloutGroup, SampleGroup, Trajectory, pack
 from astraflow.streams.schema import Trace
 from astraflow.workflows.api import _resolve

@@ -17,12 +17,13 @@ import numpy as np
 import structlog
 
 from astraflow import logs
-from astraflow.config import Settings, load_settings, redact_url, to_env
+from astraflow.config import Settings, redact_url
 from astraflow.errors import WorkerFailed
 from astraflow.launch.local_run import LocalRun
 from astraflow.launch.worker_loop import run_until_signalled
 from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, encode
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
+from astraflow.settings_load import load_settings, to_env
 from astraflow.streams import Bus, Consumer, Delivery, Out, Runner
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.reap import Reaper

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from astraflow import layout, logs, redis_server
-from astraflow.config import Settings, redact_url, to_env
+from astraflow.config import Settings, redact_url
 from astraflow.errors import RunDirError, WorkerFailed
 from astraflow.launch import report
 from astraflow.launch.local_run import LocalRun
@@ -30,6 +30,7 @@ from astraflow.launch.stops import EXIT_TARGET_MISSED, AllDead, stop_reason, sto
 from astraflow.launch.supervisor import Supervisor, Worker, cpu_seconds
 from astraflow.launch.tiny_cache import build_tiny
 from astraflow.processes import STOP_SIGNALS, Stopped, exit_status
+from astraflow.settings_load import to_env
 from astraflow.streams import Bus
 from astraflow.streams.identity import mark_stopped
 from astraflow.tracking.tracker import follow

@@ -12,9 +12,10 @@ import yaml
 from redis.exceptions import ResponseError
 
 from astraflow import redis_server
-from astraflow.config import Settings, load_settings
+from astraflow.config import Settings
 from astraflow.errors import ConfigError, RedisServerError, UnknownRunError
 from astraflow.launch import start_checks
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from astraflow.columnar import ColumnList
 from astraflow.dataflow.batches import fetch_batch
-from astraflow.decoding import ColumnList
 from astraflow.errors import DecodeError
 from astraflow.messages import KINDS, SampleGroup, decode
 from astraflow.ops.context import settings_from, with_bus

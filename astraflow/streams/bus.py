@@ -1,4 +1,4 @@
-"""The Redis Streams bus: bootstrap, publish, atomic hand-off, leases, reclaim, dead letters, trimming.
+"""The Redis Streams bus: bootstrap, publish, atomic hand-off, leases, reclaim, dead letters.
 
 Every write is idempotent so that a command retried after a lost reply changes nothing twice: outputs carry
 dedup keys, and acknowledgements, renewals and releases are owner-checked Lua scripts. A call with many
@@ -11,32 +11,23 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
-from typing import Literal
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import ResponseError
 
-from astraflow.errors import BusError, MessageTooLarge
+from astraflow.errors import BusError
 from astraflow.streams.chunks import arg_bytes, chunked
-from astraflow.streams.connection import queue_script, reconnecting, register_scripts, with_script
+from astraflow.streams.claims import Mode, claim_call, claimed
+from astraflow.streams.connection import reconnecting, register_scripts
 from astraflow.streams.contract import Contract
-from astraflow.streams.entries import (
-    DEAD_FIELD_MAX_BYTES,
-    MAX_FIELDS,
-    Delivery,
-    Item,
-    Out,
-    dead_field_value,
-    entry_uid,
-)
-from astraflow.streams.handoff import handoff_call, handoff_cost
+from astraflow.streams.entries import Delivery, Item, Out, check_size
+from astraflow.streams.handoff import dead_letter_item, handoff_call, handoff_cost
 from astraflow.streams.identity import RunIdentity, new_identity
-from astraflow.streams.keys import CONSUMER_FORGET_MS, STRAY_GRACE_MS, Keys
-from astraflow.streams.records import DeadLetterRecord, encode_record
-from astraflow.streams.replica import ReplicaReads, connect_clients
+from astraflow.streams.keys import STRAY_GRACE_MS, Keys
+from astraflow.streams.replica import ReplicaReads, connect_clients, replicated
 from astraflow.streams.schema import Errors
-from astraflow.streams.scripts import CLAIM, CREATE_RUN, HANDOFF, RELEASE, RENEW, TRIM
+from astraflow.streams.scripts import CLAIM, CREATE_RUN, HANDOFF, RELEASE, RENEW
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 
 log = structlog.get_logger(__name__)
@@ -121,7 +112,7 @@ class Bus:
 
     async def identity(self) -> RunIdentity:
         """The run's identity, created now if it has none (atomic: concurrent bootstraps get the same)."""
-        reply = await self._script(CREATE_RUN, identity=self.keys.identity, **new_identity())
+        reply = await self.run_script(CREATE_RUN, identity=self.keys.identity, **new_identity())
         return RunIdentity.parse(*reply)
 
     async def ensure_group(self, stream: str, group: str) -> None:
@@ -144,7 +135,7 @@ class Bus:
 
         return await reconnecting(call, self.reconnect_max_s, lost, probe=self.redis.ping)
 
-    async def _script(self, contract: Contract, **values):
+    async def run_script(self, contract: Contract, **values):
         """Run the bus's script of `contract` with its keys and arguments by name, through reconnects."""
         keys, args = contract.call(**values)
         return await self.call(lambda: self._scripts[contract.name](keys=keys, args=args))
@@ -174,7 +165,7 @@ class Bus:
 
         Each item happens in one atomic step, and items go together in one step within
         `streams.max_call_args` / `max_call_bytes`, else in several (in order; a retry of a step that
-        was done finds its items 'dup'). Every output's size is checked (`check_size`) before anything
+        was done finds its items 'dup'). Every output's size is checked (`entries.check_size`) before anything
         is written. Per item the reply is (status, output ids): OK; DUP when every output already
         existed (a retry of a call whose reply was lost); LOST when the input is no longer owned by
         `consumer` (it was reclaimed, or its read was lost in a failover) - then nothing of that item was
@@ -183,7 +174,7 @@ class Bus:
         whole = [Item(*item) for item in items]
         for item in whole:
             for out in item.outs:
-                self.check_size(out)
+                check_size(out, self.settings.max_entry_bytes)
         replies: list[tuple[str, list[str]]] = []
         for chunk in self._chunks(whole, lambda item: handoff_cost(self.keys, item)):
             replies += await self._handoff(stream, group, consumer, chunk)
@@ -218,34 +209,8 @@ class Bus:
         failover."""
         if not self.min_replicas_ack:
             return await self.call(lambda: script(keys=keys, args=args))
-        return await self.call(lambda: self._replicated(script, keys, args))
-
-    async def _replicated(self, script, keys: list[str], args: list):
-        """Run `script`, then `WAIT` until `min_replicas_ack` replicas have it (on the same connection,
-        which is what WAIT waits for); fewer in time raise NOREPLICAS, a transient error, so the call is
-        tried again. The script is idempotent, so the retry writes nothing twice, and on a promoted replica
-        that lacks the first attempt it does the work anew. The SET gives a retry whose script writes
-        nothing something of its own to wait for, ordered after whatever the first attempt wrote."""
-        n, timeout = self.min_replicas_ack, self.replica_ack_timeout_ms
-
-        def fill(pipe) -> None:
-            queue_script(pipe, script, keys, args)
-            pipe.set(self.keys.dedup("replicated"), uuid.uuid4().hex, px=timeout)
-            pipe.execute_command("WAIT", n, timeout)
-
-        reply, _, acked = await with_script(self.redis, script, fill, transaction=False)
-        if int(acked) < n:
-            raise ResponseError(f"NOREPLICAS {acked} of {n} replicas acknowledged in {timeout} ms")
-        return reply
-
-    def check_size(self, out: Out) -> None:
-        """Raise MessageTooLarge when `out` is over `streams.max_entry_bytes` or has too many fields."""
-        if not 1 <= len(out.fields) <= MAX_FIELDS:
-            raise MessageTooLarge(f"entry for {out.stream}: {len(out.fields)} fields (1 to {MAX_FIELDS})")
-        size = sum(map(len, out.fields.values()))
-        if size > self.settings.max_entry_bytes:
-            limit = self.settings.max_entry_bytes
-            raise MessageTooLarge(f"entry for {out.stream}: {size} bytes > streams.max_entry_bytes={limit}")
+        n, timeout, marker = self.min_replicas_ack, self.replica_ack_timeout_ms, self.keys.dedup("replicated")
+        return await self.call(lambda: replicated(self.redis, script, keys, args, n, timeout, marker))
 
     # -- consuming -------------------------------------------------------------------------------------
 
@@ -277,13 +242,13 @@ class Bus:
         """Reset the lease of entries `consumer` still owns; returns the ids it lost to a reclaim."""
         lost = []
         for chunk in self._chunks(ids, lambda i: (1, arg_bytes([i]))):
-            lost += await self._script(RENEW, stream=stream, group=group, consumer=consumer, ids=chunk)
+            lost += await self.run_script(RENEW, stream=stream, group=group, consumer=consumer, ids=chunk)
         return [i.decode() for i in lost]
 
     async def release(self, stream: str, group: str, consumer: str, entry_id: str, reason: str) -> bool:
         """Give an owned entry back for redelivery now, recording `reason`; False if no longer owned."""
         errors = self.keys.errors
-        reply = await self._script(
+        reply = await self.run_script(
             RELEASE, stream=stream, errors=errors, group=group, consumer=consumer, id=entry_id, reason=reason
         )
         return bool(reply)
@@ -294,7 +259,7 @@ class Bus:
         group: str,
         consumer: str,
         *,
-        mode: Literal["own", "others", "reap"],
+        mode: Mode,
         start: str,
         count: int,
         skip: Sequence[str] = (),
@@ -312,25 +277,8 @@ class Bus:
         (returned without fields). Scans from `start`; returns where the next call should start ('-' once
         the scan reached the end) and the entries.
         """
-        s = self.settings
-        k = self.keys
-        settles = mode == "reap" or stream not in k.reaped_streams()
-        keys, args = CLAIM.call(
-            stream=stream,
-            errors=k.errors,
-            settle=[{"dead": k.dead, "in_flight": k.in_flight, "ledger": k.ledger}] if settles else [],
-            mode=mode,
-            group=group,
-            consumer=consumer,
-            min_idle=since_ms if mode == "own" else s.lease_ms,
-            start=start,
-            count=count,
-            max_deliveries=s.max_deliveries,
-            dead_maxlen=s.capped_maxlen,
-            tracked=stream in k.tracked_streams(),
-            max_field_bytes=DEAD_FIELD_MAX_BYTES,
-            skip=skip,
-        )
+        scan = {"group": group, "consumer": consumer, "start": start, "count": count, "skip": skip}
+        keys, args = claim_call(self.keys, self.settings, stream, mode, since_ms, **scan)
         failures = self.failures
 
         async def attempt():
@@ -338,38 +286,11 @@ class Bus:
                 return [b""]  # include the outage, so no reclaim until the consumer's wait has passed
             return await self._scripts[CLAIM.name](keys=keys, args=args)
 
-        reply = await self.call(attempt)
-        entries = []
-        for r in reply[1:]:
-            fields = {r[i].decode(): r[i + 1] for i in range(2, len(r), 2)}
-            entries.append(Delivery(stream, r[0].decode(), fields, deliveries=int(r[1])))
-        return reply[0].decode() or "-", entries
+        return claimed(stream, await self.call(attempt))
 
     async def dead_letter(self, entry: Delivery, group: str, consumer: str, reason: str) -> str:
-        """Move an owned entry to `dead` with its source, id, fields, consumer and reason, and ack it;
-        an entry of a tracked stream also settles its prompt group as dead in the ledger: the group its
-        `data` names (`entry_uid`), never one its plain `uid` field names, which is for people."""
-        tracked = entry.stream in self.keys.tracked_streams()
-        dead_uid = entry_uid(entry.fields) if tracked else ""
-        copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
-        where = (entry.stream, reason, entry.id, group, consumer, entry.deliveries)
-        letter = DeadLetterRecord(*where, copied, settled=dead_uid)
-        out = Out(self.keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
-        [(status, _)] = await self.handoff(entry.stream, group, consumer, [Item(entry, [out], dead_uid)])
+        """Move an owned entry to `dead` and ack it, in one hand-off (`handoff.dead_letter_item`: its
+        record, and the settling of a tracked stream's prompt group); returns the hand-off's status."""
+        item = dead_letter_item(self.keys, entry, group, consumer, reason)
+        [(status, _)] = await self.handoff(entry.stream, group, consumer, [item])
         return status
-
-    # -- housekeeping ----------------------------------------------------------------------------------
-
-    async def trim(self, stream: str) -> int:
-        """Drop entries the run's group has acknowledged (grouped streams: other groups are not waited
-        for, see `Keys.group_of`) or old ones (capped streams); forget consumers of the run's group that
-        hold nothing and were not seen for CONSUMER_FORGET_MS."""
-        if stream in self.keys.capped_streams():
-            maxlen = self.settings.capped_maxlen
-            return await self.call(lambda: self.redis.xtrim(stream, maxlen=maxlen, approximate=True))
-        group = self.keys.group_of(stream)
-        if group is None:
-            raise ValueError(f"{stream} is not a stream of run {self.keys.run!r} that can be trimmed")
-        return int(
-            await self._script(TRIM, stream=stream, forget_idle_ms=CONSUMER_FORGET_MS, run_group=group)
-        )

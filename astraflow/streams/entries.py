@@ -1,5 +1,5 @@
-"""What the bus moves: a delivered entry (`Delivery`), an entry to publish, one unit of a hand-off, and
-what a dead letter keeps of a field."""
+"""What the bus moves: a delivered entry (`Delivery`), an entry to publish and the limits it must keep
+(`check_size`), one unit of a hand-off, and what a dead letter keeps of a field."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from astraflow.errors import MessageTooLarge
 from astraflow.streams.schema import Entry
 
 # Statuses of one hand-off item.
@@ -44,6 +45,18 @@ class Item(NamedTuple):
     input: Delivery | str
     outs: Sequence[Out]
     dead_uid: str = ""
+
+
+def check_size(out: Out, max_entry_bytes: int) -> None:
+    """Raise MessageTooLarge when `out` is over `max_entry_bytes` (`streams.max_entry_bytes`) or has no
+    field or more than MAX_FIELDS."""
+    if not 1 <= len(out.fields) <= MAX_FIELDS:
+        raise MessageTooLarge(f"entry for {out.stream}: {len(out.fields)} fields (1 to {MAX_FIELDS})")
+    size = sum(map(len, out.fields.values()))
+    if size > max_entry_bytes:
+        raise MessageTooLarge(
+            f"entry for {out.stream}: {size} bytes > streams.max_entry_bytes={max_entry_bytes}"
+        )
 
 
 def dead_field_value(value: bytes | str) -> bytes | str:

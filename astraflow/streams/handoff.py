@@ -1,5 +1,6 @@
 """What one hand-off call sends to handoff.lua: its keys and arguments, what an item costs against
-`streams.max_call_args` / `max_call_bytes`, and the binding of each output's dedup marker to its input."""
+`streams.max_call_args` / `max_call_bytes`, the binding of each output's dedup marker to its input, and
+the item that hands an entry off to `dead` (`dead_letter_item`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import hashlib
 from collections.abc import Sequence
 
 from astraflow.streams.chunks import ARG_OVERHEAD_BYTES
-from astraflow.streams.entries import Delivery, Item, Out
+from astraflow.streams.entries import Delivery, Item, Out, dead_field_value, entry_uid
 from astraflow.streams.keys import Keys
+from astraflow.streams.records import DeadLetterRecord, encode_record
 from astraflow.streams.scripts import HANDOFF
 
 BINDING_CHARS = 32
@@ -78,3 +80,16 @@ def handoff_call(
         ttl_ms=ttl_ms,
         items=calls,
     )
+
+
+def dead_letter_item(keys: Keys, entry: Delivery, group: str, consumer: str, reason: str) -> Item:
+    """The hand-off of `entry` (owned by `consumer` of `group`) to `dead`: its record with the source, id,
+    fields (`dead_field_value`), consumer and reason, written once per entry; an entry of a tracked stream
+    also settles its prompt group as dead in the ledger: the group its `data` names (`entry_uid`), never
+    one its plain `uid` field names, which is for people."""
+    dead_uid = entry_uid(entry.fields) if entry.stream in keys.tracked_streams() else ""
+    copied = {k: dead_field_value(v) for k, v in entry.fields.items()}
+    where = (entry.stream, reason, entry.id, group, consumer, entry.deliveries)
+    letter = DeadLetterRecord(*where, copied, settled=dead_uid)
+    out = Out(keys.dead, encode_record(letter), dedup=f"dead:{entry.stream}:{entry.id}")
+    return Item(entry, [out], dead_uid)

@@ -1,4 +1,5 @@
-"""Where a bus's commands go: the primary (or the one Sentinel names), read-only traffic off a replica.
+"""Where a bus's commands go: the primary (or the one Sentinel names), read-only traffic off a replica, and
+writes that return once enough replicas have them (`replicated`).
 
 A RaaS in a far region reads notices, weight manifests and peer lists off its region's replica
 (`redis.replica_url`) and sends everything else to the primary. A replica may lag: a read whose answer is
@@ -11,19 +12,24 @@ failover (the failover window - connections refused, READONLY - is a transient o
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from astraflow.streams.connection import (
     client_kwargs,
     credentials,
     is_transient,
     make_client,
+    queue_script,
     raise_if_cancelled,
+    with_script,
 )
+from astraflow.streams.functions import Script
 from astraflow.streams.lean import lean_connections
 from astraflow.streams.settings import RedisSettings
 
@@ -106,6 +112,26 @@ class ReplicaReads:
         for c in (self.replica, self.blocking):
             if c is not None:
                 await c.aclose()
+
+
+async def replicated(
+    client: aioredis.Redis, script: Script, keys: list, args: list, n: int, timeout_ms: int, marker: str
+):
+    """Run `script`, then `WAIT` until `n` replicas have it (on the same connection, which is what WAIT
+    waits for); fewer in `timeout_ms` raise NOREPLICAS, a transient error, so the caller's `reconnecting`
+    tries again. The script must be idempotent: the retry writes nothing twice, and on a promoted replica
+    that lacks the first attempt it does the work anew. The SET of key `marker` gives a retry whose script
+    writes nothing something of its own to wait for, ordered after whatever the first attempt wrote."""
+
+    def fill(pipe) -> None:
+        queue_script(pipe, script, keys, args)
+        pipe.set(marker, uuid.uuid4().hex, px=timeout_ms)
+        pipe.execute_command("WAIT", n, timeout_ms)
+
+    reply, _, acked = await with_script(client, script, fill, transaction=False)
+    if int(acked) < n:
+        raise ResponseError(f"NOREPLICAS {acked} of {n} replicas acknowledged in {timeout_ms} ms")
+    return reply
 
 
 async def replica_lag(client: aioredis.Redis) -> list[tuple[str, int]]:

@@ -11,7 +11,8 @@ import structlog
 from astraflow.errors import DecodeError, MessageTooLarge, WorkerUnhealthy, describe
 from astraflow.streams.connection import cancel_and_wait, raise_if_cancelled
 from astraflow.streams.consumer import Consumer
-from astraflow.streams.entries import DUP, LOST, OK, Delivery, Out
+from astraflow.streams.entries import DUP, LOST, OK, Delivery, Out, check_size
+from astraflow.streams.trim import trim
 
 Handler = Callable[[Delivery], Awaitable[Sequence[Out]]]
 log = structlog.get_logger(__name__)
@@ -160,7 +161,7 @@ class Runner:
             try:
                 outs = task.result()
                 for out in outs:
-                    self.consumer.bus.check_size(out)
+                    check_size(out, self.consumer.bus.settings.max_entry_bytes)
             except Exception as e:
                 error = e
             else:
@@ -268,8 +269,8 @@ class Runner:
         while True:
             await asyncio.sleep(bus.settings.trim_interval_ms / 1000)
             try:
-                await bus.trim(self.consumer.stream)
-                await bus.trim(bus.keys.dead)
+                await trim(bus, self.consumer.stream)
+                await trim(bus, bus.keys.dead)
             except Exception as e:
                 raise_if_cancelled()
                 self.log.warning("trim_failed", error=describe(e))

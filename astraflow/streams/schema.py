@@ -107,7 +107,7 @@ class Counters:
 SCHEMA_VERSION = 2
 """The encoding of the entries, in their `schema` field: `messages` writes it and refuses an entry of
 another, form.lua writes it into batch entries (`BatchEntry.schema`). 2: a rollout group's trajectories
-travel as columns (`decoding.Columns`); 1: as a list of maps."""
+travel as columns (`columnar.Columns`); 1: as a list of maps."""
 
 
 class Entry:

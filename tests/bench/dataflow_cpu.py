@@ -28,11 +28,11 @@ import numpy as np
 from _smoke import parse
 
 from astraflow import redis_server
-from astraflow.config import load_settings
 from astraflow.dataflow.checks import check_groups
 from astraflow.dataflow.verdicts import Judge
 from astraflow.messages import RolloutGroup, Trajectory, decode, encode
 from astraflow.packing import _pack_array, _unpack_array
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 

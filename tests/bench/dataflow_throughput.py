@@ -28,10 +28,10 @@ import redis.asyncio as aioredis
 from _smoke import parse
 
 from astraflow import redis_server
-from astraflow.config import load_settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import RolloutGroup, Trajectory, encode
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys
 from astraflow.streams.connection import cancel_and_wait
 

@@ -150,8 +150,8 @@ def checkpoint(recipe: str) -> dict:
     (docs/benchmarks.md), so only figures of one checkpoint compare."""
     from importlib.metadata import version
 
-    from astraflow.config import load_settings
     from astraflow.launch.tiny_cache import build_tiny
+    from astraflow.settings_load import load_settings
 
     path = build_tiny(load_settings(recipe))
     weights = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()[:12] if path else "-"

@@ -93,8 +93,8 @@ def load(recipe: str, seed: int, threads: int):
     """(settings, tokenizer, model, optimizer) of the recipe, on its cached tiny model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from astraflow.config import load_settings
     from astraflow.launch.tiny_cache import build_tiny
+    from astraflow.settings_load import load_settings
 
     s = load_settings(recipe, [f"run.seed={seed}"])
     torch.set_num_threads(threads)

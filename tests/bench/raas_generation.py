@@ -35,9 +35,10 @@ from pathlib import Path
 from _smoke import parse
 
 from astraflow import redis_server, tiny
-from astraflow.config import Settings, load_settings, to_env
+from astraflow.config import Settings
 from astraflow.launch.tiny_cache import build_tiny
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
+from astraflow.settings_load import load_settings, to_env
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 

@@ -28,11 +28,12 @@ from pathlib import Path
 from _smoke import parse
 
 from astraflow import redis_server, tiny
-from astraflow.config import Settings, load_settings, to_env
+from astraflow.config import Settings
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.launch.progress import read_heartbeats
 from astraflow.messages import PromptGroup, encode
 from astraflow.ops.scale_plan import pool_rates
+from astraflow.settings_load import load_settings, to_env
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 

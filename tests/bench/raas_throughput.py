@@ -30,9 +30,10 @@ from pathlib import Path
 from _smoke import parse
 
 from astraflow import redis_server, tiny
-from astraflow.config import Settings, to_env
+from astraflow.config import Settings
 from astraflow.engines import GenerateRequest, SamplingParams, make_engine
 from astraflow.messages import PromptGroup, RolloutGroup, decode, encode
+from astraflow.settings_load import to_env
 from astraflow.streams import Bus, Out
 from astraflow.workflows.tasks import rows
 

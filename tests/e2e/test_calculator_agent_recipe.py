@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.launch.tiny_cache import build_tiny
+from astraflow.settings_load import load_settings
 from tests.e2e.test_launcher import rewards, run
 
 # The recipe's tiny model is built and warm-started once per checkout (runs/.cache, shared with

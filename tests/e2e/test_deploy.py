@@ -105,7 +105,7 @@ def prebuild_tiny_model(recipe: str, quick: dict[str, str] = QUICK) -> None:
     """Each container builds the recipe's tiny model in its own directory; processes sharing this
     checkout would build it in one directory at once, so it is built once first."""
     code = (
-        "from astraflow.config import load_settings as load\n"
+        "from astraflow.settings_load import load_settings as load\n"
         f"from astraflow.launch.tiny_cache import build_tiny\nbuild_tiny(load({recipe!r}))"
     )
     cmd, env = [sys.executable, "-c", code], {**os.environ, **quick}

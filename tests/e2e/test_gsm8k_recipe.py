@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from astraflow.config import load_settings
+from astraflow.settings_load import load_settings
 from tests.e2e.test_launcher import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]

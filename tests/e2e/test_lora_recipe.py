@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from astraflow import redis_server
-from astraflow.config import load_settings
 from astraflow.messages import WeightManifest, decode
+from astraflow.settings_load import load_settings
 from tests.e2e.test_chaos import end_kept_run, steps_done, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -8,8 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from astraflow.config import Settings, to_env
+from astraflow.config import Settings
 from astraflow.messages import PromptGroup, RolloutGroup, WeightManifest, decode, encode
+from astraflow.settings_load import to_env
 from astraflow.streams import Bus, Out
 from astraflow.weights import layout
 from astraflow.workflows.tasks import rows

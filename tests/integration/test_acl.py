@@ -17,13 +17,14 @@ from pydantic import SecretStr
 from redis.exceptions import NoPermissionError
 
 from astraflow import redis_server
-from astraflow.config import Settings, to_env
+from astraflow.config import Settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.errors import BusError, ConfigError, RunExistsError
 from astraflow.launch.build import dataflow_setup
 from astraflow.launch.progress import Progress
 from astraflow.ops.inspect import report
+from astraflow.settings_load import to_env
 from astraflow.streams import Bus, Out, acl, acl_users
 from astraflow.streams.identity import open_run, provision
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS, Keys

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.launch import launcher
+from astraflow.settings_load import load_settings
 
 pytestmark = pytest.mark.integration
 

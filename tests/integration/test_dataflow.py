@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from astraflow.config import Settings, load_settings, to_env
+from astraflow.config import Settings
 from astraflow.dataflow.batches import fetch_batch
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
+from astraflow.settings_load import load_settings, to_env
 from astraflow.streams import Bus
 from astraflow.streams.keys import GROUP_TRAINER
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out, train

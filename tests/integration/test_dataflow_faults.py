@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.errors import BusConnectionError, BusError
 from astraflow.launch.build import dataflow_setup
+from astraflow.settings_load import load_settings
 from astraflow.streams.keys import GROUP_DATAFLOW
 from tests.dataflow_helpers import heartbeat, publish_version, roll_out
 

@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from astraflow import redis_server
-from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus
 from astraflow.streams.settings import RedisSettings, StreamsSettings
 from tests.dataflow_helpers import heartbeat, roll_out

@@ -10,6 +10,7 @@ from astraflow.messages import SCHEMA_VERSION, PromptGroup, decode, encode
 from astraflow.streams import DUP, OK, Consumer, Out, Runner
 from astraflow.streams.keys import GROUP_RAAS
 from astraflow.streams.reap import Reaper
+from astraflow.streams.trim import trim
 from tests.integration.workers import feed, rollout_uids, settings_for, spawn_worker, wait_pending
 
 pytestmark = pytest.mark.integration
@@ -160,9 +161,9 @@ async def test_trim_keeps_everything_a_group_has_not_acknowledged(bus):
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
     got = await c.read(4, block_ms=10)
     await c.complete([(got[0], []), (got[2], [])])
-    assert await bus.trim(bus.keys.prompts) == 1
+    assert await trim(bus, bus.keys.prompts) == 1
     await c.complete([(got[1], []), (got[3], [])])
-    assert await bus.trim(bus.keys.prompts) == 3
+    assert await trim(bus, bus.keys.prompts) == 3
     left = [decode(f, PromptGroup).uid for _, f in await bus.redis.xrange(bus.keys.prompts)]
     assert left == uids[4:]  # delivered to nobody yet
 

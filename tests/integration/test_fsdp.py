@@ -98,9 +98,9 @@ async def test_trainer_under_torchrun_trains_restores_and_publishes(bus, redis_u
     import os
     import random
 
-    from astraflow.config import to_env
     from astraflow.dataflow.service import Dataflow
     from astraflow.launch.build import dataflow_setup
+    from astraflow.settings_load import to_env
     from astraflow.trainer import checkpoint
     from tests.dataflow_helpers import heartbeat, roll_out
     from tests.integration.test_trainer_crash import published, settings_for

@@ -16,6 +16,7 @@ from astraflow.streams.connection import register_scripts
 from astraflow.streams.functions import FunctionMissing, Script
 from astraflow.streams.keys import Keys
 from astraflow.streams.names import hold_name
+from astraflow.streams.trim import trim
 from tests.integration.test_acl import RUN, admin, as_role, connect, install, refused, run_settings, server
 
 pytestmark = pytest.mark.integration
@@ -117,7 +118,7 @@ async def test_while_redis_is_full_the_functions_that_free_memory_still_run(admi
     try:
         bus.reconnect_max_s = 0.5
         assert await bus.renew(stream, "trainer", "t-0", ["1-0"]) == ["1-0"]  # (runs: not its entry)
-        assert await bus.trim(stream) == 0
+        assert await trim(bus, stream) == 0
         take = register_scripts(bus.redis, names=("take_name",))["take_name"]
         with pytest.raises(Exception, match="maxmemory") as refused_:
             await take(keys=[bus.keys.consumer_name("trainer:t-0")], args=["me", 1000, "me"])

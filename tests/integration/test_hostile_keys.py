@@ -12,6 +12,7 @@ from astraflow.dataflow.ledger import read_ledger
 from astraflow.streams import Consumer, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.strays import Strays, stranded_at_least
+from astraflow.streams.trim import trim
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ async def test_trim_ignores_a_consumer_group_created_by_someone_else(bus):
     c = Consumer(bus, bus.keys.rollouts, GROUP_DATAFLOW, "df")
     got = await c.read(5, block_ms=10)
     await c.complete([(e, []) for e in got])
-    assert await bus.trim(bus.keys.rollouts) == 5
+    assert await trim(bus, bus.keys.rollouts) == 5
     assert await bus.redis.xlen(bus.keys.rollouts) == 0
 
 

@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from astraflow import redis_server
-from astraflow.config import load_settings
 from astraflow.launch import launcher
+from astraflow.settings_load import load_settings
 from astraflow.streams import Keys
 from astraflow.streams.records import DeadLetterRecord, encode_record
 

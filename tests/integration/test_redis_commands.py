@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.dataflow import store
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus
 from astraflow.streams.keys import GROUP_TRAINER
 from tests.dataflow_helpers import roll_out

@@ -18,10 +18,11 @@ import time
 
 import pytest
 
-from astraflow.config import Settings, to_env
+from astraflow.config import Settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import VersionPublished, decode
+from astraflow.settings_load import to_env
 from astraflow.streams.keys import GROUP_TRAINER
 from astraflow.trainer import checkpoint
 from tests.dataflow_helpers import heartbeat, roll_out

@@ -6,9 +6,10 @@ import subprocess
 import sys
 import time
 
-from astraflow.config import Settings, to_env
+from astraflow.config import Settings
 from astraflow.launch.demo import prompt
 from astraflow.messages import RolloutGroup, decode, encode
+from astraflow.settings_load import to_env
 from astraflow.streams import Bus, Out
 from astraflow.streams.keys import GROUP_RAAS
 

@@ -4,11 +4,11 @@ import asyncio
 
 import numpy as np
 
-from astraflow.config import load_settings
 from astraflow.dataflow.batches import BatchReader
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import SCHEMA_VERSION
+from astraflow.settings_load import load_settings
 from astraflow.streams.keys import GROUP_TRAINER
 from tests.dataflow_helpers import SMALL_RUN, roll_out
 

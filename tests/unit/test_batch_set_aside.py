@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import fakeredis
 
-from astraflow.config import load_settings
 from astraflow.dataflow.batches import BatchReader
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys
 from tests.dataflow_helpers import roll_out
 

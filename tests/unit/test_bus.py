@@ -8,6 +8,7 @@ from astraflow.errors import BusError, MessageTooLarge
 from astraflow.streams import DUP, LOST, OK, Consumer, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.reap import Reaper
+from astraflow.streams.trim import trim
 
 
 def out(bus, i, dedup=True):
@@ -218,11 +219,11 @@ async def test_trim_never_drops_unacknowledged_entries(bus):
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
     got = await c.read(4, block_ms=10)  # 0..3 delivered, 4..5 undelivered
     await c.complete([(got[0], []), (got[2], [])])  # 0 and 2 acked, 1 and 3 pending
-    assert await bus.trim(bus.keys.prompts) == 1  # only entry 0
+    assert await trim(bus, bus.keys.prompts) == 1  # only entry 0
     left = [i.decode() for i, _ in await bus.redis.xrange(bus.keys.prompts)]
     assert left == ids[1:]
     await c.complete([(got[1], []), (got[3], [])])
-    assert await bus.trim(bus.keys.prompts) == 3
+    assert await trim(bus, bus.keys.prompts) == 3
     left = [i.decode() for i, _ in await bus.redis.xrange(bus.keys.prompts)]
     assert left == ids[4:]
 
@@ -233,7 +234,7 @@ async def test_trim_ignores_a_consumer_group_the_run_does_not_know(bus):
     c = Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c")
     got = await c.read(2, block_ms=10)
     await c.complete([(e, []) for e in got])
-    assert await bus.trim(bus.keys.prompts) == 2  # "evil" has read nothing: it holds nothing back
+    assert await trim(bus, bus.keys.prompts) == 2  # "evil" has read nothing: it holds nothing back
     assert [i.decode() for i, _ in await bus.redis.xrange(bus.keys.prompts)] == ids[2:]
 
 
@@ -377,8 +378,8 @@ async def test_trim_forgets_consumers_of_past_processes_that_hold_nothing(bus, m
     [done] = await gone.read(1, block_ms=10)
     await gone.complete([(done, [])])
     await holder.read(1, block_ms=10)
-    monkeypatch.setattr("astraflow.streams.bus.CONSUMER_FORGET_MS", 50)
+    monkeypatch.setattr("astraflow.streams.trim.CONSUMER_FORGET_MS", 50)
     await asyncio.sleep(0.1)
-    await bus.trim(bus.keys.prompts)
+    await trim(bus, bus.keys.prompts)
     consumers = await bus.redis.xinfo_consumers(bus.keys.prompts, GROUP_RAAS)
     assert [c["name"] for c in consumers] == [b"raas-host-2-c3d4"]  # still holds an entry

@@ -158,8 +158,8 @@ def test_a_batch_uid_handed_out_again_after_redis_lost_writes_is_not_taken_as_tr
 
 
 async def test_the_trainer_refuses_a_checkpoint_directory_of_another_run(bus, tiny_model, tmp_path):
-    from astraflow.config import load_settings
     from astraflow.launch.build import build_trainer
+    from astraflow.settings_load import load_settings
 
     ckpt = tmp_path / "shared-checkpoints"  # trainer.checkpoint_dir outside the run directory
     save(ckpt, run="0123456789ab")  # left there by an earlier run of the same name

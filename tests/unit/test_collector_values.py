@@ -13,13 +13,13 @@ import fakeredis
 import numpy as np
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.dataflow import checks
 from astraflow.dataflow.checks import VERSIONS_AHEAD, InvalidRollout, check_groups, check_values
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import PromptGroup, RolloutGroup, Trajectory, decode, encode
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.keys import GROUP_RAAS
 from tests.dataflow_helpers import publish_version, train, trajectory

@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from astraflow.cli import main
-from astraflow.config import load_settings, redact_url
+from astraflow.config import redact_url
 from astraflow.errors import ConfigError
+from astraflow.settings_load import load_settings
 
 RECIPES = sorted(Path(__file__).parents[2].joinpath("recipes").glob("*.yaml"))
 

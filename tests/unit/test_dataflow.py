@@ -9,7 +9,6 @@ import fakeredis
 import numpy as np
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.dataflow import service
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
@@ -18,6 +17,7 @@ from astraflow.dataflow.verdicts import advantages
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import SCHEMA_VERSION, RolloutGroup, VersionNotice, decode, encode
 from astraflow.ops.audit import read_trace, render_trace
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Consumer, Keys, Out
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.records import RolloutStats, decode_record, encode_record

@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from astraflow.config import load_settings
 from astraflow.dataflow import store
 from astraflow.dataflow.batches import fetch_batch
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys
 from tests.dataflow_helpers import publish_version, roll_out, train
 

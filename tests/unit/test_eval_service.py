@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from astraflow.config import ConfigError, load_settings
+from astraflow.config import ConfigError
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.launch.evals import EvalResults
 from astraflow.messages import PromptGroup, VersionNotice, decode
+from astraflow.settings_load import load_settings
 from astraflow.streams.records import EvalResult, EvalSubmitted, decode_record
 from astraflow.streams.schema import State
 from tests.dataflow_helpers import publish_version, roll_out, train

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from astraflow.config import load_settings
 from astraflow.dataflow.service import Dataflow
 from astraflow.launch.build import dataflow_setup
 from astraflow.messages import Heartbeat, encode
+from astraflow.settings_load import load_settings
 from astraflow.streams.names import hold_name, name_key, write_heartbeat
 from tests.dataflow_helpers import SMALL_RUN, fake_bus, heartbeat, roll_out, small_dataflow
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.errors import ConfigError
 from astraflow.launch.launcher import workers
+from astraflow.settings_load import load_settings
 
 
 def laid_out(*overrides: str):

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from astraflow.cli import main
-from astraflow.config import load_settings
 from astraflow.errors import ConfigError
+from astraflow.settings_load import load_settings
 
 GSM8K = Path(__file__).parents[2] / "recipes" / "gsm8k-qwen.yaml"
 

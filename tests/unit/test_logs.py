@@ -9,8 +9,8 @@ import pytest
 import structlog
 
 from astraflow import logs
-from astraflow.config import load_settings
 from astraflow.errors import ConfigError
+from astraflow.settings_load import load_settings
 
 
 def test_json_lines_off_a_tty_with_worker_and_run_bound(capsys):

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from astraflow import messages
+from astraflow.columnar import ColumnList, column, joined
 from astraflow.dataflow.checks import check_values
 from astraflow.dataflow.settings import CollectorSettings
 from astraflow.dataflow.verdicts import Judge
-from astraflow.decoding import ColumnList, column, joined
 from astraflow.errors import DecodeError
 from astraflow.messages import (
     KINDS,

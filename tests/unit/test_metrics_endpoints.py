@@ -13,7 +13,6 @@ import pytest
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from astraflow import metrics_http
-from astraflow.config import load_settings
 from astraflow.dataflow.settings import DataflowSettings
 from astraflow.errors import ConfigError
 from astraflow.launch.build import build_dataflow, build_trainer
@@ -22,6 +21,7 @@ from astraflow.metrics_server import WorkerMetrics
 from astraflow.raas.metrics import Metrics
 from astraflow.raas.settings import RaasSettings
 from astraflow.redis_server import free_port
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys
 from astraflow.trainer.settings import TrainerSettings
 from tests.dataflow_helpers import roll_out

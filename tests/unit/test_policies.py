@@ -4,8 +4,8 @@ import pytest
 import yaml
 
 from astraflow.cli import main
-from astraflow.config import load_settings, to_env
 from astraflow.errors import ConfigError
+from astraflow.settings_load import load_settings, to_env
 
 
 def recipe(tmp_path, data: dict):

@@ -10,11 +10,12 @@ import cloudpickle
 import pytest
 from pydantic import SecretStr
 
-from astraflow.config import Settings, load_settings
+from astraflow.config import Settings
 from astraflow.errors import ConfigError
 from astraflow.launch.build import raas_setup
 from astraflow.messages import encode
 from astraflow.raas.worker import RaasWorker
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys, Out
 from astraflow.streams.identity import clear
 from astraflow.streams.reap import Reaper

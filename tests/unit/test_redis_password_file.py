@@ -4,8 +4,8 @@ sees), exclusive with `redis.password`, refused clearly when unreadable, never p
 import pytest
 
 from astraflow.cli import main
-from astraflow.config import load_settings, to_env
 from astraflow.errors import ConfigError
+from astraflow.settings_load import load_settings, to_env
 from astraflow.streams.connection import credentials, make_client
 
 

@@ -5,8 +5,8 @@ import fakeredis
 import fakeredis.aioredis
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.errors import ConfigError
+from astraflow.settings_load import load_settings
 from astraflow.streams import Bus, Keys
 from astraflow.streams.replica import ReplicaReads
 from astraflow.streams.settings import StreamsSettings

@@ -9,6 +9,7 @@ from structlog.testing import capture_logs
 
 from astraflow.errors import DecodeError, WorkerUnhealthy
 from astraflow.streams import Consumer, Out, Runner
+from astraflow.streams import runner as runner_module
 from astraflow.streams.keys import GROUP_DATAFLOW, GROUP_RAAS
 from astraflow.streams.reap import Reaper
 
@@ -192,13 +193,13 @@ async def test_worker_told_to_stop_during_a_redis_outage_stops(bus):
     assert (await bus.redis.xpending(bus.keys.prompts, GROUP_RAAS))["pending"] == 1  # left for a reclaim
 
 
-async def test_a_failed_loop_logs_the_redis_error_message_not_only_its_type(bus):
+async def test_a_failed_loop_logs_the_redis_error_message_not_only_its_type(bus, monkeypatch):
     """redis-py's repr of its errors leaves the message out (`server:ResponseError`): the log says it."""
 
     async def refused(*args, **kwargs):
         raise ResponseError("NOPERM this user has no permissions to access the 'x' key")
 
-    bus.trim = refused
+    monkeypatch.setattr(runner_module, "trim", refused)
     runner = Runner(Consumer(bus, bus.keys.prompts, GROUP_RAAS, "c"), lambda e: [], 1)
     bus.settings = bus.settings.model_copy(update={"trim_interval_ms": 10})
     with capture_logs() as logs:

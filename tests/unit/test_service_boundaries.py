@@ -28,6 +28,7 @@ FLOORS = {
         "messages",
         "packing",
         "decoding",
+        "columnar",
         "errors",
         "logs",
         "processes",

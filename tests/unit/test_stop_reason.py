@@ -4,8 +4,8 @@ target is set, EXIT_TARGET_MISSED at a step or time limit before the target a ru
 import time
 from types import SimpleNamespace
 
-from astraflow.config import load_settings
 from astraflow.launch.stops import EXIT_TARGET_MISSED, stop_reason
+from astraflow.settings_load import load_settings
 
 
 def progress(rewards: list[float], started_s_ago: float = 0.0):

@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from astraflow.config import load_settings
 from astraflow.dataflow.ledger import read_ledger
 from astraflow.launch.progress import Progress
 from astraflow.launch.stops import (
@@ -22,6 +21,7 @@ from astraflow.launch.stops import (
     stopped_reason,
 )
 from astraflow.ops.record import record
+from astraflow.settings_load import load_settings
 from astraflow.streams.identity import existing, mark_stopped
 from astraflow.streams.records import DeadLetterRecord, RolloutStats, TrainerStep, encode_record
 

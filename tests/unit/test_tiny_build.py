@@ -15,7 +15,7 @@ BUILD = textwrap.dedent(
     """
     import sys
     from transformers import AutoModelForCausalLM
-    from astraflow.config import load_settings
+    from astraflow.settings_load import load_settings
     from astraflow.launch.tiny_cache import build_tiny
     tiny = "{hidden: 32, layers: 1, heads: 2, kv_heads: 1, intermediate: 64, warm_start_steps: 40}"
     path = build_tiny(load_settings(overrides=["run.tiny=" + tiny, "trainer.threads=1"]))

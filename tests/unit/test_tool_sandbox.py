@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import structlog
 
-from astraflow.config import load_settings
 from astraflow.errors import SandboxUnavailable
 from astraflow.launch import launcher
 from astraflow.launch.build import build_raas
+from astraflow.settings_load import load_settings
 from astraflow.workflows import isolation, sandbox
 from astraflow.workflows.sandbox import run_python
 from tests.dataflow_helpers import SMALL_RUN, fake_bus

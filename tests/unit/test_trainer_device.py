@@ -49,8 +49,8 @@ def test_the_device_is_the_ranks_own_gpu_or_the_cpu(monkeypatch):
 
 
 def test_cuda_requested_without_cuda_fails_at_start_with_the_reason(monkeypatch, bus, tmp_path):
-    from astraflow.config import load_settings
     from astraflow.launch.build import build_trainer
+    from astraflow.settings_load import load_settings
 
     gpus(monkeypatch, 0)
     settings = load_settings(None, [f"trainer.model={tmp_path}", "trainer.device=cuda"])  # (no weights in it)
