@@ -171,7 +171,7 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         _g("weight peers", "weight_peers", "del"),
         _g("shared versions (same host, device to device)", "weights_shared", "set"),
         _g("batch samples", "samples", "hmget", write=False),
-        _g("run state (newest versions)", "state", "hmget", write=False),
+        _g("run state (newest versions, last notice)", "state", "hmget hget", write=False),
         _g("weight-transfer secret", "weights_secret", "get", write=False),
         *_plumbing("trainer", errors="hget hset hdel hincrby"),
     ),
@@ -180,8 +180,8 @@ GRANTS: dict[str, tuple[Grant, ...]] = {
         _g(
             "every key of the run but the weight secret, read only",
             ("[^w]*", _KEYS.family("weights")),  # (a glob over every key whose name starts with no `w`)
-            "type memory|usage xlen xinfo|groups xpending xrange xrevrange xread hgetall hget hmget scard "
-            "zcard",
+            "exists type memory|usage xlen xinfo|groups xpending xrange xrevrange xread hgetall hget hmget "
+            "scard zcard",
             write=False,
         ),
     ),
