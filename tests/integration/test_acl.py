@@ -136,6 +136,7 @@ RARE = {
         " hgetall@weights:*:*"  # a restarted trainer re-reading its newest manifest
         " fcall@metrics fcall@weights:*:*:shared"  # writable families its scripts may declare
         " set@weights:*:*:shared"  # a version built on its GPU, shared with engines on its host
+        " hget@state"  # the last notice: an eval version kept served until the barrier passed it
     ),
 }
 
