@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(180)]
 NAME = "af-primary"
 RUN = "failover"
 RECIPE = "recipes/addition-tiny.yaml"
-STEPS = 16
+STEPS = 60  # far more than a quiet machine trains between KILL_AT and the link going down (15 seen)
 KILL_AT = 2
 LINK_DOWN_S = 2.0
 
