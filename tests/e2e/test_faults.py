@@ -20,7 +20,7 @@ from astraflow import redis_server
 from tests.e2e.test_chaos import steps_done, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
-STEPS = 40
+STEPS = 400  # the run must outlive the checks below (16 s after step ~20): 100 ended before them
 LEASE_MS = 3000
 RUN = "faults"
 
@@ -107,6 +107,7 @@ def test_run_rides_out_redis_oom_restart_and_a_stalled_peer(tmp_path):
         first = overdue(r)  # released or stranded; a released entry is taken again within half a lease
         time.sleep(2 * LEASE_MS / 1000)
         assert not first & overdue(r), "entries stranded past the lease"
+        assert launcher.poll() is None, "the run ended before the checks: raise STEPS"
 
         out, _ = launcher.communicate(timeout=400)
         assert launcher.returncode == 0, out[-3000:]
