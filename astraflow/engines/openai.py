@@ -9,19 +9,10 @@ from __future__ import annotations
 import time
 
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
+from astraflow.engines.client import GenerationClient
 from astraflow.engines.settings import EngineSettings
 
 FIXED_VERSION = -1
-
-
-async def answers(http, path: str, timeout_s: float = 5.0) -> bool:
-    """True when GET `path` on the client's server returns 200."""
-    import httpx
-
-    try:
-        return (await http.get(path, timeout=timeout_s)).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class OpenAIEngine(Engine):
@@ -32,21 +23,15 @@ class OpenAIEngine(Engine):
         self.version = FIXED_VERSION
 
     async def start(self) -> None:
-        import httpx
-
         key = self.settings.api_key
         headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
-        self._http = httpx.AsyncClient(
-            base_url=self.settings.base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(None, connect=10.0),
-        )
+        self._http = GenerationClient(self.settings.base_url, headers)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     async def healthy(self) -> bool:
-        return await answers(self._http, "/models")
+        return await self._http.answers("/models", 5.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         p = request.params
@@ -63,9 +48,7 @@ class OpenAIEngine(Engine):
         if p.seed is not None:
             body["seed"] = p.seed
         started = time.perf_counter()
-        reply = await self._http.post("/completions", json=body)
-        reply.raise_for_status()
-        choice = reply.json()["choices"][0]
+        choice = (await self._http.post("/completions", body))["choices"][0]
         if "token_ids" not in choice:
             raise ValueError(f"{self.settings.base_url} does not return token ids (return_token_ids)")
         tokens = choice["token_ids"]

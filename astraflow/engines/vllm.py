@@ -35,21 +35,17 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import structlog
 
 from astraflow.engines import vllm_generate, vllm_lora, vllm_process
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
-from astraflow.engines.openai import answers
+from astraflow.engines.client import GenerationClient
 from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import planned_sync, served_sync, server_command, weight_transfer
 from astraflow.engines.vllm_weights import make_weight_loader
 from astraflow.errors import describe
 from astraflow.redis_server import free_port
-
-if TYPE_CHECKING:
-    import httpx
 
 log = structlog.get_logger(__name__)
 
@@ -164,7 +160,7 @@ class VLLMEngine(Engine):
         atexit.unregister(self._kill_group)
         if self.adapters is not None:
             self.adapters.close()
-        await self._http.aclose()
+        await self._http.close()
         await self._ctl.aclose()
 
     def _kill_group(self) -> None:
@@ -172,7 +168,7 @@ class VLLMEngine(Engine):
         vllm_process.kill_group(self._proc)
 
     async def healthy(self) -> bool:
-        return await answers(self._ctl, "/health", 2.0)
+        return await vllm_process.answers(self._ctl, "/health", 2.0)
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         started = time.perf_counter()
@@ -187,7 +183,7 @@ class VLLMEngine(Engine):
         return resp
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> GenerationClient:
         """The generation client (uncapped; control calls have their own)."""
         return self._http
 
@@ -202,7 +198,7 @@ class VLLMEngine(Engine):
         """After a failed call: True (after a pause) when the server is gone and the call should be retried
         on its restart, False when the error is the call's own."""
         # asked on the generation client: every failed call asks, and a pause must not wait behind them
-        if self._closing or await answers(self._http, "/health", 2.0):
+        if self._closing or await self._http.answers("/health", 2.0):
             return False
         log.warning("vllm_call_retry", error=describe(e))  # the watchdog restarts the server
         await asyncio.sleep(1.0)

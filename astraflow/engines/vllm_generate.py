@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from astraflow.engines import vllm_lora
 from astraflow.engines.base import GenerateRequest, GenerateResponse
+from astraflow.engines.client import CallError, GenerationClient
 from astraflow.engines.settings import EngineSettings
 from astraflow.engines.vllm_server import (
     GENERATE_PATH,
@@ -27,9 +28,6 @@ from astraflow.engines.vllm_server import (
     completion_body,
     generate_body,
 )
-
-if TYPE_CHECKING:
-    import httpx
 
 
 class Server(Protocol):
@@ -41,7 +39,7 @@ class Server(Protocol):
     adapters: vllm_lora.Adapters | None
 
     @property
-    def http(self) -> httpx.AsyncClient:
+    def http(self) -> GenerationClient:
         """The generation client."""
 
     async def wait_open(self) -> int:
@@ -61,8 +59,6 @@ def tokens_left(server: Server, request: GenerateRequest) -> int:
 
 async def whole(server: Server, request: GenerateRequest) -> GenerateResponse:
     """One streamed call; the server's final chunk labels token spans with weight versions."""
-    import httpx
-
     max_tokens = tokens_left(server, request)
     if max_tokens <= 0:
         return GenerateResponse([], [], [], "length")
@@ -70,11 +66,9 @@ async def whole(server: Server, request: GenerateRequest) -> GenerateResponse:
         body = generate_body(request, max_tokens, await server.wait_open())
         stream = GenerateStream()
         try:
-            async with server.http.stream("POST", GENERATE_PATH, json=body) as reply:
-                reply.raise_for_status()
-                async for line in reply.aiter_lines():
-                    server.stats["tokens"] += stream.feed(line)
-        except httpx.HTTPError as e:
+            async for line in server.http.lines(GENERATE_PATH, body):
+                server.stats["tokens"] += stream.feed(line)
+        except CallError as e:
             if await server.server_died(e):
                 continue
             raise
@@ -85,8 +79,6 @@ async def whole(server: Server, request: GenerateRequest) -> GenerateResponse:
 async def on_adapter(server: Server, request: GenerateRequest) -> GenerateResponse:
     """LoRA: one completion call on the adapter newest when it starts; every token carries its version
     (the base, before any adapter: version 0)."""
-    import httpx
-
     adapters = server.adapters
     assert adapters is not None
     n = tokens_left(server, request)
@@ -98,15 +90,14 @@ async def on_adapter(server: Server, request: GenerateRequest) -> GenerateRespon
         body = completion_body(request, request.prompt_ids, n, 0)
         body["model"] = SERVED_NAME if version is None else vllm_lora.name(version)
         try:
-            reply = await server.http.post("/v1/completions", json=body)
-            reply.raise_for_status()
+            reply = await server.http.post("/v1/completions", body)
             break
-        except httpx.HTTPError as e:
+        except CallError as e:
             if not await server.server_died(e):
                 raise
         finally:
             await adapters.release(version)
-    choice = reply.json()["choices"][0]
+    choice = reply["choices"][0]
     tokens = choice["token_ids"]
     server.stats["tokens"] += len(tokens)
     tag = server.version if version is None else version
@@ -117,8 +108,6 @@ async def on_adapter(server: Server, request: GenerateRequest) -> GenerateRespon
 async def chunks(server: Server, request: GenerateRequest) -> GenerateResponse:
     """Completion calls of up to `chunk_tokens` each until the request's cap, a stop, or the model's
     length; each chunk's tokens carry the version the server held when the chunk started."""
-    import httpx
-
     p, s = request.params, server.settings
     resp = GenerateResponse([], [], [], "length")
     while len(resp.token_ids) < p.max_new_tokens:
@@ -130,13 +119,12 @@ async def chunks(server: Server, request: GenerateRequest) -> GenerateResponse:
         version = await server.wait_open()
         async with server.chunk_running():
             try:
-                reply = await server.http.post("/v1/completions", json=body)
-                reply.raise_for_status()
-            except httpx.HTTPError as e:
+                reply = await server.http.post("/v1/completions", body)
+            except CallError as e:
                 if await server.server_died(e):
                     continue
                 raise
-        choice = reply.json()["choices"][0]
+        choice = reply["choices"][0]
         resp.token_ids += choice["token_ids"]
         resp.logprobs += choice["logprobs"]["token_logprobs"]
         resp.versions += [version] * len(choice["token_ids"])

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from astraflow.engines.client import GenerationClient
 from astraflow.processes import die_with_parent
 
 if TYPE_CHECKING:
@@ -26,20 +27,27 @@ CONTROL_CONNECTIONS = 4
 """Connections of the control client: pause, load and resume come one at a time, health checks besides."""
 
 
-def open_clients(url: str) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    """A generation client with no cap on its connections (the RaaS bounds the calls: a second, lower
-    bound here would queue them where neither the server's scheduler nor a load can see them), and a
-    small control client, so that a pause or a load never waits for a connection behind generation."""
+def open_clients(url: str) -> tuple[GenerationClient, httpx.AsyncClient]:
+    """A generation client with no cap on its connections (`engines.client`: the RaaS bounds the calls, and a
+    second, lower bound here would queue them where neither the server's scheduler nor a load can see
+    them), and a small control client, so that a pause or a load never waits for a connection behind
+    generation."""
     import httpx
 
-    timeout = httpx.Timeout(None, connect=5.0)
-    unbounded = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     n = CONTROL_CONNECTIONS
     small = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    return (
-        httpx.AsyncClient(base_url=url, timeout=timeout, limits=unbounded),
-        httpx.AsyncClient(base_url=url, timeout=timeout, limits=small),
-    )
+    control = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None, connect=5.0), limits=small)
+    return GenerationClient(url), control
+
+
+async def answers(http, path: str, timeout_s: float = 5.0) -> bool:
+    """True when GET `path` on the client's server returns 200."""
+    import httpx
+
+    try:
+        return (await http.get(path, timeout=timeout_s)).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def spawn(cmd: list[str], env: dict[str, str], log_path: Path | None) -> subprocess.Popen:

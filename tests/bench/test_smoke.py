@@ -45,6 +45,8 @@ FIGURES = {
     r"\(\d+ s\)$",
     "trainer_step": rf"^ +1 +{NUMBER} +{NUMBER} +{NUMBER}$",
     "trl_loop": rf"^trl GRPOTrainer: \d+ steps, time to {NUMBER}: .*; {NUMBER} ms per step \(\d+ threads\)$",
+    "vllm_client": rf"^vllm client: httpx/aiohttp cpu per call {NUMBER}x, httpx default/aiohttp {NUMBER}x "
+    r"at \d+ in flight$",
     "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
     "weight_sync": rf"^\(d\) .*: star {NUMBER} s, chain {NUMBER} s, ratio {NUMBER}$",
 }

@@ -105,5 +105,5 @@ async def test_more_than_a_hundred_calls_run_at_once_and_a_load_goes_through_whi
             call.cancel()
         await asyncio.gather(*calls, return_exceptions=True)
         await server.close()
-        await engine._http.aclose()
+        await engine._http.close()
         await engine._ctl.aclose()

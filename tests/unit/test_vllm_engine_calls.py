@@ -1,10 +1,11 @@
-"""The vLLM engine's calls to its server in either weight-sync mode, against a fake server (no vLLM)."""
+"""The vLLM engine's calls to its server in either weight-sync mode, against a fake server on 127.0.0.1
+(no vLLM)."""
 
 import json
 from pathlib import Path
 
-import httpx
 import pytest
+from aiohttp import web
 from structlog.testing import capture_logs
 
 from astraflow.engines.base import GenerateRequest, SamplingParams, WeightLoader
@@ -25,19 +26,38 @@ class FakeServer:
         self.completion_bodies: list[dict] = []
         self.openapi: dict = {"paths": {}, "components": {"schemas": {}}}
         """What the server says it serves: no pause endpoints unless a test adds them."""
+        self.engines: list[VLLMEngine] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path + (f"?{request.url.query.decode()}" if request.url.query else "")
-        body = json.loads(request.content) if request.content else None
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for e in self.engines:
+            await e._http.close()
+            await e._ctl.aclose()
+        await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        reply = self.answer(request.path_qs, body)
+        return web.Response(text=reply) if isinstance(reply, str) else web.json_response(reply)
+
+    def answer(self, path: str, body: dict | None) -> dict | str:
         if path == "/v1/completions":
             self.completion_bodies.append(body)
             n, start = body["max_tokens"], len(body["prompt"])
             tokens = list(range(start, start + n))
             logprobs = {"token_logprobs": [-1.0] * n}
             choice = {"token_ids": tokens, "logprobs": logprobs, "finish_reason": "length"}
-            return httpx.Response(200, json={"choices": [choice]})
+            return {"choices": [choice]}
         if path == "/openapi.json":
-            return httpx.Response(200, json=self.openapi)
+            return self.openapi
         if path == "/inference/v1/generate":
             self.generate_bodies.append(body)
             spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
@@ -47,25 +67,33 @@ class FakeServer:
             ]
             events[1] |= {"finish_reason": "length", "weight_versions": spans}
             lines = [f"data: {json.dumps({'choices': [{'weight_versions': None, **e}]})}\n\n" for e in events]
-            return httpx.Response(200, content="".join(lines) + "data: [DONE]\n\n")
+            return "".join(lines) + "data: [DONE]\n\n"
         self.controls.append(path)
         self.control_bodies.append(body)
-        return httpx.Response(200, json={})
+        return {}
+
+    def engine(self, pause_sync: bool, **settings) -> VLLMEngine:
+        """An engine on this server, its loads by `files` unless `vllm` says otherwise."""
+        vllm = {"weight_transfer": "files", **settings.pop("vllm", {})}
+        s = EngineSettings(type="vllm", model="m", chunk_tokens=4, port=self.port, vllm=vllm, **settings)
+        e = VLLMEngine(s)
+        e._open_clients()
+        e.pause_sync = pause_sync
+        e._open.set()  # as after a start
+        self.engines.append(e)
+        return e
 
 
-def engine(pause_sync: bool, server: FakeServer, **settings) -> VLLMEngine:
-    """An engine on `server`, its loads by `files` unless `vllm` says otherwise."""
-    vllm = {"weight_transfer": "files", **settings.pop("vllm", {})}
-    e = VLLMEngine(EngineSettings(type="vllm", model="m", chunk_tokens=4, port=1, vllm=vllm, **settings))
-    e._http = e._ctl = httpx.AsyncClient(base_url=e.url, transport=httpx.MockTransport(server))
-    e.pause_sync = pause_sync
-    e._open.set()  # as after a start
-    return e
+@pytest.fixture
+async def server():
+    s = FakeServer()
+    await s.start()
+    yield s
+    await s.stop()
 
 
-async def test_chunked_generation_tags_each_chunk_with_the_version_it_ran_under():
-    server = FakeServer()
-    e = engine(False, server)
+async def test_chunked_generation_tags_each_chunk_with_the_version_it_ran_under(server):
+    e = server.engine(False)
     request = GenerateRequest([0, 0], SamplingParams(max_new_tokens=10))
     first = await e.generate(request)
     assert first.token_ids == list(range(2, 12)) and e.stats["chunks"] == 3  # 4 + 4 + 2
@@ -76,9 +104,8 @@ async def test_chunked_generation_tags_each_chunk_with_the_version_it_ran_under(
     assert set((await e.generate(request)).versions) == {3} and set(first.versions) == {0}
 
 
-async def test_paused_sync_takes_versions_from_the_server_and_relabels_on_load():
-    server = FakeServer()
-    e = engine(True, server)
+async def test_paused_sync_takes_versions_from_the_server_and_relabels_on_load(server):
+    e = server.engine(True)
     e.version = 4
     r = await e.generate(GenerateRequest([7, 8], SamplingParams(max_new_tokens=3, seed=1)))
     assert r.token_ids == [1, 2, 3] and r.versions == [4, 5, 5] and r.logprobs == [-0.1, -0.2, -0.3]
@@ -94,13 +121,13 @@ async def test_paused_sync_takes_versions_from_the_server_and_relabels_on_load()
     assert server.generate_bodies[1]["cache_salt"] != body["cache_salt"]
 
 
-async def test_a_load_needs_a_pause():
-    e = engine(True, FakeServer())
+async def test_a_load_needs_a_pause(server):
+    e = server.engine(True)
     with pytest.raises(RuntimeError, match="paused"):
         await e.load_weights("w", version=1)
 
 
-async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_keeps_the_versions():
+async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_keeps_the_versions(server):
     class Received(WeightLoader):  # what a native weight transfer backend would be
         def __init__(self) -> None:
             self.loaded: list[str] = []
@@ -108,8 +135,7 @@ async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_kee
         async def load(self, path: str) -> None:
             self.loaded.append(path)
 
-    server = FakeServer()
-    e = engine(True, server)
+    e = server.engine(True)
     e.loader = Received()
     await e.pause()
     await e.load_weights("/weights/v2", version=2)
@@ -119,15 +145,14 @@ async def test_another_weight_loader_replaces_the_file_reload_and_the_engine_kee
 
 
 async def test_a_buffer_load_names_the_halfs_files_to_the_servers_weight_transfer_engine(
-    tmp_path, monkeypatch
+    server, tmp_path, monkeypatch
 ):
     install_vllm(tmp_path, monkeypatch, scale_out=True, weight_transfer=True)
     half = tmp_path / "a"
     half.mkdir()
     for name in ("model.safetensors", "config.json"):
         (half / name).write_bytes(b"")
-    server = FakeServer()
-    e = engine(True, server, vllm={"weight_transfer": "buffer"})
+    e = server.engine(True, vllm={"weight_transfer": "buffer"})
     await e.loader.setup()  # once per server start
     await e.pause()
     await e.load_weights(str(half), version=2)
@@ -152,17 +177,16 @@ def test_a_native_weight_transfer_backend_is_refused_until_it_is_built(backend):
         VLLMEngine(EngineSettings(type="vllm", model="m", vllm={"weight_transfer": backend}))
 
 
-async def test_the_weight_sync_in_effect_is_logged_and_a_fallback_warns_why(tmp_path, monkeypatch):
+async def test_the_weight_sync_in_effect_is_logged_and_a_fallback_warns_why(server, tmp_path, monkeypatch):
     install_vllm(tmp_path, monkeypatch, scale_out=True)
-    server = FakeServer()
     with capture_logs() as logs:
-        assert await engine(False, server, vllm={"weight_sync": "auto"})._sync_mode() == "chunks"
+        assert await server.engine(False, vllm={"weight_sync": "auto"})._sync_mode() == "chunks"
         server.openapi = {
             "paths": {p: {} for p in PAUSE_SYNC_PATHS},
             "components": {"schemas": {"WeightVersionSpan": {}}},
         }
-        assert await engine(False, server, vllm={"weight_sync": "auto"})._sync_mode() == "pause"
-        assert await engine(False, server, vllm={"weight_sync": "chunks"})._sync_mode() == "chunks"
+        assert await server.engine(False, vllm={"weight_sync": "auto"})._sync_mode() == "pause"
+        assert await server.engine(False, vllm={"weight_sync": "chunks"})._sync_mode() == "chunks"
     fallback, pause, chunks = logs
     assert fallback["log_level"] == "warning" and fallback["mode"] == "chunks"
     assert "/pause" in fallback["reason"] and "weight-version spans" in fallback["reason"]
@@ -170,9 +194,9 @@ async def test_the_weight_sync_in_effect_is_logged_and_a_fallback_warns_why(tmp_
     assert (chunks["log_level"], chunks["mode"], chunks["requested"]) == ("info", "chunks", "chunks")
 
 
-async def test_pause_is_refused_where_the_server_lacks_its_endpoints(tmp_path, monkeypatch):
+async def test_pause_is_refused_where_the_server_lacks_its_endpoints(server, tmp_path, monkeypatch):
     install_vllm(tmp_path, monkeypatch, scale_out=True)
-    e = engine(False, FakeServer(), vllm={"weight_sync": "pause"})
+    e = server.engine(False, vllm={"weight_sync": "pause"})
     with pytest.raises(ConfigError, match="weight_sync=pause: the vllm server lacks /inference/v1/generate"):
         await e._sync_mode()
 
@@ -190,11 +214,10 @@ async def test_a_start_with_pause_on_a_vllm_without_its_endpoints_fails_before_a
         await e.close()
 
 
-async def test_lora_versions_load_as_adapters_and_requests_run_whole_on_the_newest(tmp_path):
+async def test_lora_versions_load_as_adapters_and_requests_run_whole_on_the_newest(server, tmp_path):
     from astraflow.weights import adapters
 
-    server = FakeServer()
-    e = engine(True, server, vllm={"max_lora_rank": 8})
+    e = server.engine(True, vllm={"max_lora_rank": 8})
     (tmp_path / "model.safetensors").write_bytes(b"")
     adapters.make_adapter_dir(tmp_path, "{}", "model.safetensors")
     request = GenerateRequest([1, 2], SamplingParams(max_new_tokens=6))
