@@ -1,5 +1,6 @@
 """astraflow's vLLM plugin: registers the weight-transfer engine `astraflow_buffer`
-(`engines/vllm_buffer.py`) with vLLM's factory in every vLLM process.
+(`engines/vllm_buffer.py`) with vLLM's factory in every vLLM process, and lets the process use the CPU's
+AMX tiles where it has them.
 
 vLLM calls `register` in each of its processes (API server, engine core, workers) through the entry point
 `astraflow = "astraflow.engines.vllm_plugin:register"` of the group `vllm.general_plugins`
@@ -25,12 +26,23 @@ WORKER_EXTENSION = "astraflow.engines.vllm_buffer.WorkerRegistration"
 def register() -> None:
     """Register `BACKEND` with vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than
     once per process), and the engine module is imported only when a worker creates the engine."""
+    allow_amx()
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(
             BACKEND, "astraflow.engines.vllm_buffer", "BufferTransferEngine"
         )
+
+
+def allow_amx() -> bool:
+    """Ask Linux for this process's use of AMX tiles (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, through torch);
+    whether it may use them. vLLM-CPU's bfloat16 attention kernel runs on AMX wherever the CPU has it
+    (`cpu_attn._get_attn_isa`) but never asks for it, so on such a CPU its worker dies of SIGILL at the
+    first step it serves."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx())
 
 
 def installed() -> bool:
