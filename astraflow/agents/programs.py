@@ -22,7 +22,10 @@ import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
 
 KEPT_ENV = ("PATH", "HOME", "LANG", "PYTHONPATH")
 """The worker's environment variables an external agent command sees (besides the OpenAI ones)."""
@@ -47,11 +50,18 @@ class FunctionAgent:
         if not asyncio.iscoroutinefunction(fn):
             raise ValueError(f"agent {fn!r} is not an async function (async def f(client, sample))")
         self.fn = fn
+        self._tls: ssl.SSLContext | None = None
 
     async def run(self, base_url: str, key: str, sample: dict[str, Any]) -> Any:
-        from openai import AsyncOpenAI  # the `agents` extra; only a RaaS running agents imports it
+        import httpx
+        from openai import AsyncOpenAI, DefaultAsyncHttpxClient  # the `agents` extra: a RaaS running agents
 
-        client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+        # Each episode has a client (and a connection pool) of its own, but all share one TLS context:
+        # building one loads the CA bundle, about 30 ms of CPU, which per episode was most of a RaaS's.
+        if self._tls is None:
+            self._tls = httpx.create_ssl_context()
+        http = DefaultAsyncHttpxClient(verify=self._tls)
+        client = AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http)
         try:
             return await self.fn(client, sample)
         finally:

@@ -21,6 +21,7 @@ ROOT = BENCH.parents[1]
 NUMBER = r"(?:[0-9.]+|nan|inf)"
 
 FIGURES = {
+    "agent_client": rf"^agent client: per-episode/shared tls cpu per episode {NUMBER}x at \d+ in flight$",
     "bus_throughput": rf"^consume \+ publish_and_ack +\d+ +\d+ +{NUMBER}$",
     "cross_region": rf"^v1 delta +relay +{NUMBER} +{NUMBER} +{NUMBER}x +{NUMBER}x$",
     "dataflow_throughput": rf"^1 +\d+ +\d+ +\d+ +{NUMBER}$",
