@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import statistics
 import time
 
 from _smoke import parse
-from vllm_client import fan_out, wait_healthy
+from _stand_in import alternate, fan_out
 
 from astraflow.agents.programs import FunctionAgent
-from astraflow.redis_server import free_port
 
 REPLY = {
     "id": "c",
@@ -41,43 +39,24 @@ REPLY = {
     "model": "policy",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "42"}, "finish_reason": "stop"}],
 }
-
-
-def serve(port: int, delay_s: float) -> None:
-    import logging
-
-    from aiohttp import web
-
-    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # clients that close mid-reply (baseline)
-
-    async def chat(request: web.Request) -> web.Response:
-        await request.read()
-        await asyncio.sleep(delay_s)
-        return web.json_response(REPLY)
-
-    async def health(_: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=False)
+SAMPLE = {"prompt": "123*45="}
 
 
 def episode(turns: int):
-    async def solve(client, sample: dict) -> dict:
+    async def solve(client, sample: dict) -> float:
         messages = [{"role": "user", "content": sample["prompt"]}]
         for _ in range(turns):
             reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
-        return {"choices": [{"token_ids": [1, 2, 3, 4]}]}  # what fan_out checks
+        assert len(messages) == 1 + turns and messages[-1]["content"] == "42"
+        return 1.0
 
     return solve
 
 
 async def shared_tls(url: str, episodes: int, in_flight: int, turns: int) -> None:
     agent = FunctionAgent(episode(turns))
-    await fan_out(lambda: agent.run(url + "/v1", "key", {"prompt": "123*45="}), episodes, in_flight)
+    await fan_out(lambda: agent.run(url + "/v1", "key", SAMPLE), episodes, in_flight)
 
 
 async def per_episode(url: str, episodes: int, in_flight: int, turns: int) -> None:
@@ -85,9 +64,9 @@ async def per_episode(url: str, episodes: int, in_flight: int, turns: int) -> No
 
     solve = episode(turns)
 
-    async def one() -> dict:
+    async def one() -> float:
         async with AsyncOpenAI(base_url=url + "/v1", api_key="key", max_retries=0) as client:
-            return await solve(client, {"prompt": "123*45="})
+            return await solve(client, SAMPLE)
 
     await fan_out(one, episodes, in_flight)
 
@@ -95,11 +74,11 @@ async def per_episode(url: str, episodes: int, in_flight: int, turns: int) -> No
 CLIENTS = {"shared tls": shared_tls, "per episode": per_episode}
 
 
-def measure(name: str, url: str, a: argparse.Namespace) -> float:
-    """Client CPU per episode in ms, one round."""
+def measure(name: str, url: str, a: argparse.Namespace) -> tuple[float]:
+    """(client CPU per episode in ms,) of one round."""
     cpu = time.process_time()
     asyncio.run(CLIENTS[name](url, a.episodes, a.in_flight, a.turns))
-    return (time.process_time() - cpu) / a.episodes * 1e3
+    return ((time.process_time() - cpu) / a.episodes * 1e3,)
 
 
 def main() -> None:
@@ -110,22 +89,16 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--rounds", type=int, default=3)
     a = parse(p, episodes=40, in_flight=16, rounds=1)
-    port = free_port()
-    server = mp.get_context("spawn").Process(target=serve, args=(port, a.delay_ms / 1000), daemon=True)
-    server.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url)
-        measure("shared tls", url, a)  # warm-up: imports, first connections
-        results: dict[str, list[float]] = {name: [] for name in CLIENTS}
-        for _ in range(a.rounds):
-            for name in CLIENTS:
-                results[name].append(measure(name, url, a))
-    finally:
-        server.terminate()
-        server.join(5)
+    results = alternate(
+        "/v1/chat/completions",
+        REPLY,
+        a.delay_ms / 1000,
+        list(CLIENTS),
+        lambda name, url: measure(name, url, a),
+        a.rounds,
+    )
     print(f"{a.episodes} episodes of {a.turns} calls, {a.in_flight} in flight, medians of {a.rounds} rounds")
-    cpu = {name: statistics.median(rows) for name, rows in results.items()}
+    cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
     for name, ms in cpu.items():
         print(f"{name:<12} {ms:>8.2f} ms cpu per episode")
     print(

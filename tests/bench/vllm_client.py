@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import statistics
 import time
 
 from _smoke import parse
+from _stand_in import alternate, fan_out
 
 from astraflow.engines.client import GenerationClient
-from astraflow.redis_server import free_port
 
 REPLY = {
     "choices": [
@@ -42,27 +41,18 @@ BODY = {
 }
 
 
-def serve(port: int, delay_s: float) -> None:
-    from aiohttp import web
-
-    async def completions(request: web.Request) -> web.Response:
-        await request.read()
-        await asyncio.sleep(delay_s)
-        return web.json_response(REPLY)
-
-    async def health(_: web.Request) -> web.Response:
-        return web.Response()
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=False)
+def checked(reply: dict) -> None:
+    assert reply["choices"][0]["token_ids"] == [1, 2, 3, 4]
 
 
 async def aiohttp_calls(url: str, calls: int, in_flight: int) -> None:
     client = GenerationClient(url)
+
+    async def call() -> None:
+        checked(await client.post("/v1/completions", BODY))
+
     try:
-        await fan_out(lambda: client.post("/v1/completions", BODY), calls, in_flight)
+        await fan_out(call, calls, in_flight)
     finally:
         await client.close()
 
@@ -73,22 +63,12 @@ async def httpx_calls(url: str, calls: int, in_flight: int, capped: bool) -> Non
     limits = httpx.Limits() if capped else httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(None), limits=limits) as client:
 
-        async def call() -> dict:
+        async def call() -> None:
             reply = await client.post("/v1/completions", json=BODY)
             reply.raise_for_status()
-            return reply.json()
+            checked(reply.json())
 
         await fan_out(call, calls, in_flight)
-
-
-async def fan_out(call, calls: int, in_flight: int) -> None:
-    gate = asyncio.Semaphore(in_flight)
-
-    async def one() -> None:
-        async with gate:
-            assert (await call())["choices"][0]["token_ids"] == [1, 2, 3, 4]
-
-    await asyncio.gather(*(one() for _ in range(calls)))
 
 
 CLIENTS = {
@@ -105,19 +85,6 @@ def measure(name: str, url: str, calls: int, in_flight: int) -> tuple[float, flo
     return (time.process_time() - cpu) / calls * 1e6, calls / (time.perf_counter() - wall)
 
 
-def wait_healthy(url: str, timeout_s: float = 20.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"the stand-in server at {url} did not answer within {timeout_s:.0f} s")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=2000)
@@ -125,20 +92,14 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--rounds", type=int, default=3)
     a = parse(p, calls=300, in_flight=64, rounds=1)
-    port = free_port()
-    server = mp.get_context("spawn").Process(target=serve, args=(port, a.delay_ms / 1000), daemon=True)
-    server.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url)
-        measure("aiohttp", url, min(a.calls, 200), a.in_flight)  # warm-up: imports, first connections
-        results: dict[str, list[tuple[float, float]]] = {name: [] for name in CLIENTS}
-        for _ in range(a.rounds):
-            for name in CLIENTS:
-                results[name].append(measure(name, url, a.calls, a.in_flight))
-    finally:
-        server.terminate()
-        server.join(5)
+    results = alternate(
+        "/v1/completions",
+        REPLY,
+        a.delay_ms / 1000,
+        list(CLIENTS),
+        lambda name, url: measure(name, url, a.calls, a.in_flight),
+        a.rounds,
+    )
     print(f"{a.calls} calls, {a.in_flight} in flight, {a.delay_ms:.0f} ms each, medians of {a.rounds} rounds")
     print(f"{'client':<14} {'cpu us/call':>12} {'calls/s':>10}")
     cpu = {}
