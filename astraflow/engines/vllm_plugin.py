@@ -24,8 +24,9 @@ WORKER_EXTENSION = "astraflow.engines.vllm_buffer.WorkerRegistration"
 
 
 def register() -> None:
-    """Register `BACKEND` with vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than
-    once per process), and the engine module is imported only when a worker creates the engine."""
+    """Allow AMX (`allow_amx`) and register `BACKEND` with vLLM's weight-transfer factory; idempotent (vLLM
+    may load plugins more than once per process), and the engine module is imported only when a worker
+    creates the engine."""
     allow_amx()
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
