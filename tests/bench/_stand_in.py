@@ -8,8 +8,11 @@ import asyncio
 import multiprocessing as mp
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from astraflow.redis_server import free_port
+
+T = TypeVar("T")
 
 
 def serve(port: int, path: str, reply: dict, delay_s: float) -> None:
@@ -62,9 +65,9 @@ def alternate(
     reply: dict,
     delay_s: float,
     names: list[str],
-    measure: Callable[[str, str], tuple],
+    measure: Callable[[str, str], T],
     rounds: int,
-) -> dict[str, list[tuple]]:
+) -> dict[str, list[T]]:
     """Start the server, warm up with `measure(names[0], url)` (imports, first connections), then `rounds`
     rounds of `measure(name, url)` for each name in turn; the measurements by name."""
     port = free_port()
@@ -74,7 +77,7 @@ def alternate(
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
         measure(names[0], url)
-        results: dict[str, list[tuple]] = {name: [] for name in names}
+        results: dict[str, list[T]] = {name: [] for name in names}
         for _ in range(rounds):
             for name in names:
                 results[name].append(measure(name, url))

@@ -74,11 +74,11 @@ async def per_episode(url: str, episodes: int, in_flight: int, turns: int) -> No
 CLIENTS = {"shared tls": shared_tls, "per episode": per_episode}
 
 
-def measure(name: str, url: str, a: argparse.Namespace) -> tuple[float]:
-    """(client CPU per episode in ms,) of one round."""
+def measure(name: str, url: str, a: argparse.Namespace) -> float:
+    """Client CPU per episode in ms, one round."""
     cpu = time.process_time()
     asyncio.run(CLIENTS[name](url, a.episodes, a.in_flight, a.turns))
-    return ((time.process_time() - cpu) / a.episodes * 1e3,)
+    return (time.process_time() - cpu) / a.episodes * 1e3
 
 
 def main() -> None:
@@ -98,7 +98,7 @@ def main() -> None:
         a.rounds,
     )
     print(f"{a.episodes} episodes of {a.turns} calls, {a.in_flight} in flight, medians of {a.rounds} rounds")
-    cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
+    cpu = {name: statistics.median(rows) for name, rows in results.items()}
     for name, ms in cpu.items():
         print(f"{name:<12} {ms:>8.2f} ms cpu per episode")
     print(
