@@ -1,6 +1,6 @@
 """astraflow's vLLM plugin: registers the weight-transfer engine `astraflow_buffer`
-(`engines/vllm_buffer.py`) with vLLM's factory in every vLLM process, and lets the process use the CPU's
-AMX tiles where it has them.
+(`engines/vllm_buffer.py`) with vLLM's factory in every vLLM process, lets the process use the CPU's AMX
+tiles where it has them, and on the CPU platform applies LoRA adapters with `vllm_lora_ops`.
 
 vLLM calls `register` in each of its processes (API server, engine core, workers) through the entry point
 `astraflow = "astraflow.engines.vllm_plugin:register"` of the group `vllm.general_plugins`
@@ -24,11 +24,17 @@ WORKER_EXTENSION = "astraflow.engines.vllm_buffer.WorkerRegistration"
 
 
 def register() -> None:
-    """Allow AMX (`allow_amx`) and register `BACKEND` with vLLM's weight-transfer factory; idempotent (vLLM
-    may load plugins more than once per process), and the engine module is imported only when a worker
-    creates the engine."""
+    """Allow AMX (`allow_amx`), install `vllm_lora_ops` on the CPU platform, and register `BACKEND` with
+    vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than once per process), and the
+    engine module is imported only when a worker creates the engine."""
     allow_amx()
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from astraflow.engines import vllm_lora_ops
+
+        vllm_lora_ops.install()
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(
