@@ -21,9 +21,16 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/astraflow run --overwrite
 
-# pytest exits 5 when it collected no test: that is a failure here.
+# The whole suite in two passes: the tests that are not `e2e`, `slow` or `bench` in TEST_WORKERS processes
+# at once (pytest-xdist), then those one at a time: they start whole runs that use every core, and some
+# judge learning within a wall-clock budget. pytest exits 5 when it collected no test: a failure here.
+TEST_WORKERS ?= 2
+SERIAL := e2e or slow or bench
+NOT_COLLECTED = if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
+
 test: setup
-	$(VENV)/bin/pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "not ($(SERIAL))"; rc=$$?; $(NOT_COLLECTED)
+	$(VENV)/bin/pytest -m "$(SERIAL)"; rc=$$?; $(NOT_COLLECTED)
 
 lint: setup
 	$(VENV)/bin/ruff check .
