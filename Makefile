@@ -21,11 +21,11 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/astraflow run --overwrite
 
-# The whole suite in two passes: the tests that are not `e2e`, `slow` or `bench` in TEST_WORKERS processes
-# at once (pytest-xdist), then those one at a time: they start whole runs that use every core, and some
+# The whole suite in two passes: the tests that are not `e2e` in TEST_WORKERS processes at once
+# (pytest-xdist), then the `e2e` ones one at a time: they start whole runs that use every core, and several
 # judge learning within a wall-clock budget. pytest exits 5 when it collected no test: a failure here.
 TEST_WORKERS ?= 2
-SERIAL := e2e or slow or bench
+SERIAL := e2e
 NOT_COLLECTED = if [ $$rc -eq 5 ]; then echo "no tests were collected" >&2; exit 1; fi; exit $$rc
 
 test: setup
