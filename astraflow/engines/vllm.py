@@ -41,6 +41,7 @@ import structlog
 from astraflow.engines import vllm_generate, vllm_lora, vllm_process
 from astraflow.engines.base import Engine, GenerateRequest, GenerateResponse
 from astraflow.engines.client import GenerationClient
+from astraflow.engines.merge import Merger
 from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import planned_sync, served_sync, server_command, weight_transfer
 from astraflow.engines.vllm_weights import make_weight_loader
@@ -72,7 +73,10 @@ class VLLMEngine(Engine):
         self.pause_sync = False
         """Whether weight loads pause requests in place (else they land between chunks); set at start."""
         self.stats: Counter[str] = Counter()
-        """`chunks`, `tokens` (received so far), `events` (streamed events received), `restarts`, `loads`."""
+        """`calls` (generation calls: merged requests share one), `chunks`, `tokens` (received so far),
+        `events` (streamed events received), `restarts`, `loads`."""
+        self.merger = Merger()
+        """Concurrent identical requests (a prompt group's samples) go as one call (`merge`)."""
         self.timings: dict[str, float] = {}
         """Seconds of the last weight load: `load` (the loader putting the weights into the model) and
         `pause` (from `pause` to the end of `resume`: no token was produced meanwhile)."""

@@ -8,18 +8,21 @@ weights that sampled it:
 - on an adapter (LoRA): one completion call on the adapter newest when it starts.
 
 A call starts only while the engine lets calls start (`wait_open`), and one that fails because the server
-died is retried on its restart (`server_died`).
+died is retried on its restart (`server_died`). Unseeded requests with the same context and sampling that
+arrive together (a prompt group's samples) share one call for their n completions (`merge`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from collections.abc import Hashable
 from typing import Protocol
 
 from astraflow.engines import vllm_lora
 from astraflow.engines.base import GenerateRequest, GenerateResponse
 from astraflow.engines.client import CallError, GenerationClient
+from astraflow.engines.merge import Merger
 from astraflow.engines.settings import EngineSettings
 from astraflow.engines.vllm_server import (
     GENERATE_PATH,
@@ -37,6 +40,7 @@ class Server(Protocol):
     stats: Counter[str]
     version: int
     adapters: vllm_lora.Adapters | None
+    merger: Merger
 
     @property
     def http(self) -> GenerationClient:
@@ -62,18 +66,22 @@ async def whole(server: Server, request: GenerateRequest) -> GenerateResponse:
     max_tokens = tokens_left(server, request)
     if max_tokens <= 0:
         return GenerateResponse([], [], [], "length")
-    while True:
-        body = generate_body(request, max_tokens, await server.wait_open())
-        stream = GenerateStream()
-        try:
-            async for line in server.http.lines(GENERATE_PATH, body):
-                server.stats["tokens"] += stream.feed(line)
-        except CallError as e:
-            if await server.server_died(e):
-                continue
-            raise
-        server.stats["events"] += stream.events
-        return stream.response()
+
+    async def call(n: int) -> list[GenerateResponse]:
+        while True:
+            body = generate_body(request, max_tokens, await server.wait_open(), n)
+            stream = GenerateStream(n)
+            try:
+                async for line in server.http.lines(GENERATE_PATH, body):
+                    server.stats["tokens"] += stream.feed(line)
+            except CallError as e:
+                if await server.server_died(e):
+                    continue
+                raise
+            server.stats.update(events=stream.events, calls=1)
+            return stream.responses()
+
+    return await server.merger.one(merge_key(request, request.prompt_ids, max_tokens), call)
 
 
 async def on_adapter(server: Server, request: GenerateRequest) -> GenerateResponse:
@@ -81,28 +89,25 @@ async def on_adapter(server: Server, request: GenerateRequest) -> GenerateRespon
     (the base, before any adapter: version 0)."""
     adapters = server.adapters
     assert adapters is not None
-    n = tokens_left(server, request)
-    if n <= 0:
+    max_tokens = tokens_left(server, request)
+    if max_tokens <= 0:
         return GenerateResponse([], [], [], "length")
-    while True:
-        await server.wait_open()
-        version = adapters.acquire()
-        body = completion_body(request, request.prompt_ids, n, 0)
-        body["model"] = SERVED_NAME if version is None else vllm_lora.name(version)
-        try:
-            reply = await server.http.post("/v1/completions", body)
-            break
-        except CallError as e:
-            if not await server.server_died(e):
-                raise
-        finally:
-            await adapters.release(version)
-    choice = reply["choices"][0]
-    tokens = choice["token_ids"]
-    server.stats["tokens"] += len(tokens)
-    tag = server.version if version is None else version
-    finish = "stop" if choice["finish_reason"] == "stop" else "length"
-    return GenerateResponse(tokens, choice["logprobs"]["token_logprobs"], [tag] * len(tokens), finish)
+
+    async def call(n: int) -> list[GenerateResponse]:
+        reply = None
+        while reply is None:
+            await server.wait_open()
+            version = adapters.acquire()
+            body = completion_body(request, request.prompt_ids, max_tokens, 0, n)
+            body["model"] = SERVED_NAME if version is None else vllm_lora.name(version)
+            try:
+                reply = await completion(server, body)
+            finally:
+                await adapters.release(version)
+        tag = server.version if version is None else version
+        return [response(choice, tag) for choice in completions(server, reply)]
+
+    return await server.merger.one(merge_key(request, request.prompt_ids, max_tokens), call)
 
 
 async def chunks(server: Server, request: GenerateRequest) -> GenerateResponse:
@@ -115,21 +120,57 @@ async def chunks(server: Server, request: GenerateRequest) -> GenerateResponse:
         n = min(s.chunk_tokens, p.max_new_tokens - len(resp.token_ids), s.max_model_len - len(context))
         if n <= 0:
             break
-        body = completion_body(request, context, n, len(resp.token_ids))
-        version = await server.wait_open()
-        async with server.chunk_running():
-            try:
-                reply = await server.http.post("/v1/completions", body)
-            except CallError as e:
-                if await server.server_died(e):
-                    continue
-                raise
-        choice = reply["choices"][0]
-        resp.token_ids += choice["token_ids"]
-        resp.logprobs += choice["logprobs"]["token_logprobs"]
-        resp.versions += [version] * len(choice["token_ids"])
-        server.stats.update(chunks=1, tokens=len(choice["token_ids"]))
-        if choice["finish_reason"] == "stop":
+        chunk = await one_chunk(server, request, context, n)
+        resp.token_ids += chunk.token_ids
+        resp.logprobs += chunk.logprobs
+        resp.versions += chunk.versions
+        server.stats["chunks"] += 1
+        if chunk.finish_reason == "stop":
             resp.finish_reason = "stop"
             break
     return resp
+
+
+async def one_chunk(server: Server, request: GenerateRequest, context: list[int], max_tokens: int):
+    """One chunk of `max_tokens` continuing `context`, tagged with the version it started under."""
+    done = len(context) - len(request.prompt_ids)
+
+    async def call(n: int) -> list[GenerateResponse]:
+        body, reply = completion_body(request, context, max_tokens, done, n), None
+        while reply is None:
+            version = await server.wait_open()
+            async with server.chunk_running():
+                reply = await completion(server, body)
+        return [response(choice, version) for choice in completions(server, reply)]
+
+    return await server.merger.one(merge_key(request, context, max_tokens), call)
+
+
+async def completion(server: Server, body: dict) -> dict | None:
+    """One completion call's reply; None when the server died and the call is to be made again."""
+    try:
+        return await server.http.post("/v1/completions", body)
+    except CallError as e:
+        if await server.server_died(e):
+            return None
+        raise
+
+
+def completions(server: Server, reply: dict) -> list[dict]:
+    """A completion call's choices, in order; counts the call and its tokens."""
+    choices = sorted(reply["choices"], key=lambda c: c["index"])
+    server.stats.update(calls=1, tokens=sum(len(c["token_ids"]) for c in choices))
+    return choices
+
+
+def response(choice: dict, version: int) -> GenerateResponse:
+    """One completion choice, every token tagged `version`."""
+    tokens = choice["token_ids"]
+    finish = "stop" if choice["finish_reason"] == "stop" else "length"
+    return GenerateResponse(tokens, choice["logprobs"]["token_logprobs"], [version] * len(tokens), finish)
+
+
+def merge_key(request: GenerateRequest, context: list[int], max_tokens: int) -> Hashable | None:
+    """Calls that may share one (`merge`): the same context, sampling and token cap, and no seed."""
+    p = request.params
+    return None if p.seed is not None else (tuple(context), p, max_tokens)

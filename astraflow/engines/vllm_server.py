@@ -142,12 +142,16 @@ def missing_for_pause(openapi: dict) -> list[str]:
     return missing + ([] if "WeightVersionSpan" in schemas else ["weight-version spans"])
 
 
-def completion_body(request: GenerateRequest, context: list[int], max_tokens: int, done: int) -> dict:
-    """A `/v1/completions` call continuing `context` (the prompt and the `done` tokens generated so far)."""
+def completion_body(
+    request: GenerateRequest, context: list[int], max_tokens: int, done: int, n: int = 1
+) -> dict:
+    """A `/v1/completions` call for `n` completions continuing `context` (the prompt and the `done` tokens
+    generated so far)."""
     p = request.params
     body = {
         "model": SERVED_NAME,
         "prompt": context,
+        "n": n,
         "max_tokens": max_tokens,
         "temperature": p.temperature,
         "top_p": p.top_p,
@@ -162,10 +166,12 @@ def completion_body(request: GenerateRequest, context: list[int], max_tokens: in
     return body
 
 
-def generate_body(request: GenerateRequest, max_tokens: int, version: int) -> dict:
-    """A streamed token-in/token-out call for the whole request, submitted while `version` is served."""
+def generate_body(request: GenerateRequest, max_tokens: int, version: int, n: int = 1) -> dict:
+    """A streamed token-in/token-out call for `n` whole completions of the request, submitted while
+    `version` is served."""
     p = request.params
     sampling = {
+        "n": n,
         "max_tokens": max_tokens,
         "temperature": p.temperature,
         "top_p": p.top_p,
@@ -185,13 +191,13 @@ def generate_body(request: GenerateRequest, max_tokens: int, version: int) -> di
 
 
 class GenerateStream:
-    """Collects a streamed generate reply (server-sent events), one line at a time."""
+    """Collects a streamed generate reply (server-sent events) of `n` completions, one line at a time."""
 
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.logprobs: list[float] = []
-        self.finish: str | None = None
-        self.spans: list[dict] | None = None
+    def __init__(self, n: int = 1) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.logprobs: list[list[float]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.spans: list[list[dict]] = [[] for _ in range(n)]
         self.events = 0
         """Events that brought tokens or the end (the server sends one per `stream_interval` tokens)."""
 
@@ -202,20 +208,24 @@ class GenerateStream:
         self.events += 1
         n = 0
         for choice in json.loads(line[len("data: ") :])["choices"]:
+            i = choice.get("index", 0)
             new = choice["token_ids"] or []
-            self.tokens += new
-            self.logprobs += [c["logprob"] for c in (choice["logprobs"] or {}).get("content") or []]
+            self.tokens[i] += new
+            self.logprobs[i] += [c["logprob"] for c in (choice["logprobs"] or {}).get("content") or []]
             n += len(new)
             if choice["finish_reason"] is not None:
-                self.finish, self.spans = choice["finish_reason"], choice["weight_versions"]
+                self.finish[i], self.spans[i] = choice["finish_reason"], choice["weight_versions"] or []
         return n
 
-    def response(self) -> GenerateResponse:
-        """The generation, each token with the version that sampled it; raises unless it ended normally."""
-        if self.finish not in ("stop", "length"):
-            raise RuntimeError(f"vllm request ended with {self.finish!r}")
-        versions = token_versions(self.spans or [], len(self.tokens))
-        return GenerateResponse(self.tokens, self.logprobs, versions, self.finish)
+    def responses(self) -> list[GenerateResponse]:
+        """The completions, each token with the version that sampled it; raises unless all ended normally."""
+        out = []
+        for i, tokens in enumerate(self.tokens):
+            if self.finish[i] not in ("stop", "length"):
+                raise RuntimeError(f"vllm request ended with {self.finish[i]!r}")
+            versions = token_versions(self.spans[i], len(tokens))
+            out.append(GenerateResponse(tokens, self.logprobs[i], versions, self.finish[i]))
+        return out
 
 
 def token_versions(spans: list[dict], n_tokens: int) -> list[int]:

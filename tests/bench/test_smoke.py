@@ -48,6 +48,7 @@ FIGURES = {
     "trl_loop": rf"^trl GRPOTrainer: \d+ steps, time to {NUMBER}: .*; {NUMBER} ms per step \(\d+ threads\)$",
     "vllm_client": rf"^vllm client: httpx/aiohttp cpu per call {NUMBER}x, httpx default/aiohttp {NUMBER}x "
     r"at \d+ in flight$",
+    "vllm_groups": rf"^vllm groups: merged/per-sample samples/s {NUMBER}x, cpu per sample {NUMBER}x less$",
     "vllm_lora_ops": rf"^ +\d+ +\d+ \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
     "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
     "weight_sync": rf"^\(d\) .*: star {NUMBER} s, chain {NUMBER} s, ratio {NUMBER}$",
@@ -67,6 +68,7 @@ SLOW = {
     "staleness",
     "trace_growth",
     "trl_loop",
+    "vllm_groups",
 }
 """Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""
 

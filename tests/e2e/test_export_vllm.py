@@ -4,6 +4,7 @@ exported adapter and a version's half (a PEFT adapter directory whose weights fi
 runtime as adapters; each request's tokens are sampled by, and tagged with, the adapter newest at its
 start, with the logprobs `peft` computes; the older adapter is unloaded."""
 
+import asyncio
 import importlib.util
 import os
 from pathlib import Path
@@ -109,6 +110,12 @@ async def test_vllm_serves_each_version_as_a_runtime_adapter(tiny_model, tmp_pat
             out = await engine.generate(request)
             assert out.versions == [version] * len(out.token_ids)
             assert abs(out.logprobs[0] - first_logprob(model, out.token_ids[0])) < 1e-4
+        calls, sample = engine.stats["calls"], GenerateRequest(LORA_PROMPT, SamplingParams(max_new_tokens=4))
+        group = await asyncio.gather(*[engine.generate(sample) for _ in range(8)])
+        assert engine.stats["calls"] == calls + 1  # a prompt group's samples: one call, a completion each
+        for out in group:
+            assert out.versions == [2] * len(out.token_ids)
+            assert abs(out.logprobs[0] - first_logprob(second, out.token_ids[0])) < 1e-4
         served = (await engine._ctl.get("/v1/models")).json()["data"]
         assert {m["id"] for m in served} == {"policy", "v2"}  # v1 unloaded: nothing generates with it
     finally:

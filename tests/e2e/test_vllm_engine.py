@@ -133,6 +133,11 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model, ti
         ]
     )
     assert len({tuple(r.token_ids) for r in sampled}) > 1
+    calls, sample = engine.stats["calls"], GenerateRequest([5, 17, 42, 9], SamplingParams(max_new_tokens=8))
+    group = await asyncio.gather(*[engine.generate(sample) for _ in range(8)])
+    assert engine.stats["calls"] == calls + 1  # a prompt group's samples: one call, a completion each
+    assert len({tuple(r.token_ids) for r in group}) > 1
+    assert all(len(r.logprobs) == r.versions.count(engine.version) == len(r.token_ids) > 0 for r in group)
 
     # The installed vLLM has the endpoints to pause requests in place: no chunks, versions from the server.
     assert engine.pause_sync and engine.stats["chunks"] == 0

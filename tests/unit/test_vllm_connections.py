@@ -79,8 +79,8 @@ async def test_more_than_a_hundred_calls_run_at_once_and_a_load_goes_through_whi
     engine._open_clients()
     engine.pause_sync = True  # as after a start on a server with the pause endpoints
     engine._open.set()
-    request = GenerateRequest([1, 2], SamplingParams(max_new_tokens=1))
-    calls = [asyncio.create_task(engine.generate(request)) for _ in range(CALLS)]
+    requests = [GenerateRequest([1, i], SamplingParams(max_new_tokens=1)) for i in range(CALLS)]  # unmerged
+    calls = [asyncio.create_task(engine.generate(r)) for r in requests]
     try:
         await asyncio.wait_for(server.holding(CALLS), 30)  # all of them reached the server at once
 

@@ -1,6 +1,7 @@
 """The vLLM engine's calls to its server in either weight-sync mode, against a fake server on 127.0.0.1
 (no vLLM)."""
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -52,21 +53,31 @@ class FakeServer:
         if path == "/v1/completions":
             self.completion_bodies.append(body)
             n, start = body["max_tokens"], len(body["prompt"])
-            tokens = list(range(start, start + n))
             logprobs = {"token_logprobs": [-1.0] * n}
-            choice = {"token_ids": tokens, "logprobs": logprobs, "finish_reason": "length"}
-            return {"choices": [choice]}
+            choices = [  # choice i's tokens count up from the context's length plus 100 i
+                {
+                    "index": i,
+                    "token_ids": list(range(start + 100 * i, start + 100 * i + n)),
+                    "logprobs": logprobs,
+                }
+                | {"finish_reason": "length"}
+                for i in reversed(range(body["n"]))  # in any order: the index says which
+            ]
+            return {"choices": choices}
         if path == "/openapi.json":
             return self.openapi
         if path == "/inference/v1/generate":
             self.generate_bodies.append(body)
             spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
-            events = [
-                {"token_ids": [1], "logprobs": {"content": [{"logprob": -0.1}]}, "finish_reason": None},
-                {"token_ids": [2, 3], "logprobs": {"content": [{"logprob": -0.2}, {"logprob": -0.3}]}},
-            ]
-            events[1] |= {"finish_reason": "length", "weight_versions": spans}
-            lines = [f"data: {json.dumps({'choices': [{'weight_versions': None, **e}]})}\n\n" for e in events]
+            lines = []
+            for last in (False, True):  # the n completions' events interleaved, choice i's tokens + 10 i
+                for i in range(body["sampling_params"]["n"]):
+                    t, lp = ([2, 3], [-0.2, -0.3]) if last else ([1], [-0.1])
+                    choice = {"index": i, "token_ids": [x + 10 * i for x in t], "weight_versions": None}
+                    choice |= {"logprobs": {"content": [{"logprob": x} for x in lp]}, "finish_reason": None}
+                    if last:
+                        choice |= {"finish_reason": "length", "weight_versions": spans}
+                    lines.append(f"data: {json.dumps({'choices': [choice]})}\n\n")
             return "".join(lines) + "data: [DONE]\n\n"
         self.controls.append(path)
         self.control_bodies.append(body)
@@ -232,3 +243,21 @@ async def test_lora_versions_load_as_adapters_and_requests_run_whole_on_the_newe
     copy = Path(server.control_bodies[0]["lora_path"])  # its own copy: the half is rewritten later
     assert copy != tmp_path and (copy / "adapter_config.json").read_text() == "{}"
     e.adapters.close()  # (a started engine's `close` does it)
+
+
+@pytest.mark.parametrize("mode", ["chunks", "pause", "lora"])
+async def test_a_groups_samples_go_as_one_call_and_each_gets_its_own_completion(server, mode):
+    e = server.engine(mode == "pause", **({"vllm": {"max_lora_rank": 8}} if mode == "lora" else {}))
+    group = GenerateRequest([7, 8], SamplingParams(max_new_tokens=3))
+    replies = await asyncio.gather(*[e.generate(group) for _ in range(4)])
+    bodies = server.generate_bodies if mode == "pause" else server.completion_bodies
+    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies] == [4] and e.stats["calls"] == 1
+    firsts = sorted(r.token_ids[0] for r in replies)
+    assert len(set(firsts)) == 4 and all(
+        len(r.token_ids) == len(r.logprobs) == len(r.versions) == 3 for r in replies
+    )
+    seeded = [GenerateRequest([7, 8], SamplingParams(max_new_tokens=3, seed=s)) for s in range(3)]
+    await asyncio.gather(*[e.generate(r) for r in seeded])  # a seed names one sample: never merged
+    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies] == [4, 1, 1, 1]
+    if mode == "lora":
+        e.adapters.close()

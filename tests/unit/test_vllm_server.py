@@ -208,7 +208,7 @@ def test_a_streamed_generation_takes_each_tokens_version_from_the_servers_spans(
         "data: [DONE]",
     ]
     assert [stream.feed(line) for line in lines] == [2, 0, 1, 0]
-    r = stream.response()
+    (r,) = stream.responses()
     assert r.token_ids == [7, 8, 9] and r.versions == [3, 3, 4] and r.finish_reason == "length"
     assert r.logprobs == [-0.5] * 3
 
@@ -217,7 +217,7 @@ def test_a_generation_that_did_not_end_normally_or_is_not_fully_labelled_raises(
     aborted = GenerateStream()
     aborted.feed(sse({"token_ids": [], "finish_reason": "abort", "weight_versions": []}))
     with pytest.raises(RuntimeError, match="abort"):
-        aborted.response()
+        aborted.responses()
     with pytest.raises(ValueError, match="cover 2 of 3"):
         token_versions([{"version": "0", "start": 0, "end": 2}], 3)
     with pytest.raises(ValueError, match="gap"):
