@@ -41,6 +41,10 @@ class VLLMSettings(BaseModel):
     verified checkpoint directory (`/collective_rpc reload_weights`). `auto` = buffer where the installed
     vLLM has weight-transfer engines, else files. `nccl`, `ipc`: vLLM's native weight transfer from a
     trainer on the same node; not built yet (refused at start)."""
+    cpu_queue_nap_us: int = Field(200, ge=0, le=100_000)
+    """cpu: how long a vLLM process waiting on the shared-memory queue between its engine core and its
+    worker sleeps between looks (microseconds). vLLM's own wait (0) spins for a second after each
+    message, yielding the core, which on a machine of few cores is CPU the trainer and the RaaS lack."""
     max_lora_rank: int = Field(0, ge=0)
     """LoRA: the policy's versions are adapters of up to this rank, each loaded at runtime as its own
     adapter (`--enable-lora`, engines/vllm_lora.py); 0 = full weights. A run whose trainer trains LoRA

@@ -1,6 +1,7 @@
 """astraflow's vLLM plugin: registers the weight-transfer engine `astraflow_buffer`
 (`engines/vllm_buffer.py`) with vLLM's factory in every vLLM process, lets the process use the CPU's AMX
-tiles where it has them, and on the CPU platform applies LoRA adapters with `vllm_lora_ops`.
+tiles where it has them, and on the CPU platform applies LoRA adapters with `vllm_lora_ops` and has the
+processes nap instead of spin while they wait on their shared-memory queues (`nap_on_queues`).
 
 vLLM calls `register` in each of its processes (API server, engine core, workers) through the entry point
 `astraflow = "astraflow.engines.vllm_plugin:register"` of the group `vllm.general_plugins`
@@ -21,10 +22,13 @@ PLUGIN = "astraflow"
 """The plugin's name in the `vllm.general_plugins` group (what `VLLM_PLUGINS` selects)."""
 WORKER_EXTENSION = "astraflow.engines.vllm_buffer.WorkerRegistration"
 """The workers' extension class that registers the engine where the plugin is not installed."""
+QUEUE_NAP_ENV = "ASTRAFLOW_VLLM_QUEUE_NAP_US"
+"""`engine.vllm.cpu_queue_nap_us`, as the server's processes are given it."""
 
 
 def register() -> None:
-    """Allow AMX (`allow_amx`), install `vllm_lora_ops` on the CPU platform, and register `BACKEND` with
+    """Allow AMX (`allow_amx`), install `vllm_lora_ops` and `nap_on_queues` on the CPU platform, and
+    register `BACKEND` with
     vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than once per process), and the
     engine module is imported only when a worker creates the engine."""
     allow_amx()
@@ -35,11 +39,28 @@ def register() -> None:
         from astraflow.engines import vllm_lora_ops
 
         vllm_lora_ops.install()
+        nap_on_queues(int(os.environ.get(QUEUE_NAP_ENV, "0")))
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(
             BACKEND, "astraflow.engines.vllm_buffer", "BufferTransferEngine"
         )
+
+
+def nap_on_queues(nap_us: int) -> None:
+    """Have this process sleep `nap_us` between looks at a vLLM shared-memory queue it waits on, where
+    vLLM yields the core and looks again at once for a second after each message (0: vLLM's way).
+
+    The queue carries every step's input from the engine core to its worker and the output back, so on
+    the CPU both processes wait on it between steps, and their spinning takes CPU the trainer and the RaaS
+    lack on a machine of few cores (tests/bench/vllm_queue_nap.py). A nap of 200 us is a fraction of a
+    CPU step (milliseconds); an idle reader still waits on vLLM's notification socket, as before."""
+    if nap_us > 0:
+        import time
+
+        from vllm.distributed.device_communicators import shm_broadcast
+
+        shm_broadcast.sched_yield = lambda: time.sleep(nap_us / 1e6)
 
 
 def allow_amx() -> bool:

@@ -121,6 +121,7 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         # CUDA graphs do not exist on CPU, and the CPU backend sizes its KV cache from this variable.
         cmd.append("--enforce-eager")
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(s.kv_cache_gb)))
+        env[vllm_plugin.QUEUE_NAP_ENV] = str(v.cpu_queue_nap_us)
     if planned_sync(settings)[0] == "pause":
         cmd += ["--enable-scale-out", "--stream-interval", str(v.stream_interval)]
     if weight_transfer(settings) == "buffer":

@@ -76,22 +76,34 @@ async def round_(engine, prompts: list[list[int]], slots: int, samples: int) -> 
     return n / (time.perf_counter() - wall), (time.process_time() - cpu) / n * 1e6
 
 
-async def compare(a: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[float, float]]]:
-    from astraflow.engines.vllm import VLLMEngine
-
+def model_and_prompts(tmp: Path, groups: int) -> tuple[Path, list[list[int]]]:
+    """The LoRA recipe's tiny shape (random weights, char tokenizer) and `groups` addition prompts."""
     t = dict(hidden=128, layers=4, heads=4, kv_heads=4, intermediate=512)
     model = tiny.build(tmp / "model", tokenizer_kind="char", **t)
     tokenizer = tiny.build_char_tokenizer()
-    prompts = [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows("addition", a.groups)]
-    vllm = VLLMSettings(max_lora_rank=4 if a.lora else 0)
-    s = EngineSettings(type="vllm", model=str(model), dtype="float32", max_model_len=64, threads=1, vllm=vllm)
+    return model, [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows("addition", groups)]
+
+
+async def started(model: Path, tmp: Path, lora: bool, **vllm):
+    """A started vLLM engine on `model` (float32, the recipe's length, one thread), serving a rank-4
+    adapter of it as version 1 when `lora`."""
+    from astraflow.engines.vllm import VLLMEngine
+
+    v = VLLMSettings(max_lora_rank=4 if lora else 0, **vllm)
+    s = EngineSettings(type="vllm", model=str(model), dtype="float32", max_model_len=64, threads=1, vllm=v)
     engine = VLLMEngine(s, log_path=tmp / "vllm.log")
     await engine.start()
+    if lora:
+        await engine.pause()
+        await engine.load_weights(str(adapter(model, tmp / "adapter")), 1)
+        await engine.resume()
+    return engine
+
+
+async def compare(a: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[float, float]]]:
+    model, prompts = model_and_prompts(tmp, a.groups)
+    engine = await started(model, tmp, a.lora)
     try:
-        if a.lora:
-            await engine.pause()
-            await engine.load_weights(str(adapter(model, tmp / "adapter")), 1)
-            await engine.resume()
         arms = {"merged": Merger(), "per sample": PerSample()}
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
         for r in range(a.rounds + 1):  # round 0 warms both up

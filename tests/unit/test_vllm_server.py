@@ -61,6 +61,7 @@ def install_vllm(root, monkeypatch, scale_out: bool, weight_transfer: bool = Fal
 @pytest.fixture(autouse=True)
 def no_inherited_vllm_env(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv(vllm_plugin.QUEUE_NAP_ENV, raising=False)
 
 
 def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings(tmp_path, monkeypatch):
@@ -77,6 +78,7 @@ def test_a_gpu_server_gets_the_tuned_flags_and_no_cpu_settings(tmp_path, monkeyp
     assert flag(cmd, "--stream-interval") == "64"  # one event per 64 tokens, not one per token
     assert "--enforce-eager" not in cmd  # CUDA graphs on
     assert "VLLM_CPU_KVCACHE_SPACE" not in env and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert vllm_plugin.QUEUE_NAP_ENV not in env  # a GPU server's processes spin as vLLM has them
     # logprobs of the distribution sampled from, with vLLM's neutral defaults (not the model's penalties)
     assert flag(cmd, "--logprobs-mode") == "processed_logprobs" and flag(cmd, "--generation-config") == "vllm"
 
@@ -85,6 +87,7 @@ def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
     settings = EngineSettings(**{**TUNED, "vllm": {**TUNED["vllm"], "weight_sync": "chunks"}})
     cmd, env = server_command(settings, 8001, "cpu")
     assert "--enforce-eager" in cmd and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert env[vllm_plugin.QUEUE_NAP_ENV] == "200"  # its processes nap on their queues, not spin
     assert "--gpu-memory-utilization" not in cmd
     assert flag(cmd, "--max-num-seqs") == "128" and flag(cmd, "--dtype") == "bfloat16"
     assert "--enable-scale-out" not in cmd and "--stream-interval" not in cmd  # chunks: plain completions
