@@ -4,8 +4,8 @@ The RaaS starts a prompt group's episodes together, so their first calls to the 
 turn of the event loop with the same prompt and sampling. A server samples n completions of one prompt in
 one call (`n`) for much less than n calls: one HTTP round trip, one request through its API server, one
 prefill. `Merger.one` collects the calls with equal keys that arrive in one turn and makes one call for
-all of them; each caller gets its own completion. Seeded requests are never merged (their key is None):
-a seed names one sample.
+all of them; each caller gets its own completion. The engine decides which calls may merge (their key;
+None: never), e.g. not seeded ones, whose seed names one sample.
 """
 
 from __future__ import annotations

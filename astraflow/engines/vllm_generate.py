@@ -171,6 +171,7 @@ def response(choice: dict, version: int) -> GenerateResponse:
 
 
 def merge_key(request: GenerateRequest, context: list[int], max_tokens: int) -> Hashable | None:
-    """Calls that may share one (`merge`): the same context, sampling and token cap, and no seed."""
+    """Calls that may share one (`merge`): the same context, sampling and token cap, sampled (vLLM takes
+    one greedy completion per call) and with no seed."""
     p = request.params
-    return None if p.seed is not None else (tuple(context), p, max_tokens)
+    return None if p.seed is not None or p.temperature == 0 else (tuple(context), p, max_tokens)

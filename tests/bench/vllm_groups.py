@@ -120,21 +120,31 @@ async def compare(a: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[floa
         await engine.close()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--groups", type=int, default=64)
+def load_args(description: str, groups: int) -> argparse.ArgumentParser:
+    """The flags of the load both vLLM benches put on a server."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--groups", type=int, default=groups)
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lora", action="store_true")
-    a = parse(p, groups=8, slots=4, rounds=1)
-    with tempfile.TemporaryDirectory() as tmp:
-        results = asyncio.run(compare(a, Path(tmp)))
-    med = {
+    return p
+
+
+def medians(a: argparse.Namespace, results: dict[str, list[tuple[float, float]]]) -> dict:
+    """Each arm's medians of its rounds' two figures; prints the load they were measured under."""
+    print(f"{a.groups} groups of {a.samples}, {a.slots} in flight, {'adapter' if a.lora else 'full weights'}")
+    return {
         k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
         for k, v in results.items()
     }
-    print(f"{a.groups} groups of {a.samples}, {a.slots} in flight, {'adapter' if a.lora else 'full weights'}")
+
+
+def main() -> None:
+    a = parse(load_args(__doc__.splitlines()[0], groups=64), groups=8, slots=4, rounds=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = asyncio.run(compare(a, Path(tmp)))
+    med = medians(a, results)
     print(f"{'calls':<12} {'samples/s':>10} {'cpu us/sample':>14}")
     for name, (rate, cpu) in med.items():
         print(f"{name:<12} {rate:>10.1f} {cpu:>14.0f}")

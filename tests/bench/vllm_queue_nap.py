@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from _smoke import parse
-from vllm_groups import model_and_prompts, round_, started
+from vllm_groups import load_args, medians, model_and_prompts, round_, started
 
 
 def neighbour(count, stop) -> None:
@@ -55,13 +54,8 @@ async def arm(a: argparse.Namespace, tmp: Path, model: Path, prompts, nap_us: in
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--groups", type=int, default=512)
-    p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--samples", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=3)
+    p = load_args(__doc__.splitlines()[0], groups=512)
     p.add_argument("--nap-us", type=int, default=200)
-    p.add_argument("--lora", action="store_true")
     a = parse(p, groups=8, slots=4, rounds=1)
     arms = {f"nap {a.nap_us} us": a.nap_us, "spin (vLLM)": 0}
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
@@ -74,11 +68,7 @@ def main() -> None:
                     f"round {r} {name:<12} {results[name][-1][0]:8.1f} samples/s "
                     f"{results[name][-1][1]:8.1f} neighbour matmuls/s"
                 )
-    med = {
-        k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
-        for k, v in results.items()
-    }
-    print(f"{a.groups} groups of {a.samples}, {a.slots} in flight, {'adapter' if a.lora else 'full weights'}")
+    med = medians(a, results)
     print(f"{'wait':<14} {'samples/s':>10} {'neighbour/s':>12}")
     for name, (rate, work) in med.items():
         print(f"{name:<14} {rate:>10.1f} {work:>12.1f}")

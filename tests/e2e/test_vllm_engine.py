@@ -138,6 +138,9 @@ async def test_generation_load_and_restart(engine, tiny_model_v2, tiny_model, ti
     assert engine.stats["calls"] == calls + 1  # a prompt group's samples: one call, a completion each
     assert len({tuple(r.token_ids) for r in group}) > 1
     assert all(len(r.logprobs) == r.versions.count(engine.version) == len(r.token_ids) > 0 for r in group)
+    greedy = GenerateRequest([5, 17, 42, 9], SamplingParams(temperature=0.0, max_new_tokens=8))
+    twins = await asyncio.gather(engine.generate(greedy), engine.generate(greedy))  # two calls of n=1
+    assert twins[0].token_ids == twins[1].token_ids
 
     # The installed vLLM has the endpoints to pause requests in place: no chunks, versions from the server.
     assert engine.pause_sync and engine.stats["chunks"] == 0

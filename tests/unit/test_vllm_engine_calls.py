@@ -47,11 +47,15 @@ class FakeServer:
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else None
         reply = self.answer(request.path_qs, body)
+        if isinstance(reply, web.Response):
+            return reply
         return web.Response(text=reply) if isinstance(reply, str) else web.json_response(reply)
 
-    def answer(self, path: str, body: dict | None) -> dict | str:
+    def answer(self, path: str, body: dict | None) -> dict | str | web.Response:
         if path == "/v1/completions":
             self.completion_bodies.append(body)
+            if body["n"] > 1 and body["temperature"] == 0:  # as vLLM refuses it
+                return web.Response(status=400, text="n must be 1 when using greedy sampling")
             n, start = body["max_tokens"], len(body["prompt"])
             logprobs = {"token_logprobs": [-1.0] * n}
             choices = [  # choice i's tokens count up from the context's length plus 100 i
@@ -68,6 +72,8 @@ class FakeServer:
             return self.openapi
         if path == "/inference/v1/generate":
             self.generate_bodies.append(body)
+            if body["sampling_params"]["n"] > 1 and body["sampling_params"]["temperature"] == 0:
+                return web.Response(status=400, text="n must be 1 when using greedy sampling")
             spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
             lines = []
             for last in (False, True):  # the n completions' events interleaved, choice i's tokens + 10 i
@@ -258,6 +264,8 @@ async def test_a_groups_samples_go_as_one_call_and_each_gets_its_own_completion(
     )
     seeded = [GenerateRequest([7, 8], SamplingParams(max_new_tokens=3, seed=s)) for s in range(3)]
     await asyncio.gather(*[e.generate(r) for r in seeded])  # a seed names one sample: never merged
-    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies] == [4, 1, 1, 1]
+    greedy = GenerateRequest([7, 8], SamplingParams(temperature=0.0, max_new_tokens=3))
+    await asyncio.gather(*[e.generate(greedy) for _ in range(2)])  # vLLM takes one greedy sample a call
+    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies] == [4, 1, 1, 1, 1, 1]
     if mode == "lora":
         e.adapters.close()
