@@ -31,6 +31,7 @@ FIGURES = {
     "eval_overhead": rf"^eval overhead: recipe {NUMBER}, every 1 versions {NUMBER} \(\d+ seeds\)$",
     "hf_generate": rf"^ +top-k 50, top-p 0.9 \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
     "logprob_memory": rf"^ float32 +{NUMBER} \|.*\| .* {NUMBER}x \| +{NUMBER} +{NUMBER}$",
+    "lora_rise": r"^lora rise: hf [-+][0-9.]+, vllm -, full - in \d+ s \(\d+ rounds\)$",
     "plain_loop": rf"^plain loop: \d+ steps, time to {NUMBER}: .*; per step generate {NUMBER} ms, train ",
     "publication_state": rf"^publication \(.*\): trainer blocked {NUMBER}x shorter, {NUMBER}x fewer bytes",
     "raas_generation": rf"^raas generation: pipeline/generate {NUMBER} per thread$",
@@ -49,6 +50,7 @@ FIGURES = {
     "vllm_client": rf"^vllm client: httpx/aiohttp cpu per call {NUMBER}x, httpx default/aiohttp {NUMBER}x "
     r"at \d+ in flight$",
     "vllm_groups": rf"^vllm groups: merged/per-sample samples/s {NUMBER}x, cpu per sample {NUMBER}x less$",
+    "vllm_queue_nap": rf"^vllm queue nap: nap/spin samples/s {NUMBER}x, neighbour's work {NUMBER}x$",
     "vllm_lora_ops": rf"^ +\d+ +\d+ \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
     "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
     "weight_sync": rf"^\(d\) .*: star {NUMBER} s, chain {NUMBER} s, ratio {NUMBER}$",
@@ -62,6 +64,7 @@ ALSO = {"e2e": r"^from weights [0-9a-f]{12} \(torch \S+, transformers \S+\)$"}
 SLOW = {
     "e2e",
     "eval_overhead",
+    "lora_rise",
     "raas_generation",
     "raas_throughput",
     "real_shape_run",
@@ -69,6 +72,7 @@ SLOW = {
     "trace_growth",
     "trl_loop",
     "vllm_groups",
+    "vllm_queue_nap",
 }
 """Whole runs or several worker processes, each importing torch: 30 s or more on two busy cores."""
 
