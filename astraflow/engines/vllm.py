@@ -75,8 +75,9 @@ class VLLMEngine(Engine):
         self.stats: Counter[str] = Counter()
         """`calls` (generation calls: merged requests share one), `chunks`, `tokens` (received so far),
         `events` (streamed events received), `restarts`, `loads`."""
-        self.merger = Merger()
-        """Concurrent identical requests (a prompt group's samples) go as one call (`merge`)."""
+        self.merger = Merger(settings.vllm.max_num_seqs)
+        """Concurrent identical requests (a prompt group's samples) go as one call (`merge`), of at most
+        the server's sequences a step (its token-in/token-out endpoint refuses more)."""
         self.timings: dict[str, float] = {}
         """Seconds of the last weight load: `load` (the loader putting the weights into the model) and
         `pause` (from `pause` to the end of `resume`: no token was produced meanwhile)."""

@@ -8,8 +8,9 @@ weights that sampled it:
 - on an adapter (LoRA): one completion call on the adapter newest when it starts.
 
 A call starts only while the engine lets calls start (`wait_open`), and one that fails because the server
-died is retried on its restart (`server_died`). Unseeded requests with the same context and sampling that
-arrive together (a prompt group's samples) share one call for their n completions (`merge`).
+died is retried on its restart (`server_died`). Sampled (not greedy), unseeded requests with the same
+context and sampling that arrive together (a prompt group's samples) share one call for their n
+completions (`merge`).
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ async def chunks(server: Server, request: GenerateRequest) -> GenerateResponse:
     return resp
 
 
-async def one_chunk(server: Server, request: GenerateRequest, context: list[int], max_tokens: int):
+async def one_chunk(
+    server: Server, request: GenerateRequest, context: list[int], max_tokens: int
+) -> GenerateResponse:
     """One chunk of `max_tokens` continuing `context`, tagged with the version it started under."""
     done = len(context) - len(request.prompt_ids)
 
@@ -170,8 +173,14 @@ def response(choice: dict, version: int) -> GenerateResponse:
     return GenerateResponse(tokens, choice["logprobs"]["token_logprobs"], [version] * len(tokens), finish)
 
 
+GREEDY_BELOW = 1e-5
+"""vLLM samples greedily below this temperature, one completion a call (its `_SAMPLING_EPS`)."""
+
+
 def merge_key(request: GenerateRequest, context: list[int], max_tokens: int) -> Hashable | None:
-    """Calls that may share one (`merge`): the same context, sampling and token cap, sampled (vLLM takes
-    one greedy completion per call) and with no seed."""
+    """Calls that may share one (`merge`): the same context, sampling and token cap, sampled (not greedy)
+    and with no seed."""
     p = request.params
-    return None if p.seed is not None or p.temperature == 0 else (tuple(context), p, max_tokens)
+    if p.seed is not None or p.temperature < GREEDY_BELOW:
+        return None
+    return tuple(context), p.temperature, p.top_p, p.top_k, tuple(p.stop_token_ids), max_tokens

@@ -200,7 +200,8 @@ class GenerateStream:
         self.finish: list[str | None] = [None] * n
         self.spans: list[list[dict]] = [[] for _ in range(n)]
         self.events = 0
-        """Events that brought tokens or the end (the server sends one per `stream_interval` tokens)."""
+        """Events that brought tokens or the end (the server sends one per `stream_interval` tokens of each
+        completion)."""
 
     def feed(self, line: str) -> int:
         """Take one line of the reply; returns how many tokens it brought."""

@@ -33,13 +33,6 @@ from astraflow.workflows.tasks import rows
 SAMPLING = SamplingParams(temperature=0.6, max_new_tokens=4)
 
 
-class PerSample(Merger):
-    """The baseline: every request its own call."""
-
-    async def one(self, key, call):
-        return await super().one(None, call)
-
-
 def adapter(model: Path, out: Path) -> Path:
     """A rank-4 adapter of the recipe's projections, its B moved off zero (so it changes the output)."""
     import torch
@@ -104,7 +97,7 @@ async def compare(a: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[floa
     model, prompts = model_and_prompts(tmp, a.groups)
     engine = await started(model, tmp, a.lora)
     try:
-        arms = {"merged": Merger(), "per sample": PerSample()}
+        arms = {"merged": engine.merger, "per sample": Merger(1)}  # the baseline: every request its own call
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
         for r in range(a.rounds + 1):  # round 0 warms both up
             for name, merger in arms.items():

@@ -54,7 +54,7 @@ class FakeServer:
     def answer(self, path: str, body: dict | None) -> dict | str | web.Response:
         if path == "/v1/completions":
             self.completion_bodies.append(body)
-            if body["n"] > 1 and body["temperature"] == 0:  # as vLLM refuses it
+            if body["n"] > 1 and body["temperature"] < 1e-5:  # as vLLM refuses it
                 return web.Response(status=400, text="n must be 1 when using greedy sampling")
             n, start = body["max_tokens"], len(body["prompt"])
             logprobs = {"token_logprobs": [-1.0] * n}
@@ -72,7 +72,7 @@ class FakeServer:
             return self.openapi
         if path == "/inference/v1/generate":
             self.generate_bodies.append(body)
-            if body["sampling_params"]["n"] > 1 and body["sampling_params"]["temperature"] == 0:
+            if body["sampling_params"]["n"] > 1 and body["sampling_params"]["temperature"] < 1e-5:
                 return web.Response(status=400, text="n must be 1 when using greedy sampling")
             spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
             lines = []
@@ -253,19 +253,24 @@ async def test_lora_versions_load_as_adapters_and_requests_run_whole_on_the_newe
 
 @pytest.mark.parametrize("mode", ["chunks", "pause", "lora"])
 async def test_a_groups_samples_go_as_one_call_and_each_gets_its_own_completion(server, mode):
-    e = server.engine(mode == "pause", **({"vllm": {"max_lora_rank": 8}} if mode == "lora" else {}))
+    vllm = {"max_num_seqs": 3} | ({"max_lora_rank": 8} if mode == "lora" else {})
+    e = server.engine(mode == "pause", vllm=vllm)
     group = GenerateRequest([7, 8], SamplingParams(max_new_tokens=3))
     replies = await asyncio.gather(*[e.generate(group) for _ in range(4)])
     bodies = server.generate_bodies if mode == "pause" else server.completion_bodies
-    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies] == [4] and e.stats["calls"] == 1
-    firsts = sorted(r.token_ids[0] for r in replies)
-    assert len(set(firsts)) == 4 and all(
-        len(r.token_ids) == len(r.logprobs) == len(r.versions) == 3 for r in replies
-    )
+    n = [b.get("n") or b["sampling_params"]["n"] for b in bodies]
+    assert n == [3, 1] and e.stats["calls"] == 2  # at most the server's sequences a step in one call
+    # Each reply is one completion of the server's, whole (choice i: its own tokens, logprobs, versions).
+    if mode == "pause":
+        choices = [([1 + 10 * i, 2 + 10 * i, 3 + 10 * i], [-0.1, -0.2, -0.3], [4, 5, 5]) for i in range(3)]
+    else:
+        choices = [(list(range(2 + 100 * i, 5 + 100 * i)), [-1.0] * 3, [0] * 3) for i in range(3)]
+    got = sorted((r.token_ids, r.logprobs, r.versions) for r in replies)
+    assert got == sorted(choices + choices[:1])  # the call of one carried choice 0 again
     seeded = [GenerateRequest([7, 8], SamplingParams(max_new_tokens=3, seed=s)) for s in range(3)]
     await asyncio.gather(*[e.generate(r) for r in seeded])  # a seed names one sample: never merged
-    greedy = GenerateRequest([7, 8], SamplingParams(temperature=0.0, max_new_tokens=3))
+    greedy = GenerateRequest([7, 8], SamplingParams(temperature=1e-6, max_new_tokens=3))
     await asyncio.gather(*[e.generate(greedy) for _ in range(2)])  # vLLM takes one greedy sample a call
-    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies] == [4, 1, 1, 1, 1, 1]
+    assert [b.get("n") or b["sampling_params"]["n"] for b in bodies][2:] == [1] * 5
     if mode == "lora":
         e.adapters.close()
