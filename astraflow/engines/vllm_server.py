@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from astraflow.engines import vllm_lora, vllm_plugin
@@ -17,6 +18,8 @@ from astraflow.errors import ConfigError
 SERVED_NAME = "policy"
 GENERATE_PATH = "/inference/v1/generate"
 """Token-in/token-out generation whose final output labels token spans with weight versions."""
+SOCKET_PATH_MAX = 107
+"""The longest path of a Unix socket (Linux's `sun_path`, less its terminating byte)."""
 PAUSE_SYNC_PATHS = (GENERATE_PATH, "/pause", "/resume", "/collective_rpc", "/update_weight_version")
 
 
@@ -115,6 +118,10 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
         "vllm",
     ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    # vLLM's processes talk over Unix sockets named <its temporary directory>/<uuid4>; a longer name than
+    # a socket's (107 bytes) fails its start, so a long TMPDIR gets them a short directory.
+    if "VLLM_RPC_BASE_PATH" not in env and len(tempfile.gettempdir()) + 37 > SOCKET_PATH_MAX:
+        env["VLLM_RPC_BASE_PATH"] = "/tmp"
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]
     else:

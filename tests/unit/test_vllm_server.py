@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import sys
+import tempfile
 
 import pytest
 
@@ -12,6 +13,7 @@ from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.settings import EngineSettings, resolve_device
 from astraflow.engines.vllm_server import (
     PAUSE_SYNC_PATHS,
+    SOCKET_PATH_MAX,
     GenerateStream,
     generate_body,
     missing_for_pause,
@@ -91,6 +93,17 @@ def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
     assert "--gpu-memory-utilization" not in cmd
     assert flag(cmd, "--max-num-seqs") == "128" and flag(cmd, "--dtype") == "bfloat16"
     assert "--enable-scale-out" not in cmd and "--stream-interval" not in cmd  # chunks: plain completions
+
+
+def test_a_long_temporary_directory_gets_the_servers_sockets_a_short_one(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    settings = EngineSettings(**{**TUNED, "vllm": {**TUNED["vllm"], "weight_sync": "chunks"}})
+    long = tmp_path / ("d" * (SOCKET_PATH_MAX - 37 - len(str(tmp_path))))  # + "/" + a uuid4: one too many
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert server_command(settings, 8001, "cpu")[1]["VLLM_RPC_BASE_PATH"] == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert "VLLM_RPC_BASE_PATH" not in server_command(settings, 8001, "cpu")[1]
 
 
 def test_the_device_is_what_the_settings_say_unless_auto():
