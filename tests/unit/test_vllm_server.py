@@ -95,14 +95,12 @@ def test_a_cpu_server_runs_eager_with_its_kv_cache_size_and_no_gpu_flags():
     assert "--enable-scale-out" not in cmd and "--stream-interval" not in cmd  # chunks: plain completions
 
 
-def test_a_long_temporary_directory_gets_the_servers_sockets_a_short_one(tmp_path, monkeypatch):
+def test_a_long_temporary_directory_gets_the_servers_sockets_a_short_one(monkeypatch):
     monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
     settings = EngineSettings(**{**TUNED, "vllm": {**TUNED["vllm"], "weight_sync": "chunks"}})
-    long = tmp_path / ("d" * (SOCKET_PATH_MAX - 37 - len(str(tmp_path))))  # + "/" + a uuid4: one too many
-    long.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "d" * (SOCKET_PATH_MAX - 37))  # + "/" + a uuid4: 1 over
     assert server_command(settings, 8001, "cpu")[1]["VLLM_RPC_BASE_PATH"] == "/tmp"
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "d" * (SOCKET_PATH_MAX - 38))
     assert "VLLM_RPC_BASE_PATH" not in server_command(settings, 8001, "cpu")[1]
 
 
