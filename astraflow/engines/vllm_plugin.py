@@ -28,9 +28,8 @@ QUEUE_NAP_ENV = "ASTRAFLOW_VLLM_QUEUE_NAP_US"
 
 def register() -> None:
     """Allow AMX (`allow_amx`), install `vllm_lora_ops` and `nap_on_queues` on the CPU platform, and
-    register `BACKEND` with
-    vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than once per process), and the
-    engine module is imported only when a worker creates the engine."""
+    register `BACKEND` with vLLM's weight-transfer factory; idempotent (vLLM may load plugins more than
+    once per process), and the engine module is imported only when a worker creates the engine."""
     allow_amx()
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
     from vllm.platforms import current_platform

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from astraflow.engines import vllm_lora, vllm_plugin
@@ -120,7 +121,10 @@ def server_command(settings: EngineSettings, port: int, device: str) -> tuple[li
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     # vLLM's processes talk over Unix sockets named <its temporary directory>/<uuid4>; a longer name than
     # a socket's (107 bytes) fails its start, so a long TMPDIR gets them a short directory.
-    if "VLLM_RPC_BASE_PATH" not in env and len(tempfile.gettempdir()) + 37 > SOCKET_PATH_MAX:
+    if (
+        "VLLM_RPC_BASE_PATH" not in env
+        and len(f"{tempfile.gettempdir()}/{uuid.UUID(int=0)}") > SOCKET_PATH_MAX
+    ):
         env["VLLM_RPC_BASE_PATH"] = "/tmp"
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(v.gpu_memory_utilization)]

@@ -28,22 +28,25 @@ from astraflow import tiny
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.merge import Merger
 from astraflow.engines.settings import EngineSettings, VLLMSettings
+from astraflow.settings_load import load_settings
 from astraflow.workflows.tasks import rows
 
-SAMPLING = SamplingParams(temperature=0.6, max_new_tokens=4)
+RECIPE = load_settings("addition-tiny-lora")
+LORA = RECIPE.policy("policy").trainer.lora
+assert LORA is not None
+_s = RECIPE.raas.sampling
+SAMPLING = SamplingParams(_s.temperature, _s.top_p, _s.top_k, _s.max_new_tokens)
 
 
 def adapter(model: Path, out: Path) -> Path:
-    """A rank-4 adapter of the recipe's projections, its B moved off zero (so it changes the output)."""
+    """An adapter of `model` as the recipe's trainer makes it (`trainer.lora.wrap`), its B moved off zero
+    (so it changes the output)."""
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model),
-        LoraConfig(r=4, lora_alpha=8, target_modules=targets),
-    )
+    from astraflow.trainer import lora
+
+    peft = lora.wrap(AutoModelForCausalLM.from_pretrained(model), LORA)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in peft.named_parameters():
@@ -71,19 +74,31 @@ async def round_(engine, prompts: list[list[int]], slots: int, samples: int) -> 
 
 def model_and_prompts(tmp: Path, groups: int) -> tuple[Path, list[list[int]]]:
     """The LoRA recipe's tiny shape (random weights, char tokenizer) and `groups` addition prompts."""
-    t = dict(hidden=128, layers=4, heads=4, kv_heads=4, intermediate=512)
-    model = tiny.build(tmp / "model", tokenizer_kind="char", **t)
-    tokenizer = tiny.build_char_tokenizer()
+    t = RECIPE.run.tiny
+    assert t is not None
+    dims = dict(
+        hidden=t.hidden, layers=t.layers, heads=t.heads, kv_heads=t.kv_heads, intermediate=t.intermediate
+    )
+    model = tiny.build(tmp / "model", tokenizer_kind=t.tokenizer, **dims)
+    tokenizer = tiny.build_char_tokenizer(tiny.CHAR_VOCABS[t.tokenizer])
     return model, [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows("addition", groups)]
 
 
 async def started(model: Path, tmp: Path, lora: bool, **vllm):
-    """A started vLLM engine on `model` (float32, the recipe's length, one thread), serving a rank-4
-    adapter of it as version 1 when `lora`."""
+    """A started vLLM engine on `model` (float32, the recipe's length and threads), serving an adapter of
+    it as version 1 when `lora`."""
     from astraflow.engines.vllm import VLLMEngine
 
-    v = VLLMSettings(max_lora_rank=4 if lora else 0, **vllm)
-    s = EngineSettings(type="vllm", model=str(model), dtype="float32", max_model_len=64, threads=1, vllm=v)
+    e = RECIPE.engine
+    v = VLLMSettings(max_lora_rank=LORA.rank if lora else 0, **vllm)
+    s = EngineSettings(
+        type="vllm",
+        model=str(model),
+        dtype="float32",
+        max_model_len=e.max_model_len,
+        threads=e.threads,
+        vllm=v,
+    )
     engine = VLLMEngine(s, log_path=tmp / "vllm.log")
     await engine.start()
     if lora:
@@ -117,8 +132,8 @@ def load_args(description: str, groups: int) -> argparse.ArgumentParser:
     """The flags of the load both vLLM benches put on a server."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--groups", type=int, default=groups)
-    p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--slots", type=int, default=RECIPE.raas.slots)
+    p.add_argument("--samples", type=int, default=RECIPE.dataflow.feeder.n_samples)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--lora", action="store_true")
     return p
