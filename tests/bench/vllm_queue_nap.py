@@ -35,6 +35,16 @@ def neighbour(count, stop) -> None:
             count.value += 1
 
 
+async def working(count, timeout_s: float = 120.0) -> None:
+    """Return once the neighbour has done its first matmul: a spawned process takes seconds to import
+    torch, longer than a smoke-sized round, which would then measure no neighbour at all."""
+    deadline = time.monotonic() + timeout_s
+    while count.value == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the neighbour did no work in {timeout_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
 async def arm(a: argparse.Namespace, tmp: Path, model: Path, prompts, nap_us: int) -> tuple[float, float]:
     """(samples/s, neighbour matmuls/s) of one measured round on a fresh server napping `nap_us`."""
     engine = await started(model, tmp, a.lora, cpu_queue_nap_us=nap_us)
@@ -43,7 +53,8 @@ async def arm(a: argparse.Namespace, tmp: Path, model: Path, prompts, nap_us: in
     work = ctx.Process(target=neighbour, args=(count, stop))
     work.start()
     try:
-        await round_(engine, prompts, a.slots, a.samples)  # warm-up, the neighbour started meanwhile
+        await working(count)
+        await round_(engine, prompts, a.slots, a.samples)  # warm-up
         done, wall = count.value, time.perf_counter()
         rate, _ = await round_(engine, prompts, a.slots, a.samples)
         return rate, (count.value - done) / (time.perf_counter() - wall)
@@ -73,9 +84,8 @@ def main() -> None:
     for name, (rate, work) in med.items():
         print(f"{name:<14} {rate:>10.1f} {work:>12.1f}")
     (n_rate, n_work), (s_rate, s_work) = med.values()
-    print(
-        f"vllm queue nap: nap/spin samples/s {n_rate / s_rate:.2f}x, neighbour's work {n_work / s_work:.2f}x"
-    )
+    work = n_work / s_work if s_work else float("inf")  # a neighbour starved for a whole short round
+    print(f"vllm queue nap: nap/spin samples/s {n_rate / s_rate:.2f}x, neighbour's work {work:.2f}x")
 
 
 if __name__ == "__main__":
