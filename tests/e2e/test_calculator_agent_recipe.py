@@ -60,7 +60,9 @@ def test_the_same_agent_runs_as_an_external_command(tmp_path):
     )
     assert summary["stopped"] == "2 steps" and summary["ledger"]["balanced"], summary
     done = steps(run_dir)
-    assert [s["samples"] for s in done] == [16.0, 16.0]
+    # A batch is 16 samples or more: groups are never split, and an episode whose program re-sent
+    # a history that does not extend its last call's tokens is two trajectories (docs/agents.md).
+    assert len(done) == 2 and all(s["samples"] >= 16 for s in done), done
     assert all(
         s["rollout_calls"] >= 1 and 0 <= s["rollout_reward"] <= 1 for s in done if "rollout_calls" in s
     )
