@@ -8,6 +8,7 @@ supervised start on a built-in task, so RL begins from a partly competent policy
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -186,10 +187,12 @@ def warm_start(
 ) -> float:
     """Supervised steps on `task` (loss on the answer and eos only; with the task's `demo`, on its trained
     segments and eos); saves in place, returns the last loss. `threads`: torch's CPU threads for it (None:
-    torch's default). `on_step(done, loss)` after each step (a progress line)."""
+    chosen by timing its steps, `ThreadPick`). `on_step(done, loss)` after each step (a progress line)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    before = torch.get_num_threads()
+    pick = ThreadPick(torch) if threads is None else None
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -201,6 +204,7 @@ def warm_start(
     loss = torch.tensor(0.0)
     model.train()
     for done in range(1, steps + 1):
+        started = time.perf_counter()
         ids, labels = [], []
         for row in (t.sample(rng) for _ in range(batch)):
             p = tokenizer.encode(_framed(tokenizer, t, row["prompt"]), add_special_tokens=False)
@@ -221,10 +225,45 @@ def warm_start(
         optim.zero_grad()
         loss.backward()
         optim.step()
+        if pick is not None:
+            pick.took(time.perf_counter() - started, input_ids.numel())
         if on_step is not None:
             on_step(done, float(loss.detach()))
+    torch.set_num_threads(before)
     model.save_pretrained(model_dir, safe_serialization=True)
     return float(loss.detach())
+
+
+class ThreadPick:
+    """Torch's CPU threads for a run of like steps on a machine that others may share, chosen by timing
+    them per token (a step's batch is as wide as its longest row): the first step on one thread (untimed:
+    it allocates), the next two on one, then the machine's threads (torch's default) for as long as they
+    are quicker per token than one was, and one thread from the first step they are not. Alone on two
+    cores, two threads took 0.55 of one's time; beside a process busy on both, seven times one's (torch's
+    threads wait on each other), hence the check at every step (`tests/bench/warm_start_threads.py`)."""
+
+    PROBE = 3  # steps on one thread: one untimed, then timed
+
+    def __init__(self, torch) -> None:
+        self.torch, self.most = torch, torch.get_num_threads()
+        self.steps, self.one = 0, [0.0, 0]  # one thread's seconds and tokens, steps 2 to PROBE
+        torch.set_num_threads(1)
+
+    @property
+    def threads(self) -> int:
+        return self.torch.get_num_threads()
+
+    def took(self, seconds: float, tokens: int) -> None:
+        """Count a step of `tokens` that took `seconds`, and set the threads of the next."""
+        self.steps += 1
+        if self.most == 1 or self.steps == 1:
+            return
+        if self.steps <= self.PROBE:
+            self.one = [self.one[0] + seconds, self.one[1] + tokens]
+            if self.steps == self.PROBE:
+                self.torch.set_num_threads(self.most)
+        elif self.threads > 1 and seconds / tokens >= self.one[0] / self.one[1]:
+            self.torch.set_num_threads(1)
 
 
 def _framed(tokenizer, task, prompt: str) -> str:

@@ -61,13 +61,10 @@ def _build(settings: Settings, path: Path) -> None:
         seed=t.seed,
     )
     if t.warm_start_task and t.warm_start_steps:
-        # The trainer's thread count when the recipe sets one: on a shared machine two threads of a model
-        # this small were ten times slower than one (a 10-step warm start, 21 s against 1.5 s).
-        threads = settings.trainer.threads or None
+        # Its threads chosen by timing (`tiny.ThreadPick`): all the machine's while nothing else runs, as
+        # before a run's workers start; one beside a busy neighbour, where more are seven times slower.
         steps, task = t.warm_start_steps, t.warm_start_task
-        loss = tiny.warm_start(
-            path, task, steps=steps, seed=t.seed, threads=threads, on_step=warm_start_progress(steps)
-        )
+        loss = tiny.warm_start(path, task, steps=steps, seed=t.seed, on_step=warm_start_progress(steps))
         print(f"warm start: {steps} supervised steps on {task}, loss {loss:.3f}", flush=True)
     (path / "ready").touch()
 

@@ -52,6 +52,8 @@ FIGURES = {
     "vllm_groups": rf"^vllm groups: merged/per-sample samples/s {NUMBER}x, cpu per sample {NUMBER}x less$",
     "vllm_queue_nap": rf"^vllm queue nap: nap/spin samples/s {NUMBER}x, neighbour's work {NUMBER}x$",
     "vllm_lora_ops": rf"^ +\d+ +\d+ \| +{NUMBER} +{NUMBER} +{NUMBER}x$",
+    "warm_start_threads": rf"^warm start threads: picked/one time alone {NUMBER}x, beside a busy neighbour "
+    rf"{NUMBER}x$",
     "weight_path": rf"^weight path tiny: {NUMBER} GiB served, trainer blocked {NUMBER}m, .* smaller$",
     "weight_sync": rf"^\(d\) .*: star {NUMBER} s, chain {NUMBER} s, ratio {NUMBER}$",
 }

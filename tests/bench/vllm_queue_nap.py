@@ -15,52 +15,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing as mp
 import tempfile
 import time
 from pathlib import Path
 
+from _neighbour import Neighbour
 from _smoke import parse
 from vllm_groups import load_args, medians, model_and_prompts, round_, started
-
-
-def neighbour(count, stop) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    a = torch.randn(256, 256)
-    while not stop.is_set():
-        a = torch.tanh(a @ a)
-        with count.get_lock():
-            count.value += 1
-
-
-async def working(count, timeout_s: float = 120.0) -> None:
-    """Return once the neighbour has done its first matmul: a spawned process takes seconds to import
-    torch, longer than a smoke-sized round, which would then measure no neighbour at all."""
-    deadline = time.monotonic() + timeout_s
-    while count.value == 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the neighbour did no work in {timeout_s:.0f} s")
-        await asyncio.sleep(0.05)
 
 
 async def arm(a: argparse.Namespace, tmp: Path, model: Path, prompts, nap_us: int) -> tuple[float, float]:
     """(samples/s, neighbour matmuls/s) of one measured round on a fresh server napping `nap_us`."""
     engine = await started(model, tmp, a.lora, cpu_queue_nap_us=nap_us)
-    ctx = mp.get_context("spawn")
-    count, stop = ctx.Value("q", 0), ctx.Event()
-    work = ctx.Process(target=neighbour, args=(count, stop))
-    work.start()
+    neighbour = Neighbour(threads=1)
     try:
-        await working(count)
+        await asyncio.to_thread(neighbour.__enter__)
         await round_(engine, prompts, a.slots, a.samples)  # warm-up
-        done, wall = count.value, time.perf_counter()
+        done, wall = neighbour.count.value, time.perf_counter()
         rate, _ = await round_(engine, prompts, a.slots, a.samples)
-        return rate, (count.value - done) / (time.perf_counter() - wall)
+        return rate, (neighbour.count.value - done) / (time.perf_counter() - wall)
     finally:
-        stop.set()
-        work.join(timeout=30)
+        neighbour.__exit__()
         await engine.close()
 
 

@@ -97,3 +97,60 @@ def test_the_agent_warm_start_shows_what_the_chat_template_renders(tmp_path):
     assert chat == tiny._framed(tok, task, row["prompt"]) + call + reply
     ids = tok.encode(chat, add_special_tokens=False)
     assert tok.decode(ids) == chat and tok.pad_token_id not in ids and len(ids) < 64
+
+
+class _Torch:
+    """torch's thread count alone, with the history of settings."""
+
+    def __init__(self, threads: int):
+        self.n, self.set = threads, []
+
+    def get_num_threads(self) -> int:
+        return self.n
+
+    def set_num_threads(self, n: int) -> None:
+        self.n = n
+        self.set.append(n)
+
+
+@pytest.mark.parametrize(
+    "took, threads",
+    [
+        # (seconds, tokens) per step; alone: the machine's threads, kept
+        ([(9, 100), (1, 100), (1, 100), (0.5, 100), (1.2, 200), (0.5, 100)], [1, 1, 1, 2, 2, 2, 2]),
+        # a busy neighbour from the start: one thread
+        ([(9, 100), (1, 100), (1, 100), (3, 100), (0.5, 100), (0.5, 100)], [1, 1, 1, 2, 1, 1, 1]),
+        # a neighbour later: one thread from then on
+        ([(9, 100), (1, 100), (1, 100), (0.5, 100), (7, 100), (0.5, 100)], [1, 1, 1, 2, 2, 1, 1]),
+    ],
+)
+def test_the_warm_start_keeps_more_threads_only_while_they_are_quicker_per_token_than_one(took, threads):
+    from astraflow.tiny import ThreadPick
+
+    pick = ThreadPick(_Torch(2))
+    seen = [pick.threads]
+    for seconds, tokens in took:
+        pick.took(seconds, tokens)
+        seen.append(pick.threads)
+    assert seen == threads
+
+
+def test_on_one_core_the_warm_start_stays_on_one_thread():
+    from astraflow.tiny import ThreadPick
+
+    t = _Torch(1)
+    pick = ThreadPick(t)
+    for seconds in (1.0, 1.0, 1.0, 5.0):
+        pick.took(seconds, 100)
+    assert t.set == [1]
+
+
+@pytest.mark.parametrize("threads", [1, None])
+def test_a_warm_start_leaves_torchs_threads_as_it_found_them(tmp_path, threads):
+    """(A later warm start in the process picks among the machine's threads, not those of the last.)"""
+    from astraflow import tiny
+
+    path = tiny.build(tmp_path / "m", hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128)
+    before = torch.get_num_threads()
+    tiny.warm_start(path, "addition", steps=4, batch=8, threads=threads)
+    assert torch.get_num_threads() == before
