@@ -13,8 +13,9 @@ from astraflow.settings_load import load_settings
 from tests.e2e.test_launcher import rewards, run
 
 # The recipe's tiny model is built and warm-started once per checkout (runs/.cache, shared with
-# `astraflow run recipes/calculator-agent.yaml`): 400 supervised steps, 2.5 minutes on the idle 2-core
-# machine (15 on one shared with other runs), so it is built here, before the timed run. Then 20 steps:
+# `astraflow run recipes/calculator-agent.yaml`): 400 supervised steps, 1.5 minutes on the idle 2-core
+# machine (2.5 on one thread, 15 on a machine shared with other runs), so it is built here, before the
+# timed run. Then 20 steps:
 # in the calibration run (docs/agents.md) steps 1-3 had reward 0.42-0.57 and tool-call rate 0.52-0.61,
 # steps 16-20 0.88-0.90 and 0.95-0.97.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
