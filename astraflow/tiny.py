@@ -246,7 +246,7 @@ class ThreadPick:
 
     def __init__(self, torch) -> None:
         self.torch, self.most = torch, torch.get_num_threads()
-        self.steps, self.one = 0, [0.0, 0]  # one thread's seconds and tokens, steps 2 to PROBE
+        self.steps, self.one_s, self.one_tokens = 0, 0.0, 0  # one thread's, steps 2 to PROBE
         torch.set_num_threads(1)
 
     @property
@@ -259,10 +259,10 @@ class ThreadPick:
         if self.most == 1 or self.steps == 1:
             return
         if self.steps <= self.PROBE:
-            self.one = [self.one[0] + seconds, self.one[1] + tokens]
+            self.one_s, self.one_tokens = self.one_s + seconds, self.one_tokens + tokens
             if self.steps == self.PROBE:
                 self.torch.set_num_threads(self.most)
-        elif self.threads > 1 and seconds / tokens >= self.one[0] / self.one[1]:
+        elif self.threads > 1 and seconds / tokens >= self.one_s / self.one_tokens:
             self.torch.set_num_threads(1)
 
 

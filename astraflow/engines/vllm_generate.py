@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Hashable
+from dataclasses import replace
 from typing import Protocol
 
 from astraflow.engines import vllm_lora
@@ -183,4 +184,5 @@ def merge_key(request: GenerateRequest, context: list[int], max_tokens: int) -> 
     p = request.params
     if p.seed is not None or p.temperature < GREEDY_BELOW:
         return None
-    return tuple(context), p.temperature, p.top_p, p.top_k, tuple(p.stop_token_ids), max_tokens
+    # every field of the sampling (stop ids as a tuple: hashable), the token cap as the call asks it
+    return tuple(context), replace(p, stop_token_ids=tuple(p.stop_token_ids), max_new_tokens=max_tokens)

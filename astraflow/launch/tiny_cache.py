@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from astraflow import tiny
-from astraflow.config import Settings
+from astraflow.config import Settings, TinyModelSettings
 
 
 def build_tiny(settings: Settings) -> Path | None:
@@ -50,7 +50,19 @@ def _build(settings: Settings, path: Path) -> None:
     t = settings.run.tiny
     shutil.rmtree(path, ignore_errors=True)  # a build that died half-way
     print(f"building the tiny model in {path} (once)", flush=True)
-    tiny.build(
+    untrained(t, path)
+    if t.warm_start_task and t.warm_start_steps:
+        # Its threads chosen by timing (`tiny.ThreadPick`): all the machine's while nothing else runs, as
+        # before a run's workers start; one beside a busy neighbour, where more are seven times slower.
+        steps, task = t.warm_start_steps, t.warm_start_task
+        loss = tiny.warm_start(path, task, steps=steps, seed=t.seed, on_step=warm_start_progress(steps))
+        print(f"warm start: {steps} supervised steps on {task}, loss {loss:.3f}", flush=True)
+    (path / "ready").touch()
+
+
+def untrained(t: TinyModelSettings, path: Path) -> Path:
+    """`t`'s model at `path` as built, before any warm start (its random weights are `t.seed`'s)."""
+    return tiny.build(
         path,
         tokenizer_kind=t.tokenizer,
         hidden=t.hidden,
@@ -60,13 +72,6 @@ def _build(settings: Settings, path: Path) -> None:
         intermediate=t.intermediate,
         seed=t.seed,
     )
-    if t.warm_start_task and t.warm_start_steps:
-        # Its threads chosen by timing (`tiny.ThreadPick`): all the machine's while nothing else runs, as
-        # before a run's workers start; one beside a busy neighbour, where more are seven times slower.
-        steps, task = t.warm_start_steps, t.warm_start_task
-        loss = tiny.warm_start(path, task, steps=steps, seed=t.seed, on_step=warm_start_progress(steps))
-        print(f"warm start: {steps} supervised steps on {task}, loss {loss:.3f}", flush=True)
-    (path / "ready").touch()
 
 
 def warm_start_progress(steps: int, every_s: float = 5.0):

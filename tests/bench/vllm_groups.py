@@ -28,6 +28,7 @@ from astraflow import tiny
 from astraflow.engines.base import GenerateRequest, SamplingParams
 from astraflow.engines.merge import Merger
 from astraflow.engines.settings import EngineSettings, VLLMSettings
+from astraflow.launch.tiny_cache import untrained
 from astraflow.settings_load import load_settings
 from astraflow.workflows.tasks import rows
 
@@ -76,10 +77,7 @@ def model_and_prompts(tmp: Path, groups: int) -> tuple[Path, list[list[int]]]:
     """The LoRA recipe's tiny shape (random weights, char tokenizer) and `groups` addition prompts."""
     t = RECIPE.run.tiny
     assert t is not None
-    dims = dict(
-        hidden=t.hidden, layers=t.layers, heads=t.heads, kv_heads=t.kv_heads, intermediate=t.intermediate
-    )
-    model = tiny.build(tmp / "model", tokenizer_kind=t.tokenizer, **dims)
+    model = untrained(t, tmp / "model")
     tokenizer = tiny.build_char_tokenizer(tiny.CHAR_VOCABS[t.tokenizer])
     return model, [tokenizer.encode(r["prompt"], add_special_tokens=False) for r in rows("addition", groups)]
 

@@ -24,6 +24,7 @@ from _neighbour import Neighbour
 from _smoke import parse
 
 from astraflow import tiny
+from astraflow.launch.tiny_cache import untrained
 from astraflow.settings_load import load_settings
 
 ARMS = {"one thread": 1, "picked": None}
@@ -47,10 +48,7 @@ def main() -> None:
     t = load_settings(a.recipe).run.tiny
     results: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        base = tiny.build(
-            Path(tmp) / "base", tokenizer_kind=t.tokenizer, hidden=t.hidden, layers=t.layers, heads=t.heads,
-            kv_heads=t.kv_heads, intermediate=t.intermediate, seed=t.seed,
-        )  # fmt: skip
+        base = untrained(t, Path(tmp) / "base")
         for r in range(a.rounds):
             for where in ("alone", "beside a busy neighbour"):
                 for name, threads in ARMS.items():

@@ -274,3 +274,21 @@ async def test_a_groups_samples_go_as_one_call_and_each_gets_its_own_completion(
     assert [b.get("n") or b["sampling_params"]["n"] for b in bodies][2:] == [1] * 5
     if mode == "lora":
         e.adapters.close()
+
+
+def test_calls_merge_only_on_equal_context_sampling_and_cap_and_never_when_seeded_or_greedy():
+    from astraflow.engines.vllm_generate import merge_key
+
+    p = SamplingParams(temperature=0.6, max_new_tokens=8, stop_token_ids=[3, 4])  # a list, as JSON gives
+    key = merge_key(GenerateRequest([1, 2], p), [1, 2], 8)
+    hash(key)  # raises for a key holding a list
+    assert key == merge_key(GenerateRequest([1, 2], SamplingParams(0.6, stop_token_ids=(3, 4))), [1, 2], 8)
+    for other in (
+        merge_key(GenerateRequest([1, 2], p), [1, 2, 5], 8),  # another context
+        merge_key(GenerateRequest([1, 2], p), [1, 2], 7),  # another cap
+        merge_key(GenerateRequest([1, 2], SamplingParams(0.6, top_k=5, stop_token_ids=(3, 4))), [1, 2], 8),
+        merge_key(GenerateRequest([1, 2], SamplingParams(0.6, stop_token_ids=(3,))), [1, 2], 8),
+    ):
+        assert other != key
+    assert merge_key(GenerateRequest([1, 2], SamplingParams(0.6, seed=1)), [1, 2], 8) is None
+    assert merge_key(GenerateRequest([1, 2], SamplingParams(0.0)), [1, 2], 8) is None
